@@ -1,0 +1,180 @@
+"""The energy terms of a backward-Euler step, as plain differentiable torch functions.
+
+Shapes: ``x`` is ``(..., N, d)`` (any leading batch dims, ``d`` = 2 or 3, y = ``x[..., 1]`` up); element and
+muscle index tensors are int64 and shared by the batch; per-vertex, per-element and per-muscle parameters
+broadcast against the batch dims. Every ``*_energy`` function returns the total over vertices/elements/
+muscles with shape ``x.shape[:-2]``; every ``*_density`` function returns one value per element.
+
+They are written with index gathers and elementwise ops only (no Python loop over elements), so the autograd
+graph has a fixed, small number of nodes whatever the mesh size: a Hessian-vector product by double backward
+costs a few passes over that graph.
+"""
+import math
+
+import torch
+
+MATERIALS = ("algovivo", "neo_hookean", "stable_neo_hookean")
+
+
+def deformation_gradient(x, elements, Dm_inv):
+    """``F = Ds Dm^-1`` per element, ``Ds``'s columns being the element's edges ``x_k - x_0``.
+
+    Args:
+        x: ``(..., N, d)``; elements: ``(E, d + 1)`` int64; Dm_inv: ``(E, d, d)`` inverse rest shapes.
+
+    Returns:
+        ``(..., E, d, d)``.
+    """
+    edges = x[..., elements[:, 1:], :] - x[..., elements[:, :1], :]  # (..., E, d, d), rows are edges
+    return edges.transpose(-1, -2) @ Dm_inv
+
+
+def determinant(F):
+    """``det F`` of ``(..., d, d)`` matrices, d = 2 or 3, in closed form (cheap, twice differentiable,
+    and exact for singular and inverted matrices, unlike an LU-based det's derivatives)."""
+    if F.shape[-1] == 2:
+        return F[..., 0, 0] * F[..., 1, 1] - F[..., 0, 1] * F[..., 1, 0]
+    return (F[..., 0, :] * torch.cross(F[..., 1, :], F[..., 2, :], dim=-1)).sum(-1)
+
+
+def algovivo_density(F, mu, lam):
+    """algovivo's material: ``mu/2 (I1 - d) - mu q(J) + lam/2 q(J)^2`` with ``q(J) = -1.5 + 2J - J^2/2``,
+    the second-order Taylor expansion of ``log J`` at ``J = 1``: finite (and restoring) for inverted elements.
+
+    Args:
+        F: ``(..., E, d, d)``; mu, lam: broadcastable to ``(..., E)``.
+    """
+    d = F.shape[-1]
+    I1 = (F * F).sum((-2, -1))
+    J = determinant(F)
+    q = -1.5 + 2.0 * J - 0.5 * J * J
+    return 0.5 * mu * (I1 - d) - mu * q + 0.5 * lam * q * q
+
+
+def neo_hookean_density(F, mu, lam):
+    """Compressible Neo-Hookean: ``mu/2 (I1 - d) - mu log J + lam/2 (log J)^2``, and ``+inf`` for ``J <= 0``
+    (a barrier: a line search rejects any step that inverts an element).
+
+    Args:
+        F: ``(..., E, d, d)``; mu, lam: broadcastable to ``(..., E)``.
+    """
+    d = F.shape[-1]
+    I1 = (F * F).sum((-2, -1))
+    J = determinant(F)
+    valid = J > 0
+    # log of a masked J, not log(J) masked afterwards: a NaN in the unused branch would poison the gradient.
+    log_J = torch.log(torch.where(valid, J, torch.ones_like(J)))
+    psi = 0.5 * mu * (I1 - d) - mu * log_J + 0.5 * lam * log_J * log_J
+    return torch.where(valid, psi, torch.full_like(psi, math.inf))
+
+
+def stable_neo_hookean_density(F, mu, lam):
+    """Stable Neo-Hookean (Smith, de Goes, Kim 2018, eq. 14 with its log term), zero at rest:
+    ``mu'/2 (I1 - d) + lam'/2 (J - alpha)^2 - mu'/2 log(I1 + 1) - (same at F = I)``.
+
+    ``mu, lam`` are the Lame parameters of linear elasticity; the model's own parameters are chosen so that
+    its linearisation at rest is exactly linear elasticity (the paper's section 3.4, for any d):
+    ``mu' = (d + 1)/d mu``, ``lam' = lam + (d (d + 1) - 2)/(d (d + 1)) mu`` (3D: 4/3 mu and lam + 5/6 mu), and
+    ``alpha = 1 + mu/lam'`` makes F = I stress-free. Defined for every F, inverted ones included.
+
+    Args:
+        F: ``(..., E, d, d)``; mu, lam: broadcastable to ``(..., E)``.
+    """
+    d = F.shape[-1]
+    mu_s = (d + 1) / d * mu
+    lam_s = lam + (d * (d + 1) - 2) / (d * (d + 1)) * mu
+    alpha = 1.0 + mu / lam_s
+    I1 = (F * F).sum((-2, -1))
+    J = determinant(F)
+    rest = 0.5 * lam_s * (1.0 - alpha) ** 2 - 0.5 * mu_s * math.log(d + 1)
+    return 0.5 * mu_s * (I1 - d) + 0.5 * lam_s * (J - alpha) ** 2 - 0.5 * mu_s * torch.log(I1 + 1.0) - rest
+
+
+_DENSITIES = {
+    "algovivo": algovivo_density,
+    "neo_hookean": neo_hookean_density,
+    "stable_neo_hookean": stable_neo_hookean_density,
+}
+
+
+def elastic_energy(x, elements, Dm_inv, mu, lam, material="neo_hookean", weight=None):
+    """``sum_e weight_e psi(F_e; mu_e, lam_e)``.
+
+    Args:
+        x: ``(..., N, d)``; elements: ``(E, d + 1)``; Dm_inv: ``(E, d, d)``; mu, lam: ``(E,)`` or broadcastable.
+        material: one of :data:`MATERIALS`.
+        weight: ``(E,)`` or None (weight 1, algovivo's convention); usually the rest areas/volumes. Every
+            density is 1-homogeneous in ``(mu, lam)``, so a weight may equally be folded into them.
+
+    Returns:
+        ``x.shape[:-2]``.
+    """
+    try:
+        density = _DENSITIES[material]
+    except KeyError:
+        raise ValueError(f"material must be one of {MATERIALS}, got {material!r}") from None
+    psi = density(deformation_gradient(x, elements, Dm_inv), mu, lam)
+    return (psi if weight is None else weight * psi).sum(-1)
+
+
+def inertia_energy(x, x_hat, mass):
+    """``1/2 sum_i m_i |x_i - x_hat_i|^2``, with ``x_hat = x0 + h v0`` the inertial (free-flight) prediction.
+
+    Args:
+        x, x_hat: ``(..., N, d)``; mass: ``(N,)``.
+    """
+    r = x - x_hat
+    return 0.5 * (mass * (r * r).sum(-1)).sum(-1)
+
+
+def muscle_energy(x, muscles, activation, rest_length, stiffness):
+    """``sum_m k_m/2 ((l_m - a_m l0_m) / (a_m l0_m))^2`` with ``l = sqrt(|x_i - x_j|^2 + 1e-6)``.
+
+    The activation ``a`` in (0, 1] scales the rest length: 1 is relaxed, smaller contracts.
+
+    Args:
+        x: ``(..., N, d)``; muscles: ``(M, 2)`` int64 vertex pairs; activation: ``(..., M)``;
+        rest_length: ``(M,)``; stiffness: ``(M,)`` or a 0-dim tensor.
+    """
+    delta = x[..., muscles[:, 0], :] - x[..., muscles[:, 1], :]
+    length = torch.sqrt((delta * delta).sum(-1) + 1e-6)
+    target = activation * rest_length
+    strain = length / target - 1.0
+    return (0.5 * stiffness * strain * strain).sum(-1)
+
+
+def gravity_energy(x, mass, gravity):
+    """``sum_i m_i g y_i``.
+
+    Args:
+        x: ``(..., N, d)``; mass: ``(N,)``; gravity: 0-dim tensor or number, the acceleration's magnitude.
+    """
+    return gravity * (mass * x[..., 1]).sum(-1)
+
+
+def ground_contact_energy(x, stiffness, ground=0.0):
+    """Penalty ``sum_i k_c min(y_i - ground, 0)^2`` of a flat ground at height ``ground``.
+
+    Args:
+        x: ``(..., N, d)``; stiffness: 0-dim tensor or number.
+    """
+    depth = torch.clamp(x[..., 1] - ground, max=0.0)
+    return stiffness * (depth * depth).sum(-1)
+
+
+def friction_energy(x, x0, h, stiffness, ground=0.0, eps=0.01):
+    """Lagged smooth friction: ``sum_i k_f max(eps - (y0_i - ground), 0) |(x_t,i - x0_t,i) / h|^2``.
+
+    The weight uses the start-of-step height ``y0`` (lagged, so the term is a quadratic in ``x``); vertices
+    higher than ``eps`` above the ground feel none. ``x_t`` are the tangential components: x in 2D, x and z
+    in 3D.
+
+    Args:
+        x, x0: ``(..., N, d)``; h: the time step; stiffness: 0-dim tensor or number.
+    """
+    weight = stiffness * torch.clamp(eps - (x0[..., 1] - ground), min=0.0)
+    slip = (x - x0) / h
+    tangential = slip[..., 0] ** 2
+    if x.shape[-1] == 3:
+        tangential = tangential + slip[..., 2] ** 2
+    return (weight * tangential).sum(-1)
