@@ -82,7 +82,7 @@ class SoftBody:
                 raise ValueError(f"Dm_inv must be (E, d, d) = {(len(self.elements), d, d)}, "
                                  f"got {tuple(self.Dm_inv.shape)}")
             inv_det = determinant(self.Dm_inv).abs()
-            bad = torch.nonzero(~(inv_det * edge_scale ** d < 1e10)).flatten()
+            bad = torch.nonzero(~((inv_det > 0) & (inv_det * edge_scale ** d < 1e10))).flatten()
             if len(bad):
                 raise ValueError(f"Dm_inv[{bad[0].item()}] is singular or not finite: element {bad[0].item()} "
                                  f"has a degenerate rest shape")
