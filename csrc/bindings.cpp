@@ -1,0 +1,101 @@
+// The only translation unit that sees Python: builds diffsoft._C.
+#include <torch/extension.h>
+
+#include "core/solver.h"
+
+namespace py = pybind11;
+using diffsoft::EnergyFn;
+using diffsoft::SolveInfo;
+using diffsoft::SolverOptions;
+
+namespace {
+
+// A Python energy as a C++ EnergyFn. The C++ solver calls it without the GIL (LibTorch refuses to run
+// autograd while it is held), from the caller's thread in the forward and from the autograd engine in the
+// backward; each call takes the GIL, and the last copy drops the Python callable with the GIL held.
+EnergyFn python_energy(py::function fn) {
+  std::shared_ptr<py::function> callable(new py::function(std::move(fn)), [](py::function* f) {
+    if (!Py_IsInitialized()) {  // interpreter gone: nothing left to decref
+      f->release();
+      delete f;
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    delete f;
+  });
+  return [callable](const torch::Tensor& x, const std::vector<torch::Tensor>& params) {
+    py::gil_scoped_acquire gil;
+    py::tuple args(1 + params.size());
+    args[0] = py::cast(x);
+    for (size_t i = 0; i < params.size(); ++i) args[1 + i] = py::cast(params[i]);
+    py::object out = (*callable)(*args);
+    if (!THPVariable_Check(out.ptr())) {
+      throw std::invalid_argument("energy must return a torch.Tensor, got " +
+                                  std::string(py::str(py::type::of(out).attr("__name__"))));
+    }
+    return out.cast<torch::Tensor>();
+  };
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "diffsoft C++ core: Newton-CG minimization with an implicit-function-theorem backward";
+  m.attr("TORCH_VERSION") = TORCH_VERSION;
+
+  static py::exception<diffsoft::ConvergenceError> convergence_error(m, "ConvergenceError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const diffsoft::ConvergenceError& e) {
+      convergence_error(e.what());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    }
+  });
+
+  py::class_<SolverOptions>(m, "SolverOptions")
+      .def(py::init<>())
+      .def_readwrite("atol", &SolverOptions::atol)
+      .def_readwrite("rtol", &SolverOptions::rtol)
+      .def_readwrite("max_iter", &SolverOptions::max_iter)
+      .def_readwrite("cg_rtol", &SolverOptions::cg_rtol)
+      .def_readwrite("cg_max_iter", &SolverOptions::cg_max_iter)
+      .def_readwrite("backward_rtol", &SolverOptions::backward_rtol)
+      .def_readwrite("backward_max_iter", &SolverOptions::backward_max_iter)
+      .def_readwrite("ls_c1", &SolverOptions::ls_c1)
+      .def_readwrite("ls_shrink", &SolverOptions::ls_shrink)
+      .def_readwrite("ls_max_iter", &SolverOptions::ls_max_iter)
+      .def_readwrite("batched", &SolverOptions::batched)
+      .def_readwrite("raise_on_failure", &SolverOptions::raise_on_failure)
+      .def("check", &diffsoft::check_options);
+
+  py::class_<SolveInfo, std::shared_ptr<SolveInfo>>(m, "SolveInfo")
+      .def(py::init<>())
+      .def_readonly("converged", &SolveInfo::converged)
+      .def_readonly("iterations", &SolveInfo::iterations)
+      .def_readonly("cg_iterations", &SolveInfo::cg_iterations)
+      .def_readonly("hvp_count", &SolveInfo::hvp_count)
+      .def_readonly("line_search_steps", &SolveInfo::line_search_steps)
+      .def_readonly("energy", &SolveInfo::energy)
+      .def_readonly("grad_norm", &SolveInfo::grad_norm)
+      .def_readonly("grad_norm_initial", &SolveInfo::grad_norm_initial)
+      .def_readonly("problem_converged", &SolveInfo::problem_converged)
+      .def_readonly("message", &SolveInfo::message)
+      .def_readonly("backward_ran", &SolveInfo::backward_ran)
+      .def_readonly("backward_converged", &SolveInfo::backward_converged)
+      .def_readonly("backward_cg_iterations", &SolveInfo::backward_cg_iterations)
+      .def_readonly("backward_residual", &SolveInfo::backward_residual)
+      .def_readonly("backward_message", &SolveInfo::backward_message);
+
+  m.def(
+      "minimize",
+      [](py::function energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
+         const SolverOptions& options, std::shared_ptr<SolveInfo> info) {
+        EnergyFn fn = python_energy(std::move(energy));
+        py::gil_scoped_release no_gil;
+        return diffsoft::implicit_minimize(fn, x0, params, options, info);
+      },
+      py::arg("energy"), py::arg("x0"), py::arg("params"), py::arg("options"), py::arg("info"),
+      "x* = argmin_x energy(x, *params), differentiable w.r.t. params by the implicit function theorem.");
+}

@@ -1,0 +1,59 @@
+// Gradients and Hessian-vector products of a scalar energy by torch double backward (matrix-free).
+#include "solver.h"
+
+#include <sstream>
+
+namespace diffsoft {
+
+namespace {
+
+std::string shape_str(const torch::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
+}  // namespace
+
+SecondOrderPoint::SecondOrderPoint(const EnergyFn& energy, const torch::Tensor& x_rows, at::IntArrayRef shape,
+                                   const std::vector<torch::Tensor>& params) {
+  torch::AutoGradMode grad_mode(true);
+  x_ = x_rows.detach().requires_grad_(true);
+  torch::Tensor e = energy(x_.view(shape), params);
+  if (!e.defined() || e.dim() != 0) {
+    throw std::invalid_argument("energy must return a 0-dim tensor, got " +
+                                (e.defined() ? "shape " + shape_str(e) : std::string("an undefined tensor")));
+  }
+  if (!e.is_floating_point()) throw std::invalid_argument("energy must return a floating-point tensor");
+  if (!e.requires_grad()) {
+    // The energy does not depend on x: its gradient and Hessian are zero.
+    energy_ = e.detach();
+    grad_ = torch::zeros_like(x_rows);
+    return;
+  }
+  grad_graph_ = torch::autograd::grad({e}, {x_}, {}, /*retain_graph=*/true, /*create_graph=*/true,
+                                      /*allow_unused=*/true)[0];
+  if (!grad_graph_.defined()) grad_graph_ = torch::zeros_like(x_rows);
+  energy_ = e.detach();
+  grad_ = grad_graph_.detach();
+}
+
+torch::Tensor SecondOrderPoint::hvp(const torch::Tensor& v) const {
+  if (!grad_graph_.defined() || !grad_graph_.requires_grad()) return torch::zeros_like(v);
+  torch::AutoGradMode grad_mode(true);
+  auto hv = torch::autograd::grad({grad_graph_}, {x_}, {v}, /*retain_graph=*/true, /*create_graph=*/false,
+                                  /*allow_unused=*/true)[0];
+  return hv.defined() ? hv : torch::zeros_like(v);
+}
+
+std::vector<torch::Tensor> SecondOrderPoint::mixed_vjp(const torch::Tensor& w,
+                                                       const std::vector<torch::Tensor>& wrt) const {
+  if (wrt.empty() || !grad_graph_.defined() || !grad_graph_.requires_grad()) {
+    return std::vector<torch::Tensor>(wrt.size());
+  }
+  torch::AutoGradMode grad_mode(true);
+  return torch::autograd::grad({grad_graph_}, wrt, {w}, /*retain_graph=*/true, /*create_graph=*/false,
+                               /*allow_unused=*/true);
+}
+
+}  // namespace diffsoft

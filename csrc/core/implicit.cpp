@@ -1,0 +1,128 @@
+// The implicit layer: x* = argmin_x E(x, theta) as an autograd Function whose backward uses the implicit
+// function theorem instead of differentiating through Newton's iterations.
+#include "solver.h"
+
+#include <sstream>
+
+namespace diffsoft {
+
+namespace {
+
+// What the backward needs besides tensors; rides in ctx->saved_data as a capsule.
+struct Problem : torch::CustomClassHolder {
+  EnergyFn energy;
+  SolverOptions options;
+  std::vector<int64_t> shape;
+  std::shared_ptr<SolveInfo> info;
+};
+
+class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, c10::intrusive_ptr<Problem> problem,
+                               const torch::Tensor& x0, at::TensorList params) {
+    std::vector<torch::Tensor> ps(params.begin(), params.end());
+    torch::Tensor x_star = newton_minimize(problem->energy, x0, ps, problem->options, *problem->info);
+    problem->shape = x_star.sizes().vec();
+    ctx->saved_data["problem"] = c10::IValue::make_capsule(problem);
+    ps.push_back(x_star);
+    ctx->save_for_backward(ps);
+    return x_star;
+  }
+
+  // At the solution, grad_x E(x*(theta), theta) = 0 for all theta. Differentiating this identity:
+  //     H dx*/dtheta + d(grad_x E)/dtheta = 0,   H = d^2E/dx^2 at x*.
+  // For a loss L(x*), dL/dtheta = dL/dx* . dx*/dtheta = -dL/dx* H^-1 d(grad_x E)/dtheta. With the adjoint
+  // lambda solving H lambda = dL/dx* (H is symmetric):
+  //     dL/dtheta = -lambda^T d(grad_x E)/dtheta = -d/dtheta [grad_x E(x*, theta) . lambda],
+  // one vector-Jacobian product through the graph of grad_x E. The adjoint system is solved by CG on the
+  // same Hessian-vector products as the forward; no Newton iteration is replayed, so the backward's memory
+  // does not depend on how many iterations the forward took.
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto problem = ctx->saved_data["problem"].toCapsule();
+    auto* pb = static_cast<Problem*>(problem.get());
+    torch::autograd::variable_list saved = ctx->get_saved_variables();
+    torch::Tensor x_star = saved.back();
+    saved.pop_back();
+
+    const SolverOptions& opt = pb->options;
+    const int64_t batch = opt.batched ? x_star.size(0) : 1;
+    const int64_t n = x_star.numel() / batch;
+    torch::Tensor dl_dx = grad_outputs[0].reshape({batch, n});
+
+    std::vector<torch::Tensor> params, wrt;
+    std::vector<size_t> wrt_index;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      torch::Tensor p = saved[i].detach();
+      // needs_input_grad counts tensor inputs only (x0 is 0); the returned list counts every input.
+      if (ctx->needs_input_grad(1 + i) && p.is_floating_point()) {
+        p.requires_grad_(true);
+        wrt.push_back(p);
+        wrt_index.push_back(i);
+      }
+      params.push_back(p);
+    }
+    torch::autograd::variable_list grads(2 + saved.size());
+    if (wrt.empty()) return grads;
+
+    SecondOrderPoint point(pb->energy, x_star.detach().reshape({batch, n}), pb->shape, params);
+    const int64_t max_iter = opt.backward_max_iter > 0 ? opt.backward_max_iter : 10 * n;
+    torch::Tensor b_norm = dl_dx.square().sum(1).sqrt();
+    CGResult cg = conjugate_gradient([&](const torch::Tensor& v) { return point.hvp(v); }, dl_dx,
+                                     opt.backward_rtol * b_norm, max_iter, /*truncate=*/false);
+    torch::Tensor rel = cg.residual_norm / b_norm.clamp_min(1e-300);
+
+    SolveInfo& info = *pb->info;
+    info.backward_ran = true;
+    info.backward_cg_iterations = cg.iterations;
+    info.backward_residual = rel.max().item<double>();
+    info.backward_converged = cg.converged;
+    std::ostringstream msg;
+    if (cg.negative_curvature) {
+      msg << "the Hessian at x* is not positive definite (x* is not a strict minimum); the implicit gradient "
+             "is unreliable";
+    } else if (!cg.converged) {
+      msg << "the adjoint CG reached backward_max_iter = " << max_iter << " iterations with relative residual "
+          << info.backward_residual << " > backward_rtol = " << opt.backward_rtol;
+    } else {
+      msg << "converged";
+    }
+    info.backward_message = msg.str();
+    if (!info.backward_converged) {
+      if (opt.raise_on_failure) throw ConvergenceError("adjoint solve failed: " + info.backward_message);
+      TORCH_WARN("diffsoft: adjoint solve failed: ", info.backward_message);
+    }
+
+    std::vector<torch::Tensor> vjp = point.mixed_vjp(cg.x, wrt);
+    for (size_t k = 0; k < wrt.size(); ++k) {
+      if (vjp[k].defined()) grads[2 + wrt_index[k]] = -vjp[k];
+    }
+    return grads;
+  }
+};
+
+}  // namespace
+
+torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
+                                const SolverOptions& options, std::shared_ptr<SolveInfo> info) {
+  auto problem = c10::make_intrusive<Problem>();
+  problem->energy = std::move(energy);
+  problem->options = options;
+  problem->info = info ? std::move(info) : std::make_shared<SolveInfo>();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    if (!p.defined()) throw std::invalid_argument("param " + std::to_string(i) + " is an undefined tensor");
+    if (p.device() != x0.device()) {
+      throw std::invalid_argument("param " + std::to_string(i) + " is on " + p.device().str() + " but x0 is on " +
+                                  x0.device().str());
+    }
+    if (p.is_floating_point() && p.scalar_type() != x0.scalar_type()) {
+      throw std::invalid_argument("param " + std::to_string(i) + " has dtype " +
+                                  std::string(c10::toString(p.scalar_type())) + " but x0 has dtype " +
+                                  std::string(c10::toString(x0.scalar_type())));
+    }
+  }
+  return ImplicitMinimize::apply(problem, x0, at::TensorList(params));
+}
+
+}  // namespace diffsoft

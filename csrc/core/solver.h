@@ -1,0 +1,108 @@
+// diffsoft core: Newton minimization with matrix-free CG on Hessian-vector products, and the
+// implicit-function-theorem backward. Pure LibTorch: no pybind, no Python.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace diffsoft {
+
+// energy(x, params) -> 0-dim tensor. x has the caller's shape (for a batch, dim 0 indexes problems whose
+// energies are summed). Every tensor the energy depends on and that may need a gradient must be in params.
+using EnergyFn = std::function<torch::Tensor(const torch::Tensor& x, const std::vector<torch::Tensor>& params)>;
+
+// Thrown when a solve does not converge and the caller asked for errors rather than warnings.
+struct ConvergenceError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct SolverOptions {
+  // Newton stops when every problem's gradient norm is <= max(atol, rtol * its norm at x0).
+  // rtol <= 0 means "by dtype": 1e-8 for float64, 1e-4 for float32.
+  double atol = 0.0;
+  double rtol = 0.0;
+  int64_t max_iter = 100;
+  // Forcing term: CG on H p = -g stops at ||r|| <= eta ||g|| with eta = min(cg_rtol, sqrt(||g|| / ||g0||)),
+  // loose far from the minimum and tightening as Newton converges (superlinear convergence).
+  double cg_rtol = 0.5;
+  int64_t cg_max_iter = 0;  // <= 0: the number of unknowns per problem
+  // Adjoint solve H lambda = dL/dx* in the backward: relative residual and iteration cap.
+  double backward_rtol = 1e-10;
+  int64_t backward_max_iter = 0;  // <= 0: 10 x the number of unknowns per problem
+  // Backtracking (Armijo) line search: accept E(x + a p) <= E(x) + c1 a g.p, else a *= shrink.
+  double ls_c1 = 1e-4;
+  double ls_shrink = 0.5;
+  int64_t ls_max_iter = 30;
+  bool batched = false;         // dim 0 of x indexes independent problems
+  bool raise_on_failure = false;  // throw ConvergenceError instead of reporting it in SolveInfo
+};
+
+// What a solve did. The forward fills the first block; the backward (adjoint solve) fills the second.
+struct SolveInfo {
+  bool converged = false;
+  int64_t iterations = 0;
+  int64_t cg_iterations = 0;
+  int64_t hvp_count = 0;
+  int64_t line_search_steps = 0;
+  double energy = 0.0;
+  double grad_norm = 0.0;          // max over problems of ||grad E(x*)||
+  double grad_norm_initial = 0.0;  // max over problems of ||grad E(x0)||
+  std::vector<bool> problem_converged;
+  std::string message;
+
+  bool backward_ran = false;
+  bool backward_converged = false;
+  int64_t backward_cg_iterations = 0;
+  double backward_residual = 0.0;  // max over problems of ||H lambda - dL/dx*|| / ||dL/dx*||
+  std::string backward_message;
+};
+
+// Energy, gradient and the graph of the gradient at one point, so that Hessian-vector products by double
+// backward can follow without re-evaluating the energy. Vectors are (B, n) rows: B problems of n unknowns.
+class SecondOrderPoint {
+ public:
+  SecondOrderPoint(const EnergyFn& energy, const torch::Tensor& x_rows, at::IntArrayRef shape,
+                   const std::vector<torch::Tensor>& params);
+  const torch::Tensor& energy() const { return energy_; }  // 0-dim, detached
+  const torch::Tensor& grad() const { return grad_; }      // (B, n), detached
+  torch::Tensor hvp(const torch::Tensor& v) const;          // (B, n) -> (B, n)
+  // d/dparams [grad_x E . w] for the params in `wrt`; undefined where a param does not enter the energy.
+  std::vector<torch::Tensor> mixed_vjp(const torch::Tensor& w, const std::vector<torch::Tensor>& wrt) const;
+
+ private:
+  torch::Tensor x_, grad_graph_, energy_, grad_;
+};
+
+struct CGResult {
+  torch::Tensor x;              // (B, n)
+  int64_t iterations = 0;       // = number of Hessian-vector products
+  bool converged = false;       // every row met its tolerance
+  bool negative_curvature = false;
+  torch::Tensor residual_norm;  // (B,)
+};
+
+// Conjugate gradient on rows: solves A x_b = b_b for each row b, stopping row b at ||r_b|| <= tol_b
+// (tol: (B,)). With truncate=true (Newton), a row that meets non-positive curvature stops and returns its
+// current iterate, or b itself if that happens on the first iteration: always a descent direction for -g = b.
+CGResult conjugate_gradient(const std::function<torch::Tensor(const torch::Tensor&)>& apply_a,
+                            const torch::Tensor& b, const torch::Tensor& tol, int64_t max_iter, bool truncate);
+
+// Newton's method with backtracking line search and truncated CG. Returns x* with x0's shape; fills info.
+// Throws std::invalid_argument for bad input (non-scalar or non-finite energy at x0, bad options), and
+// ConvergenceError when options.raise_on_failure and the solve failed.
+torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
+                              const SolverOptions& options, SolveInfo& info);
+
+// x* = argmin_x energy(x, params) as a differentiable function of params (implicit function theorem).
+// info, if given, receives the forward's record, and the backward's when it runs.
+torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
+                                const SolverOptions& options, std::shared_ptr<SolveInfo> info = nullptr);
+
+void check_options(const SolverOptions& options);
+
+}  // namespace diffsoft

@@ -1,0 +1,133 @@
+"""The implicit layer: ``x* = argmin_x energy(x, *params)``, differentiable with respect to params."""
+import math
+import numbers
+import warnings
+
+import torch
+
+from ._extension import SolveInfo, SolverOptions, _C
+
+
+def minimize(
+    energy,
+    x0,
+    *params,
+    batched=False,
+    rtol=None,
+    atol=0.0,
+    max_iter=100,
+    cg_rtol=0.5,
+    cg_max_iter=None,
+    backward_rtol=1e-10,
+    backward_max_iter=None,
+    ls_c1=1e-4,
+    ls_shrink=0.5,
+    ls_max_iter=30,
+    on_failure="warn",
+    return_info=False,
+):
+    """Minimize ``energy(x, *params)`` over ``x`` by Newton's method, matrix-free, in C++.
+
+    Invariant: at the returned ``x*``, ``grad_x energy(x*, *params) ~ 0``. ``x*`` is differentiable with
+    respect to every tensor in ``params`` that requires grad, by the implicit function theorem: the backward
+    solves ``H lambda = dL/dx*`` by CG on Hessian-vector products at ``x*`` and returns
+    ``-d/dparams [grad_x energy(x*, params) . lambda]``. It never replays Newton's iterations.
+
+    Args:
+        energy: ``energy(x, *params) -> 0-dim tensor``, written with torch ops. Every tensor it depends on
+            that may need a gradient must be passed in ``params``: tensors captured by a closure get none.
+        x0: floating-point tensor of any shape, the starting guess (it receives no gradient).
+        *params: tensors (any may require grad; floating ones must match x0's dtype, all x0's device) or
+            plain Python values, passed through to ``energy`` unchanged.
+        batched: dim 0 of ``x0`` indexes independent problems whose energies ``energy`` sums. Each problem is
+            judged on its own: it has converged when its gradient norm is ``<= max(atol, rtol * its norm at
+            x0)``; CG runs per problem; the line search is on the summed energy.
+        rtol, atol: gradient tolerances (see ``batched``); ``rtol=None`` means 1e-8 for float64, 1e-4 for
+            float32.
+        max_iter: Newton iterations.
+        cg_rtol: cap of the forcing term: each Newton system ``H p = -g`` is solved by CG to a relative
+            residual ``min(cg_rtol, sqrt(||g|| / ||g0||))``. CG stops at non-positive curvature and returns a
+            descent direction (truncated Newton).
+        cg_max_iter: CG iterations per Newton step (default: the number of unknowns per problem).
+        backward_rtol, backward_max_iter: relative residual and iteration cap of the adjoint CG solve
+            (default cap: 10 x the number of unknowns per problem).
+        ls_c1, ls_shrink, ls_max_iter: backtracking line search, accepting ``E(x + a p) <= E(x) + c1 a g.p``
+            (with a round-off allowance), else ``a *= ls_shrink``. Non-finite energies are rejected.
+        on_failure: ``"warn"`` (a RuntimeWarning and ``info.converged = False``) or ``"raise"``
+            (``diffsoft.ConvergenceError``), for the forward and the backward alike.
+        return_info: also return the :class:`SolveInfo` record.
+
+    Returns:
+        ``x*`` with the shape of ``x0``, or ``(x*, info)``. ``info`` holds converged, iterations,
+        cg_iterations, hvp_count, line_search_steps, energy, grad_norm, grad_norm_initial,
+        problem_converged and message; after ``backward()`` the same object also holds backward_ran,
+        backward_converged, backward_cg_iterations, backward_residual and backward_message.
+    """
+    if not callable(energy):
+        raise TypeError(f"energy must be callable, got {type(energy).__name__}")
+    if not isinstance(x0, torch.Tensor):
+        raise TypeError(f"x0 must be a torch.Tensor, got {type(x0).__name__}")
+    if not x0.is_floating_point():
+        raise TypeError(f"x0 must be a floating-point tensor, got dtype {x0.dtype}")
+    if on_failure not in ("warn", "raise"):
+        raise ValueError(f'on_failure must be "warn" or "raise", got {on_failure!r}')
+    options = _options(
+        batched=batched, rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol, cg_max_iter=cg_max_iter,
+        backward_rtol=backward_rtol, backward_max_iter=backward_max_iter, ls_c1=ls_c1, ls_shrink=ls_shrink,
+        ls_max_iter=ls_max_iter, raise_on_failure=on_failure == "raise",
+    )
+
+    tensor_slots = [i for i, p in enumerate(params) if isinstance(p, torch.Tensor)]
+    tensors = [params[i] for i in tensor_slots]
+    for i, t in zip(tensor_slots, tensors):
+        if t.device != x0.device:
+            raise ValueError(f"params[{i}] is on {t.device} but x0 is on {x0.device}")
+        if t.is_floating_point() and t.dtype != x0.dtype:
+            raise TypeError(f"params[{i}] has dtype {t.dtype} but x0 has dtype {x0.dtype}")
+    if len(tensors) == len(params):
+        fn = energy
+    else:
+        template = list(params)
+
+        def fn(x, *ts):
+            full = list(template)
+            for i, t in zip(tensor_slots, ts):
+                full[i] = t
+            return energy(x, *full)
+
+    info = SolveInfo()
+    x_star = _C.minimize(fn, x0, tensors, options, info)
+    if not info.converged:  # with on_failure="raise" the C++ solver has already raised
+        warnings.warn(f"diffsoft.minimize did not converge: {info.message}", RuntimeWarning, stacklevel=2)
+    return (x_star, info) if return_info else x_star
+
+
+def _options(**kw):
+    """Checks the options up front, naming the one that is out of range, and packs them for C++."""
+    o = SolverOptions()
+    for name in ("max_iter", "ls_max_iter"):
+        v = kw[name]
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < (0 if name == "max_iter" else 1):
+            raise ValueError(f"{name} must be an integer >= {0 if name == 'max_iter' else 1}, got {v!r}")
+    for name in ("cg_max_iter", "backward_max_iter"):
+        v = kw[name]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1):
+            raise ValueError(f"{name} must be None or an integer >= 1, got {v!r}")
+        kw[name] = 0 if v is None else v
+    bounds = {"rtol": (0, 1), "cg_rtol": (0, 1), "backward_rtol": (0, 1), "ls_c1": (0, 0.5), "ls_shrink": (0, 1)}
+    if kw["rtol"] is None:
+        kw["rtol"] = 0.0  # the C++ side picks the dtype's default
+    elif not _real(kw["rtol"]) or not 0 < kw["rtol"] < 1:
+        raise ValueError(f"rtol must be None or in (0, 1), got {kw['rtol']!r}")
+    for name, (lo, hi) in bounds.items():
+        if name != "rtol" and (not _real(kw[name]) or not lo < kw[name] < hi):
+            raise ValueError(f"{name} must be in ({lo}, {hi}), got {kw[name]!r}")
+    if not _real(kw["atol"]) or kw["atol"] < 0:
+        raise ValueError(f"atol must be a finite number >= 0, got {kw['atol']!r}")
+    for name, v in kw.items():
+        setattr(o, name, v)
+    return o
+
+
+def _real(v):
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)

@@ -1,0 +1,334 @@
+"""The implicit layer diffsoft.minimize: solutions, implicit gradients and errors."""
+import threading
+import warnings
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+import diffsoft
+
+f64 = torch.float64
+
+
+def quadratic(x, a, b):
+    return 0.5 * x @ (a @ x) - b @ x
+
+
+def spd(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    m = torch.randn(n, n, generator=g, dtype=f64)
+    return m @ m.T + n * torch.eye(n, dtype=f64)
+
+
+def quartic(x, k, b):
+    return 0.5 * (k * x * x).sum() + 0.25 * (x**4).sum() - (b * x).sum()
+
+
+def coupled(x, w, c):
+    """Parameters enter nonlinearly: exp, softplus and a coupling matrix."""
+    y = w @ x
+    return (torch.nn.functional.softplus(c) * torch.cosh(y - c)).sum() + 0.5 * (x * x).sum() * torch.exp(c[0])
+
+
+def barrier(x, s, t):
+    """A log barrier: infinite outside x > 0, so the line search must reject such steps."""
+    return (s * x - torch.log(x) * t.square()).sum() + 0.5 * (x[1:] - x[:-1]).square().sum()
+
+
+def test_quadratic_matches_linear_solve_and_its_gradients():
+    n = 12
+    a = spd(n, 0).requires_grad_()
+    b = torch.randn(n, dtype=f64, requires_grad=True)
+    x, info = diffsoft.minimize(quadratic, torch.zeros(n, dtype=f64), a, b, rtol=1e-12, return_info=True)
+    assert info.converged and info.grad_norm <= 1e-12 * info.grad_norm_initial
+    a_ref = a.detach().clone().requires_grad_()
+    b_ref = b.detach().clone().requires_grad_()
+    # 0.5 x^T A x has gradient sym(A) x, so the reference solves with the symmetric part.
+    x_ref = torch.linalg.solve(0.5 * (a_ref + a_ref.T), b_ref)
+    torch.testing.assert_close(x, x_ref, rtol=1e-9, atol=1e-10)
+    w = torch.randn(n, dtype=f64)
+    (x @ w).backward()
+    (x_ref @ w).backward()
+    torch.testing.assert_close(b.grad, b_ref.grad, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(a.grad, a_ref.grad, rtol=1e-8, atol=1e-10)
+
+
+def test_quartic_gradients_match_closed_form():
+    torch.manual_seed(0)
+    k = (torch.rand(100, dtype=f64) + 1).requires_grad_()
+    b = torch.randn(100, dtype=f64, requires_grad=True)
+    x, info = diffsoft.minimize(quartic, torch.zeros(100, dtype=f64), k, b, rtol=1e-12, return_info=True)
+    x.square().sum().backward()
+    xs = x.detach()
+    lam = 2 * xs / (k.detach() + 3 * xs**2)  # diagonal Hessian
+    torch.testing.assert_close(b.grad, lam, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(k.grad, -lam * xs, rtol=1e-8, atol=1e-10)
+    assert info.backward_ran and info.backward_converged and info.backward_cg_iterations > 0
+    assert info.backward_residual <= 1e-10
+
+
+@pytest.mark.parametrize(
+    "energy,make",
+    [
+        (quartic, lambda: (torch.rand(6, dtype=f64) + 1, torch.randn(6, dtype=f64))),
+        (coupled, lambda: (0.3 * torch.randn(4, 5, dtype=f64), 0.5 * torch.randn(4, dtype=f64))),
+        (barrier, lambda: (torch.rand(5, dtype=f64) + 0.5, torch.rand(5, dtype=f64) + 0.5)),
+    ],
+    ids=["quartic", "coupled", "barrier"],
+)
+def test_gradcheck_nonlinear_energies(energy, make):
+    torch.manual_seed(1)
+    params = [p.requires_grad_() for p in make()]
+    n = params[0].shape[-1]
+    x0 = torch.ones(n, dtype=f64)
+
+    def solve(*ps):
+        return diffsoft.minimize(energy, x0, *ps, rtol=1e-13, on_failure="raise")
+
+    assert gradcheck(solve, params, eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def unrolled_newton(energy, x0, params, iterations=30):
+    """Plain PyTorch reference: dense Newton with the graph kept through every iteration."""
+    x = x0.clone()
+    for _ in range(iterations):
+        g = torch.autograd.grad(energy(x, *params), x, create_graph=True)[0] if x.requires_grad else None
+        if g is None:
+            x = x.requires_grad_()
+            g = torch.autograd.grad(energy(x, *params), x, create_graph=True)[0]
+        h = torch.stack([torch.autograd.grad(g[i], x, create_graph=True)[0] for i in range(x.numel())])
+        x = x - torch.linalg.solve(h, g)
+    return x
+
+
+def test_implicit_gradient_matches_unrolled_converged_solve():
+    torch.manual_seed(2)
+    w = (0.3 * torch.randn(4, 5, dtype=f64)).requires_grad_()
+    c = (0.5 * torch.randn(4, dtype=f64)).requires_grad_()
+    x0 = torch.ones(5, dtype=f64)
+    x = diffsoft.minimize(coupled, x0, w, c, rtol=1e-13)
+    x_ref = unrolled_newton(coupled, x0, (w, c))
+    torch.testing.assert_close(x, x_ref, rtol=1e-10, atol=1e-12)
+    v = torch.randn(5, dtype=f64)
+    g_impl = torch.autograd.grad(x @ v, (w, c))
+    g_unrolled = torch.autograd.grad(x_ref @ v, (w, c))
+    for a, b in zip(g_impl, g_unrolled):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+def test_central_finite_differences():
+    torch.manual_seed(3)
+    k = torch.rand(8, dtype=f64) + 1
+    b = torch.randn(8, dtype=f64, requires_grad=True)
+    v = torch.randn(8, dtype=f64)
+    x0 = torch.zeros(8, dtype=f64)
+
+    def loss(b_):
+        return diffsoft.minimize(quartic, x0, k, b_, rtol=1e-14) @ v
+
+    (g,) = torch.autograd.grad(loss(b), b)
+    h = 1e-6
+    for i in range(8):
+        e = torch.zeros(8, dtype=f64)
+        e[i] = h
+        fd = (loss(b.detach() + e) - loss(b.detach() - e)) / (2 * h)
+        assert abs(fd.item() - g[i].item()) < 1e-7
+
+
+def double_well(x, b):
+    return ((x * x - 1) ** 2).sum() + 0.1 * (x[1:] - x[:-1]).square().sum() - (b * x).sum()
+
+
+def test_nonconvex_start_at_indefinite_hessian_reaches_a_minimum():
+    n = 6
+    b = torch.linspace(-0.2, 0.2, n, dtype=f64)
+    x0 = torch.zeros(n, dtype=f64)  # Hessian -4 I + coupling: indefinite
+    h0 = torch.autograd.functional.hessian(lambda x: double_well(x, b), x0)
+    assert torch.linalg.eigvalsh(h0).min() < 0
+    x, info = diffsoft.minimize(double_well, x0, b, return_info=True)
+    assert info.converged
+    h = torch.autograd.functional.hessian(lambda x: double_well(x, b), x)
+    assert torch.linalg.eigvalsh(h).min() > 0
+    assert info.energy < double_well(x0, b).item()
+
+
+def test_batched_problems_match_separate_solves_and_converge_per_problem():
+    torch.manual_seed(4)
+    batch, n = 5, 7
+    k = (torch.rand(batch, n, dtype=f64) + 1).requires_grad_()
+    b = (torch.randn(batch, n, dtype=f64) * torch.logspace(-3, 3, batch, dtype=f64)[:, None]).requires_grad_()
+    x, info = diffsoft.minimize(quartic, torch.zeros(batch, n, dtype=f64), k, b, batched=True, return_info=True)
+    assert info.converged and info.problem_converged == [True] * batch
+    v = torch.randn(batch, n, dtype=f64)
+    gk, gb = torch.autograd.grad((x * v).sum(), (k, b))
+    for i in range(batch):
+        ki, bi = k[i].detach().requires_grad_(), b[i].detach().requires_grad_()
+        xi = diffsoft.minimize(quartic, torch.zeros(n, dtype=f64), ki, bi)
+        # Each problem meets its own relative tolerance, even the one 1e6 times smaller than the largest.
+        torch.testing.assert_close(x[i], xi, rtol=1e-7, atol=1e-12 * bi.abs().max().item())
+        gki, gbi = torch.autograd.grad(xi @ v[i], (ki, bi))
+        torch.testing.assert_close(gk[i], gki, rtol=1e-6, atol=1e-12)
+        torch.testing.assert_close(gb[i], gbi, rtol=1e-6, atol=1e-12)
+
+
+def test_float32_and_any_shape():
+    k = torch.rand(3, 4, 2) + 1
+    b = torch.randn(3, 4, 2, requires_grad=True)
+    x, info = diffsoft.minimize(quartic, torch.zeros(3, 4, 2), k, b, return_info=True)
+    assert x.dtype == torch.float32 and x.shape == (3, 4, 2) and info.converged
+    x.sum().backward()
+    assert b.grad.dtype == torch.float32 and torch.isfinite(b.grad).all()
+
+
+def test_non_tensor_params_pass_through():
+    def energy(x, scale, kind, b):
+        assert kind == "soft"
+        return scale * 0.5 * (x * x).sum() - (b * x).sum()
+
+    b = torch.randn(3, dtype=f64, requires_grad=True)
+    x = diffsoft.minimize(energy, torch.zeros(3, dtype=f64), 2.0, "soft", b)
+    torch.testing.assert_close(x, b / 2)
+    x.sum().backward()
+    torch.testing.assert_close(b.grad, torch.full((3,), 0.5, dtype=f64))
+
+
+def test_no_param_requires_grad_gives_plain_tensor():
+    x = diffsoft.minimize(quartic, torch.zeros(3, dtype=f64), torch.ones(3, dtype=f64), torch.ones(3, dtype=f64))
+    assert not x.requires_grad
+
+
+def test_threads_give_the_same_results_without_deadlock():
+    torch.manual_seed(5)
+    ks = [torch.rand(20, dtype=f64) + 1 for _ in range(4)]
+    bs = [torch.randn(20, dtype=f64) for _ in range(4)]
+
+    def run(i):
+        b = bs[i].clone().requires_grad_()
+        x = diffsoft.minimize(quartic, torch.zeros(20, dtype=f64), ks[i], b)
+        x.square().sum().backward()
+        return x.detach(), b.grad
+
+    expected = [run(i) for i in range(4)]
+    results = [None] * 4
+
+    def worker(i):
+        for _ in range(5):
+            results[i] = run(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    for (x, g), (xe, ge) in zip(results, expected):
+        torch.testing.assert_close(x, xe, rtol=0, atol=0)
+        torch.testing.assert_close(g, ge, rtol=0, atol=0)
+
+
+# ---- non-convergence is reported, never silent -------------------------------------------------------------
+
+
+def test_nonconvergence_warns_with_the_failed_criterion():
+    b = torch.randn(10, dtype=f64)
+    with pytest.warns(RuntimeWarning, match="max_iter = 1 Newton iterations"):
+        x, info = diffsoft.minimize(quartic, torch.zeros(10, dtype=f64) + 5, torch.ones(10, dtype=f64), b,
+                                    max_iter=1, return_info=True)
+    assert not info.converged and "tolerance" in info.message and info.iterations == 1
+
+
+def test_nonconvergence_raises_when_asked():
+    with pytest.raises(diffsoft.ConvergenceError, match="max_iter"):
+        diffsoft.minimize(quartic, torch.zeros(10, dtype=f64) + 5, torch.ones(10, dtype=f64),
+                          torch.randn(10, dtype=f64), max_iter=1, on_failure="raise")
+
+
+def test_unbounded_energy_reports_line_search_or_iteration_failure():
+    def unbounded(x, b):
+        return -(b * x).sum() - (x**4).sum()
+
+    with pytest.raises(diffsoft.ConvergenceError):
+        diffsoft.minimize(unbounded, torch.ones(3, dtype=f64), torch.ones(3, dtype=f64), on_failure="raise")
+
+
+def test_adjoint_failure_warns_in_backward_and_is_recorded():
+    n = 30
+    a = spd(n, 6)
+    b = torch.randn(n, dtype=f64, requires_grad=True)
+    x, info = diffsoft.minimize(quadratic, torch.zeros(n, dtype=f64), a, b, backward_max_iter=1, return_info=True)
+    with pytest.warns(UserWarning, match="adjoint solve failed"):
+        x.square().sum().backward()
+    assert info.backward_ran and not info.backward_converged and info.backward_cg_iterations == 1
+    assert "backward_max_iter" in info.backward_message
+
+
+def test_adjoint_failure_raises_when_asked():
+    n = 30
+    b = torch.randn(n, dtype=f64, requires_grad=True)
+    x = diffsoft.minimize(quadratic, torch.zeros(n, dtype=f64), spd(n, 7), b, backward_max_iter=1,
+                          on_failure="raise")
+    with pytest.raises(RuntimeError, match="adjoint solve failed"):
+        x.sum().backward()
+
+
+# ---- bad input gets a clear exception ----------------------------------------------------------------------
+
+
+def test_energy_must_be_0_dim():
+    with pytest.raises(ValueError, match="0-dim tensor, got shape \\[3\\]"):
+        diffsoft.minimize(lambda x: x * x, torch.zeros(3, dtype=f64))
+
+
+def test_energy_must_return_a_tensor():
+    with pytest.raises(ValueError, match="must return a torch.Tensor, got float"):
+        diffsoft.minimize(lambda x: 1.0, torch.zeros(3, dtype=f64))
+
+
+def test_energy_not_finite_at_x0():
+    with pytest.raises(ValueError, match="not finite at x0"):
+        diffsoft.minimize(lambda x: torch.log(x).sum(), -torch.ones(3, dtype=f64))
+
+
+def test_gradient_not_finite_at_x0():
+    with pytest.raises(ValueError, match="not finite at x0"):
+        diffsoft.minimize(lambda x: torch.sqrt(x).sum(), torch.zeros(3, dtype=f64))
+
+
+def test_x0_checks():
+    with pytest.raises(TypeError, match="floating-point"):
+        diffsoft.minimize(lambda x: x.sum(), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        diffsoft.minimize(lambda x: x.sum(), [0.0, 1.0])
+    with pytest.raises(ValueError, match="non-finite"):
+        diffsoft.minimize(lambda x: (x * x).sum(), torch.tensor([0.0, float("nan")], dtype=f64))
+    with pytest.raises(TypeError, match="callable"):
+        diffsoft.minimize(3, torch.zeros(3, dtype=f64))
+
+
+def test_params_device_and_dtype_must_match_x0():
+    with pytest.raises(TypeError, match="params\\[0\\] has dtype torch.float32"):
+        diffsoft.minimize(quartic, torch.zeros(3, dtype=f64), torch.ones(3), torch.ones(3, dtype=f64))
+    with pytest.raises(ValueError, match="params\\[1\\] is on meta"):
+        diffsoft.minimize(quartic, torch.zeros(3, dtype=f64), torch.ones(3, dtype=f64),
+                          torch.ones(3, dtype=f64, device="meta"))
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    [("rtol", 2.0), ("rtol", -1e-3), ("atol", -1.0), ("atol", float("nan")), ("max_iter", -1), ("max_iter", 2.5),
+     ("cg_rtol", 0.0), ("cg_rtol", 1.0), ("cg_max_iter", 0), ("backward_rtol", 1.5), ("backward_max_iter", -3),
+     ("ls_c1", 0.7), ("ls_shrink", 1.0), ("ls_max_iter", 0), ("on_failure", "ignore")],
+)
+def test_options_out_of_range(option, value):
+    with pytest.raises(ValueError, match=option):
+        diffsoft.minimize(quartic, torch.zeros(3, dtype=f64), torch.ones(3, dtype=f64), torch.ones(3, dtype=f64),
+                          **{option: value})
+
+
+def test_user_exception_in_energy_propagates():
+    def energy(x):
+        raise KeyError("my energy broke")
+
+    with pytest.raises(KeyError, match="my energy broke"):
+        diffsoft.minimize(energy, torch.zeros(3, dtype=f64))
