@@ -37,18 +37,36 @@ def determinant(F):
     return (F[..., 0, :] * torch.cross(F[..., 1, :], F[..., 2, :], dim=-1)).sum(-1)
 
 
+def strain_invariants(F):
+    """``(I1 - d, J - 1)`` of ``(..., d, d)`` matrices, computed from ``G = F - I``.
+
+    Near rest both are small, and forming ``I1 = tr(F^T F)`` or ``det F`` first would leave them as the
+    difference of numbers near d and 1: an energy ``mu (I1 - d) / 2`` would carry a round-off of
+    ``eps mu`` instead of ``eps mu |G|``, and a line search would stall on noise before the solver
+    converges. Expanding in G keeps the error relative to the strain:
+    ``I1 - d = |G|^2 + 2 tr G`` and ``det(I + G) - 1 = tr G + (tr^2 G - tr G^2)/2 [3D] + det G``.
+    """
+    d = F.shape[-1]
+    G = F - torch.eye(d, dtype=F.dtype, device=F.device)
+    tr = torch.diagonal(G, dim1=-2, dim2=-1).sum(-1)
+    i1_minus_d = (G * G).sum((-2, -1)) + 2.0 * tr
+    j_minus_1 = tr + determinant(G)
+    if d == 3:
+        j_minus_1 = j_minus_1 + 0.5 * (tr * tr - (G * G.transpose(-1, -2)).sum((-2, -1)))
+    return i1_minus_d, j_minus_1
+
+
 def algovivo_density(F, mu, lam):
     """algovivo's material: ``mu/2 (I1 - d) - mu q(J) + lam/2 q(J)^2`` with ``q(J) = -1.5 + 2J - J^2/2``,
     the second-order Taylor expansion of ``log J`` at ``J = 1``: finite (and restoring) for inverted elements.
+    (Evaluated as ``q = (J - 1) - (J - 1)^2 / 2``, the same polynomial, see :func:`strain_invariants`.)
 
     Args:
         F: ``(..., E, d, d)``; mu, lam: broadcastable to ``(..., E)``.
     """
-    d = F.shape[-1]
-    I1 = (F * F).sum((-2, -1))
-    J = determinant(F)
-    q = -1.5 + 2.0 * J - 0.5 * J * J
-    return 0.5 * mu * (I1 - d) - mu * q + 0.5 * lam * q * q
+    i1, dj = strain_invariants(F)
+    q = dj - 0.5 * dj * dj
+    return 0.5 * mu * i1 - mu * q + 0.5 * lam * q * q
 
 
 def neo_hookean_density(F, mu, lam):
@@ -58,13 +76,11 @@ def neo_hookean_density(F, mu, lam):
     Args:
         F: ``(..., E, d, d)``; mu, lam: broadcastable to ``(..., E)``.
     """
-    d = F.shape[-1]
-    I1 = (F * F).sum((-2, -1))
-    J = determinant(F)
-    valid = J > 0
+    i1, dj = strain_invariants(F)
+    valid = dj > -1.0
     # log of a masked J, not log(J) masked afterwards: a NaN in the unused branch would poison the gradient.
-    log_J = torch.log(torch.where(valid, J, torch.ones_like(J)))
-    psi = 0.5 * mu * (I1 - d) - mu * log_J + 0.5 * lam * log_J * log_J
+    log_J = torch.log1p(torch.where(valid, dj, torch.zeros_like(dj)))
+    psi = 0.5 * mu * i1 - mu * log_J + 0.5 * lam * log_J * log_J
     return torch.where(valid, psi, torch.full_like(psi, math.inf))
 
 
@@ -83,11 +99,10 @@ def stable_neo_hookean_density(F, mu, lam):
     d = F.shape[-1]
     mu_s = (d + 1) / d * mu
     lam_s = lam + (d * (d + 1) - 2) / (d * (d + 1)) * mu
-    alpha = 1.0 + mu / lam_s
-    I1 = (F * F).sum((-2, -1))
-    J = determinant(F)
-    rest = 0.5 * lam_s * (1.0 - alpha) ** 2 - 0.5 * mu_s * math.log(d + 1)
-    return 0.5 * mu_s * (I1 - d) + 0.5 * lam_s * (J - alpha) ** 2 - 0.5 * mu_s * torch.log(I1 + 1.0) - rest
+    beta = mu / lam_s  # alpha - 1
+    i1, dj = strain_invariants(F)
+    # (J - alpha)^2 - (1 - alpha)^2 = (J - 1)(J - 1 - 2 beta); log(I1 + 1) - log(d + 1) = log1p((I1 - d)/(d + 1))
+    return 0.5 * mu_s * i1 + 0.5 * lam_s * dj * (dj - 2.0 * beta) - 0.5 * mu_s * torch.log1p(i1 / (d + 1))
 
 
 _DENSITIES = {

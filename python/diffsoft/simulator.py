@@ -41,8 +41,10 @@ class Simulator:
         friction_eps: ``eps``, the height above the ground under which friction acts.
         rtol, atol: the step's convergence test, ``|grad E| <= max(atol, rtol |grad E(x_hat)|)`` per problem,
             where ``grad E`` is the force residual (see the module docstring). ``rtol=None``: the solver's
-            default (1e-8 in float64, 1e-4 in float32); ``atol=None``: 1e-10 (float64) or 1e-5 (float32)
-            times ``total mass * max(g, 1)``, a floor near round-off relative to the body's weight.
+            default (1e-8 in float64, 1e-4 in float32); ``atol=None``: 1e-8 (float64) or 1e-5 (float32)
+            times the body's force scale (its weight plus the elastic force that stretches every element by
+            100%). Round-off bounds what is reachable: the line search needs energy decreases it can resolve,
+            which for stiff bodies stops near ``sqrt(eps * stiffness * |energy terms|)``, well above ``eps``.
         max_iter, cg_rtol, cg_max_iter, backward_rtol, backward_max_iter, on_failure: passed to
             :func:`diffsoft.minimize`; all are kept in ``self.solver_options``, which may be edited.
 
@@ -70,8 +72,7 @@ class Simulator:
         self.friction = self._scalar("friction", _FRICTION_PER_MASS * mean_mass if friction is None else friction,
                                      allow_zero=True)
         if atol is None:
-            floor = 1e-10 if body.dtype == torch.float64 else 1e-5
-            atol = floor * body.mass.detach().sum().item() * max(abs(self.gravity.item()), 1.0)
+            atol = (1e-8 if body.dtype == torch.float64 else 1e-5) * self._force_scale()
         self.solver_options = dict(rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol,
                                    cg_max_iter=cg_max_iter, backward_rtol=backward_rtol,
                                    backward_max_iter=backward_max_iter, on_failure=on_failure)
@@ -79,6 +80,15 @@ class Simulator:
             elements=body.elements, muscles=body.muscles if body.num_muscles else None, free=body.free,
             all_free=len(body.fixed) == 0, material=body.material, h=self.dt, ground=self.ground,
             eps=self.friction_eps)
+
+    def _force_scale(self):
+        """The body's weight plus the elastic force that would stretch every element by 100%: round-off in
+        the step's force residual is relative to forces of this size."""
+        b = self.body
+        vol = b.rest_volume.detach()
+        weight = vol if b.material != "algovivo" else torch.ones_like(vol)
+        elastic = (b.mu.detach() * weight / vol ** (1.0 / b.dim)).sum().item()
+        return b.mass.detach().sum().item() * max(abs(self.gravity.item()), 1.0) + elastic
 
     def to(self, dtype=None, device=None):
         """A copy on ``device`` in ``dtype`` (body included); solver options are kept, the default atol too."""
@@ -240,7 +250,9 @@ def _step_energy(y, x_hat, x0, x0_free, mass, Dm_inv, mu, lam, activation, rest_
     ``mu, lam`` arrive with the elements' weights folded in. Returns a 0-dim tensor (summed over the batch)."""
     x = y if s.all_free else x0.index_copy(x0.dim() - 2, s.free, y)
     e = elastic_energy(x, s.elements, Dm_inv, mu, lam, s.material)
-    e = e + inertia_energy(y, x_hat, mass) / (s.h * s.h) + gravity_energy(y, mass, gravity)
+    # Gravity relative to the start of the step: the same minimiser and derivatives, but an objective near 0
+    # whose changes the line search can still resolve in floating point close to the solution.
+    e = e + inertia_energy(y, x_hat, mass) / (s.h * s.h) + gravity_energy(y - x0_free, mass, gravity)
     if s.muscles is not None:
         e = e + muscle_energy(x, s.muscles, activation, rest_length, stiffness)
     if s.ground is not None:
