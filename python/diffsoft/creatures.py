@@ -1,0 +1,241 @@
+"""Creatures: procedural soft robots with muscles, and their files.
+
+Two file formats, both JSON:
+
+* algovivo's (2D; :func:`load_algovivo`, :func:`save_algovivo`): ``pos`` ``(N, 2)``, ``triangles`` ``(T, 3)``,
+  ``rsi`` ``(T, 2, 2)`` inverse rest-shape matrices (each row-major ``[[r00, r01], [r10, r11]]``; a flat
+  ``[r00, r01, r10, r11]`` is read too), ``muscles`` ``(M, 2)`` and ``l0`` ``(M,)`` (both optional). The file
+  holds geometry only; the physical constants are that project's (:data:`ALGOVIVO`). Other keys are ignored.
+* diffsoft's own (2D and 3D; :func:`save`, :func:`load`): an object with ``"format": "diffsoft.creature"``,
+  ``"version": 1`` and the complete state of a :class:`~diffsoft.simulator.Simulator`:
+  ``vertices (N, d)``, ``elements (E, d+1)`` (triangles or positively oriented tetrahedra), ``material``,
+  ``Dm_inv (E, d, d)``, ``mass (N,)``, ``mu (E,)``, ``lam (E,)``, ``muscles (M, 2)``,
+  ``muscle_rest_length (M,)``, ``muscle_stiffness (M,)``, ``fixed (K,)`` and ``simulator``: ``{"dt", "gravity",
+  "ground" (a number or null), "contact_stiffness", "friction", "friction_eps"}``. Lists are nested JSON
+  arrays, numbers are written with full float64 precision.
+
+Procedural creatures (:func:`biped`, :func:`quadruped`, :func:`worm`) are 2D algovivo-style bodies with
+algovivo's constants, standing on the ground (y = 0) and facing +x; :func:`tetrapod` is a 3D neo-Hookean
+body in SI units. Each returns a :class:`~diffsoft.simulator.Simulator`; ``sim.rest_state`` starts it.
+"""
+import json
+import numbers
+
+import numpy as np
+import torch
+
+from .body import SoftBody
+from .mesh import grid, voxels
+from .simulator import ALGOVIVO_VERTEX_MASS, Simulator
+
+ALGOVIVO = dict(dt=0.033, gravity=9.8, vertex_mass=ALGOVIVO_VERTEX_MASS, mu=500.0, lam=50.0, muscle_stiffness=90.0,
+                contact_stiffness=14000.0, friction=300.0)
+"""algovivo's published constants: time step h, gravity g, vertex mass, Lame parameters (per triangle, weight
+1), muscle stiffness k, contact stiffness k_c, friction k_f."""
+
+FORMAT = "diffsoft.creature"
+
+
+def algovivo_simulator(vertices, triangles, muscles=None, rsi=None, l0=None, dtype=None):
+    """A 2D simulator with algovivo's model and constants (elasticity ``"algovivo"``, :data:`ALGOVIVO`).
+
+    Args:
+        vertices: ``(N, 2)``; triangles: ``(T, 3)``; muscles: ``(M, 2)``; rsi: ``(T, 2, 2)`` inverse rest
+            shapes (default from ``vertices``); l0: ``(M,)`` muscle rest lengths (default from ``vertices``).
+    """
+    c = ALGOVIVO
+    body = SoftBody(vertices, triangles, material="algovivo", mass=c["vertex_mass"], mu=c["mu"], lam=c["lam"],
+                    muscles=muscles, muscle_rest_length=l0, muscle_stiffness=c["muscle_stiffness"], Dm_inv=rsi,
+                    dtype=dtype)
+    return Simulator(body, dt=c["dt"], gravity=c["gravity"], ground=0.0, contact_stiffness=c["contact_stiffness"],
+                     friction=c["friction"])
+
+
+def load_algovivo(path, dtype=None):
+    """Reads a creature in algovivo's JSON format and returns a :class:`~diffsoft.simulator.Simulator` with
+    that project's constants (see the module docstring). A malformed file raises ValueError naming the key."""
+    data = _read_json(path)
+    pos = _array(data, "pos", float, (None, 2), path)
+    n = len(pos)
+    triangles = _array(data, "triangles", int, (None, 3), path)
+    rsi = _array(data, "rsi", float, None, path)
+    if rsi.ndim == 2 and rsi.shape[1:] == (4,):
+        rsi = rsi.reshape(-1, 2, 2)
+    if rsi.shape != (len(triangles), 2, 2):
+        raise ValueError(f"{path}: key 'rsi' must hold one 2x2 matrix per triangle ({len(triangles)}, 2, 2), "
+                         f"got shape {rsi.shape}")
+    muscles = _array(data, "muscles", int, (None, 2), path) if "muscles" in data else np.zeros((0, 2), np.int64)
+    l0 = _array(data, "l0", float, (len(muscles),), path) if "l0" in data else None
+    for key, idx in (("triangles", triangles), ("muscles", muscles)):
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            raise ValueError(f"{path}: key '{key}' has vertex index {idx.max() if idx.max() >= n else idx.min()}, "
+                             f"out of range for the {n} vertices of 'pos'")
+    try:
+        return algovivo_simulator(pos, triangles, muscles, rsi, l0, dtype=dtype)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def save_algovivo(sim, path, x=None):
+    """Writes ``sim``'s body in algovivo's JSON format (geometry only: ``pos``, ``triangles``, ``rsi``,
+    ``muscles``, ``l0``). ``x``: ``(N, 2)`` positions to store as ``pos`` (default the rest positions)."""
+    body = sim.body
+    if body.dim != 2:
+        raise ValueError(f"algovivo's format is 2D; this body is {body.dim}D (use diffsoft.creatures.save)")
+    pos = body.rest_positions if x is None else x
+    data = {
+        "pos": _list(pos), "triangles": _list(body.elements), "rsi": _list(body.Dm_inv),
+        "muscles": _list(body.muscles), "l0": _list(body.muscle_rest_length),
+    }
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+def save(sim, path):
+    """Writes ``sim`` (body and simulator constants, 2D or 3D) in diffsoft's JSON format."""
+    b = sim.body
+    data = {
+        "format": FORMAT, "version": 1, "dim": b.dim, "material": b.material,
+        "vertices": _list(b.rest_positions), "elements": _list(b.elements), "Dm_inv": _list(b.Dm_inv),
+        "mass": _list(b.mass), "mu": _list(b.mu), "lam": _list(b.lam), "muscles": _list(b.muscles),
+        "muscle_rest_length": _list(b.muscle_rest_length), "muscle_stiffness": _list(b.muscle_stiffness),
+        "fixed": _list(b.fixed),
+        "simulator": {"dt": sim.dt, "gravity": sim.gravity.item(), "ground": sim.ground,
+                      "contact_stiffness": sim.contact_stiffness.item(), "friction": sim.friction.item(),
+                      "friction_eps": sim.friction_eps},
+    }
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+def load(path, dtype=None):
+    """Reads a creature written by :func:`save`; a malformed file raises ValueError naming the key."""
+    data = _read_json(path)
+    if data.get("format") != FORMAT or data.get("version") != 1:
+        raise ValueError(f"{path}: key 'format' must be {FORMAT!r} with 'version' 1, got "
+                         f"{data.get('format')!r} version {data.get('version')!r}")
+    dim = data.get("dim")
+    if dim not in (2, 3):
+        raise ValueError(f"{path}: key 'dim' must be 2 or 3, got {dim!r}")
+    verts = _array(data, "vertices", float, (None, dim), path)
+    elements = _array(data, "elements", int, (None, dim + 1), path)
+    e, n = len(elements), len(verts)
+    muscles = _array(data, "muscles", int, (None, 2), path)
+    m = len(muscles)
+    fields = dict(
+        Dm_inv=_array(data, "Dm_inv", float, (e, dim, dim), path), mass=_array(data, "mass", float, (n,), path),
+        mu=_array(data, "mu", float, (e,), path), lam=_array(data, "lam", float, (e,), path),
+        muscle_rest_length=_array(data, "muscle_rest_length", float, (m,), path),
+        muscle_stiffness=_array(data, "muscle_stiffness", float, (m,), path),
+        fixed=_array(data, "fixed", int, (None,), path))
+    s = data.get("simulator")
+    keys = ("dt", "gravity", "ground", "contact_stiffness", "friction", "friction_eps")
+    if not isinstance(s, dict) or any(k not in s for k in keys):
+        raise ValueError(f"{path}: key 'simulator' must be an object with keys {keys}")
+    for k in keys:
+        if not (isinstance(s[k], numbers.Real) or (k == "ground" and s[k] is None)) or isinstance(s[k], bool):
+            raise ValueError(f"{path}: key 'simulator.{k}' must be a number, got {s[k]!r}")
+    try:
+        body = SoftBody(verts, elements, material=data.get("material"), muscles=muscles, dtype=dtype, **fields)
+        return Simulator(body, **{k: s[k] for k in keys})
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def biped(cell=0.3, dtype=None):
+    """A 2D biped (26 vertices, 28 triangles, 16 muscles): a 5 x 2 torso on two legs 1 cell wide and 2
+    tall. Each leg has both diagonals of its two cells, its inner and outer sides, and the hip's diagonals."""
+    mask = np.array([[1, 0, 0, 0, 1],
+                     [1, 0, 0, 0, 1],
+                     [1, 1, 1, 1, 1],
+                     [1, 1, 1, 1, 1]], dtype=bool)
+    return _legged(mask, legs=(0, 4), leg_height=2, cell=cell, dtype=dtype)
+
+
+def quadruped(cell=0.25, dtype=None):
+    """A 2D quadruped (40 vertices, 44 triangles, 24 muscles): a 7 x 2 torso on four legs 1 cell wide and 2
+    tall, muscled like :func:`biped`'s legs but without hip diagonals."""
+    mask = np.zeros((4, 7), dtype=bool)
+    mask[2:] = True
+    mask[:2, [0, 2, 4, 6]] = True
+    return _legged(mask, legs=(0, 2, 4, 6), leg_height=2, cell=cell, dtype=dtype, hips=False)
+
+
+def worm(segments=8, cell=0.25, dtype=None):
+    """A 2D worm: a ``segments`` x 1 strip of cells lying on the ground, with a muscle along the top and the
+    bottom edge of every segment (``2 * segments`` muscles); waves of contraction make it crawl."""
+    if not (isinstance(segments, int) and segments >= 2):
+        raise ValueError(f"segments must be an integer >= 2, got {segments!r}")
+    verts, tris = grid(np.ones((1, segments), dtype=bool), cell_size=cell)
+    bottom = [(i, i + 1) for i in range(segments)]
+    top = [(segments + 1 + i, segments + 2 + i) for i in range(segments)]
+    return algovivo_simulator(verts, tris, bottom + top, dtype=dtype)
+
+
+def tetrapod(cell=0.1, density=1000.0, youngs_modulus=5e4, poisson_ratio=0.3, material="neo_hookean", dtype=None):
+    """A 3D tetrapod in SI units: a 4 x 1 x 2 cell torso (x long, z wide) on four 1 x 2 x 1 legs at its
+    corners, 6 tetrahedra per cell; each leg has a muscle along each of its 4 vertical edges (16 muscles).
+    Muscle stiffness is the body's default (see :class:`~diffsoft.body.SoftBody`)."""
+    nx, nz, leg_h = 4, 2, 2
+    mask = np.zeros((nz, leg_h + 1, nx), dtype=bool)  # (z, y, x)
+    mask[:, leg_h, :] = True
+    legs = [(0, 0), (nx - 1, 0), (0, nz - 1), (nx - 1, nz - 1)]  # (x, z) cells
+    for i, k in legs:
+        mask[k, :leg_h, i] = True
+    verts, tets = voxels(mask, cell_size=cell, dtype=torch.float64)
+    ids = {tuple(np.round(p / cell).astype(int)): j for j, p in enumerate(verts.numpy())}
+    muscles = [(ids[(i + di, 0, k + dk)], ids[(i + di, leg_h, k + dk)]) for i, k in legs for di in (0, 1)
+               for dk in (0, 1)]
+    body = SoftBody(verts, tets, material=material, density=density, youngs_modulus=youngs_modulus,
+                    poisson_ratio=poisson_ratio, muscles=muscles,
+                    dtype=torch.get_default_dtype() if dtype is None else dtype)
+    return Simulator(body, dt=1 / 30, gravity=9.8, ground=0.0)
+
+
+def _legged(mask, legs, leg_height, cell, dtype, hips=True):
+    """A grid creature (mask rows from the bottom) whose legs are the 1-cell columns ``legs``."""
+    verts, tris = grid(mask, cell_size=cell)
+    ids = {tuple(np.round(p / cell).astype(int)): j for j, p in enumerate(verts.numpy())}
+    muscles = []
+    for i in legs:
+        for j in range(leg_height + (1 if hips else 0)):  # the leg's cells, then the hip cell above it
+            muscles += [(ids[(i, j)], ids[(i + 1, j + 1)]), (ids[(i + 1, j)], ids[(i, j + 1)])]
+        muscles += [(ids[(i, 0)], ids[(i, leg_height)]), (ids[(i + 1, 0)], ids[(i + 1, leg_height)])]
+    return algovivo_simulator(verts, tris, muscles, dtype=dtype)
+
+
+def _read_json(path):
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object with named keys, got {type(data).__name__}")
+    return data
+
+
+def _array(data, key, kind, shape, path):
+    """``data[key]`` as a numpy array of ``kind`` (float or int) with ``shape`` (None entries: any size)."""
+    if key not in data:
+        raise ValueError(f"{path}: missing key '{key}'")
+    try:
+        a = np.array(data[key], dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{path}: key '{key}' must be a (nested) list of numbers of equal lengths") from None
+    if a.size == 0 and shape is not None:
+        a = a.reshape([0 if s is None else s for s in shape])
+    if shape is not None and (a.ndim != len(shape) or any(s is not None and s != t for s, t in zip(shape, a.shape))):
+        want = "(" + ", ".join("n" if s is None else str(s) for s in shape) + ")"
+        raise ValueError(f"{path}: key '{key}' must have shape {want}, got {a.shape}")
+    if not np.isfinite(a).all():
+        raise ValueError(f"{path}: key '{key}' has non-finite numbers")
+    if kind is int:
+        if (a != np.round(a)).any():
+            raise ValueError(f"{path}: key '{key}' must hold integer vertex indices")
+        return a.astype(np.int64)
+    return a
+
+
+def _list(t):
+    return t.detach().cpu().tolist() if isinstance(t, torch.Tensor) else np.asarray(t).tolist()

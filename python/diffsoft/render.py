@@ -1,0 +1,161 @@
+"""Pictures of a rollout with PIL: PNG frames and an animated GIF.
+
+2D bodies are drawn as filled triangles with muscles coloured by activation (grey-blue relaxed, red
+contracted) above the ground; 3D bodies as their boundary surface, flat-shaded, seen from the front-right
+and slightly above (an orthographic projection, painter's algorithm), with muscles drawn on top.
+The camera is fixed over the frames of a rollout: it frames every position in it.
+"""
+import math
+import os
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+
+from .mesh import boundary_facets
+
+_BACKGROUND = (250, 250, 247)
+_GROUND = (200, 196, 186)
+_BODY = (120, 170, 220)
+_EDGE = (60, 90, 130)
+_RELAXED = np.array([90, 100, 140])
+_CONTRACTED = np.array([225, 40, 40])
+
+
+def render_frame(sim, x, activation=None, size=(480, 360), bounds=None, yaw=-35.0, pitch=20.0):
+    """One image of ``sim``'s body at positions ``x``.
+
+    Args:
+        sim: a :class:`~diffsoft.simulator.Simulator` (its body and ground are drawn).
+        x: ``(N, d)`` positions.
+        activation: ``(M,)`` muscle activations (colours); None: relaxed.
+        size: ``(width, height)`` in pixels.
+        bounds: ``(xmin, xmax, ymin, ymax)`` of the view in projected units; default: frames ``x``.
+        yaw, pitch: the 3D camera's rotation about y and then x, in degrees.
+
+    Returns:
+        a PIL RGB image.
+    """
+    p, depth = _project(_numpy(x), yaw, pitch)
+    if bounds is None:
+        bounds = _bounds(p[None], sim)
+    to_px = _screen(bounds, size)
+    img = Image.new("RGB", tuple(size), _BACKGROUND)
+    draw = ImageDraw.Draw(img)
+    body = sim.body
+    if sim.ground is not None and body.dim == 2:
+        gy = to_px(np.array([[0.0, sim.ground]]))[0, 1]
+        draw.rectangle([0, gy, size[0], size[1]], fill=_GROUND)
+        draw.line([0, gy, size[0], gy], fill=(120, 116, 108), width=2)
+    elif sim.ground is not None:  # a patch of the ground plane around the body
+        x3 = _numpy(x)
+        lo, hi = x3.min(0), x3.max(0)
+        pad = 0.5 * (hi - lo).max()
+        corners = np.array([[lo[0] - pad, sim.ground, lo[2] - pad], [hi[0] + pad, sim.ground, lo[2] - pad],
+                            [hi[0] + pad, sim.ground, hi[2] + pad], [lo[0] - pad, sim.ground, hi[2] + pad]])
+        draw.polygon([tuple(v) for v in to_px(_project(corners, yaw, pitch)[0])], fill=_GROUND,
+                     outline=(120, 116, 108))
+    elements = body.elements.cpu().numpy()
+    if body.dim == 2:
+        for tri in to_px(p)[elements]:
+            draw.polygon([tuple(v) for v in tri], fill=_BODY, outline=_EDGE)
+    else:
+        faces = boundary_facets(body.elements).numpy()
+        x3 = _numpy(x)
+        normals = np.cross(x3[faces[:, 1]] - x3[faces[:, 0]], x3[faces[:, 2]] - x3[faces[:, 0]])
+        normals = _rotate(normals, yaw, pitch)
+        normals /= np.linalg.norm(normals, axis=1, keepdims=True) + 1e-12
+        shade = 0.35 + 0.65 * np.abs(normals[:, 2])
+        px = to_px(p)
+        for f in np.argsort(depth[faces].mean(1)):  # far to near
+            colour = tuple(int(c * shade[f]) for c in _BODY)
+            draw.polygon([tuple(v) for v in px[faces[f]]], fill=colour, outline=_EDGE)
+    if body.num_muscles:
+        a = np.ones(body.num_muscles) if activation is None else _numpy(activation).reshape(-1)
+        px = to_px(p)
+        for (i, j), ai in zip(body.muscles.cpu().numpy(), a):
+            c = min(max((1.0 - ai) / 0.5, 0.0), 1.0)  # 1 relaxed .. 0.5 and below fully red
+            colour = tuple(int(v) for v in (1 - c) * _RELAXED + c * _CONTRACTED)
+            draw.line([tuple(px[i]), tuple(px[j])], fill=colour, width=3)
+    return img
+
+
+def render_rollout(sim, xs, activations=None, gif=None, frames_dir=None, fps=None, size=(480, 360), every=1,
+                   **view):
+    """Renders a rollout with a fixed camera; writes an animated GIF and/or one PNG per frame.
+
+    Args:
+        xs: ``(T, N, d)`` positions (e.g. from :meth:`Simulator.rollout`).
+        activations: ``(T, M)`` or ``(T - 1, M)`` (the activation applied to reach each frame; frame 0
+            then shows relaxed muscles), or None.
+        gif: path of the GIF to write, or None.
+        frames_dir: directory for ``frame_00000.png``, ..., or None.
+        fps: GIF frame rate; default real time, ``1 / (dt * every)``.
+        every: draw every ``every``-th frame.
+        view: ``yaw``, ``pitch`` for 3D.
+
+    Returns:
+        the list of PIL images.
+    """
+    xs = _numpy(xs)
+    if xs.ndim != 3:
+        raise ValueError(f"xs must be (T, N, d), got shape {xs.shape}")
+    acts = None if activations is None else _numpy(activations)
+    if acts is not None and len(acts) == len(xs) - 1:
+        acts = np.concatenate([np.ones_like(acts[:1]), acts])
+    if acts is not None and len(acts) != len(xs):
+        raise ValueError(f"activations must have T or T - 1 = {len(xs) - 1} entries, got {len(acts)}")
+    projected = np.stack([_project(x, view.get("yaw", -35.0), view.get("pitch", 20.0))[0] for x in xs[::every]])
+    bounds = _bounds(projected, sim)
+    images = [render_frame(sim, xs[t], None if acts is None else acts[t], size, bounds, **view)
+              for t in range(0, len(xs), every)]
+    if frames_dir is not None:
+        os.makedirs(frames_dir, exist_ok=True)
+        for k, img in enumerate(images):
+            img.save(os.path.join(frames_dir, f"frame_{k:05d}.png"))
+    if gif is not None:
+        fps = 1.0 / (sim.dt * every) if fps is None else fps
+        images[0].save(gif, save_all=True, append_images=images[1:], duration=max(int(round(1000 / fps)), 20),
+                       loop=0)
+    return images
+
+
+def _numpy(a):
+    return a.detach().cpu().numpy().astype(np.float64) if isinstance(a, torch.Tensor) else np.asarray(a, np.float64)
+
+
+def _rotate(v, yaw, pitch):
+    a, b = math.radians(yaw), math.radians(pitch)
+    ry = np.array([[math.cos(a), 0, math.sin(a)], [0, 1, 0], [-math.sin(a), 0, math.cos(a)]])
+    rx = np.array([[1, 0, 0], [0, math.cos(b), -math.sin(b)], [0, math.sin(b), math.cos(b)]])
+    return v @ (rx @ ry).T
+
+
+def _project(x, yaw, pitch):
+    """Screen-plane coordinates ``(N, 2)`` (y up) and depth (larger is nearer) of positions."""
+    if x.shape[-1] == 2:
+        return x, np.zeros(len(x))
+    r = _rotate(x, yaw, pitch)
+    return r[:, :2], r[:, 2]
+
+
+def _bounds(projected, sim, margin=0.15):
+    lo, hi = projected.reshape(-1, 2).min(0), projected.reshape(-1, 2).max(0)
+    if sim.ground is not None and sim.body.dim == 2:
+        lo[1] = min(lo[1], sim.ground)
+    span = max(hi[0] - lo[0], hi[1] - lo[1], 1e-9)
+    pad = margin * span
+    return lo[0] - pad, hi[0] + pad, lo[1] - pad, hi[1] + pad
+
+
+def _screen(bounds, size):
+    """Maps view coordinates to pixels with one scale for both axes (no distortion), y pointing down."""
+    xmin, xmax, ymin, ymax = bounds
+    w, h = size
+    scale = min(w / (xmax - xmin), h / (ymax - ymin))
+    cx, cy = (xmin + xmax) / 2, (ymin + ymax) / 2
+
+    def to_px(p):
+        return np.stack([w / 2 + (p[:, 0] - cx) * scale, h / 2 - (p[:, 1] - cy) * scale], axis=1)
+
+    return to_px
