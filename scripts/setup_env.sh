@@ -7,5 +7,6 @@ bash scripts/install_deps.sh
 if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
-export PATH="/usr/lib/ccache:$PATH" MAX_JOBS="${MAX_JOBS:-2}"
+# ccache keys on file contents, not on the temporary build folder that pip uses.
+export PATH="/usr/lib/ccache:$PATH" MAX_JOBS="${MAX_JOBS:-2}" CCACHE_NOHASHDIR=true CCACHE_BASEDIR="$PWD"
 .venv/bin/python -m pip install -q --no-build-isolation --no-deps --no-index -e .

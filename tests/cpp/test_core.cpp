@@ -1,0 +1,182 @@
+// GoogleTest suite of the C++ core, used from LibTorch alone (energies as C++ callables).
+#include <gtest/gtest.h>
+
+#include "core/solver.h"
+
+using diffsoft::EnergyFn;
+using torch::Tensor;
+
+namespace {
+
+const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+
+class Core : public ::testing::Test {
+ protected:
+  void SetUp() override { torch::manual_seed(1234); }
+};
+
+Tensor spd(int64_t n) {
+  Tensor m = torch::randn({n, n}, f64);
+  return m.mm(m.t()) + n * torch::eye(n, f64);
+}
+
+// E(x; A, b) = 1/2 x^T A x - b^T x with A symmetric.
+const EnergyFn quadratic = [](const Tensor& x, const std::vector<Tensor>& p) {
+  return 0.5 * x.dot(p[0].mv(x)) - p[1].dot(x);
+};
+
+// E(x; k, b) = sum 1/2 k x^2 + 1/4 x^4 - b x: Hessian diag(k + 3 x^2).
+const EnergyFn quartic = [](const Tensor& x, const std::vector<Tensor>& p) {
+  return (0.5 * p[0] * x * x + 0.25 * x.pow(4) - p[1] * x).sum();
+};
+
+// Rosenbrock in n dimensions, scaled by a parameter a: minimum at x = (1, ..., 1), indefinite Hessian at 0.
+const EnergyFn rosenbrock = [](const Tensor& x, const std::vector<Tensor>& p) {
+  Tensor head = x.slice(0, 0, -1), tail = x.slice(0, 1);
+  return (p[0] * (tail - head * head).square() + (1 - head).square()).sum();
+};
+
+}  // namespace
+
+TEST_F(Core, HessianVectorProductsMatchKnownHessians) {
+  const int64_t n = 9;
+  Tensor a = spd(n), b = torch::randn({n}, f64), x = torch::randn({1, n}, f64);
+  diffsoft::SecondOrderPoint qp(quadratic, x, {n}, {a, b});
+  Tensor v = torch::randn({1, n}, f64);
+  EXPECT_TRUE(torch::allclose(qp.hvp(v)[0], a.mv(v[0]), 1e-12, 1e-12));
+  EXPECT_TRUE(torch::allclose(qp.grad()[0], a.mv(x[0]) - b, 1e-12, 1e-12));
+
+  Tensor k = torch::rand({n}, f64) + 1;
+  diffsoft::SecondOrderPoint qr(quartic, x, {n}, {k, b});
+  EXPECT_TRUE(torch::allclose(qr.hvp(v)[0], (k + 3 * x[0].square()) * v[0], 1e-12, 1e-12));
+}
+
+TEST_F(Core, ConjugateGradientSolvesSpdRowsToTheirTolerances) {
+  const int64_t n = 40;
+  Tensor a1 = spd(n), a2 = spd(n) * 1e3;
+  auto apply = [&](const Tensor& v) { return torch::stack({a1.mv(v[0]), a2.mv(v[1])}); };
+  Tensor b = torch::randn({2, n}, f64);
+  Tensor tol = 1e-10 * b.norm(2, 1);
+  auto r = diffsoft::conjugate_gradient(apply, b, tol, 10 * n, /*truncate=*/false);
+  ASSERT_TRUE(r.converged);
+  EXPECT_FALSE(r.negative_curvature);
+  EXPECT_LE(r.iterations, 3 * n);
+  Tensor resid = b - apply(r.x);
+  EXPECT_LE(resid[0].norm().item<double>(), 1.01 * tol[0].item<double>() + 1e-12);
+  EXPECT_LE(resid[1].norm().item<double>(), 1.01 * tol[1].item<double>() + 1e-12);
+  EXPECT_TRUE(torch::allclose(r.x[0], torch::linalg::solve(a1, b[0], true), 1e-8, 1e-10));
+}
+
+TEST_F(Core, TruncatedConjugateGradientReturnsADescentDirectionOnIndefiniteSystems) {
+  const int64_t n = 6;
+  Tensor d = torch::linspace(-2, 3, n, f64);  // indefinite diagonal
+  auto apply = [&](const Tensor& v) { return v * d; };
+  Tensor b = torch::ones({1, n}, f64);  // b = -g
+  auto r = diffsoft::conjugate_gradient(apply, b, torch::full({1}, 1e-12, f64), n, /*truncate=*/true);
+  EXPECT_TRUE(r.negative_curvature);
+  EXPECT_GT((r.x * b).sum().item<double>(), 0.0);  // p . (-g) > 0: descent
+  auto strict = diffsoft::conjugate_gradient(apply, b, torch::full({1}, 1e-12, f64), n, /*truncate=*/false);
+  EXPECT_FALSE(strict.converged);
+}
+
+TEST_F(Core, NewtonFindsTheRosenbrockMinimumFromAnIndefiniteStart) {
+  diffsoft::SolveInfo info;
+  diffsoft::SolverOptions opt;
+  opt.rtol = 1e-12;
+  opt.max_iter = 200;
+  Tensor x = diffsoft::newton_minimize(rosenbrock, torch::zeros({6}, f64), {torch::full({}, 100.0, f64)}, opt, info);
+  ASSERT_TRUE(info.converged) << info.message;
+  EXPECT_TRUE(torch::allclose(x, torch::ones({6}, f64), 1e-8, 1e-8));
+  EXPECT_GT(info.cg_iterations, 0);
+  EXPECT_EQ(info.hvp_count, info.cg_iterations);
+}
+
+TEST_F(Core, NewtonBatchJudgesEachProblemOnItsOwnTolerance) {
+  const int64_t n = 5;
+  Tensor k = torch::rand({3, n}, f64) + 1;
+  Tensor b = torch::randn({3, n}, f64) * torch::tensor({1e-4, 1.0, 1e4}, f64).unsqueeze(1);
+  diffsoft::SolverOptions opt;
+  opt.batched = true;
+  opt.rtol = 1e-10;
+  diffsoft::SolveInfo info;
+  Tensor x = diffsoft::newton_minimize(quartic, torch::zeros({3, n}, f64), {k, b}, opt, info);
+  ASSERT_TRUE(info.converged) << info.message;
+  ASSERT_EQ(info.problem_converged.size(), 3u);
+  Tensor g = k * x + x.pow(3) - b;
+  for (int64_t i = 0; i < 3; ++i) EXPECT_LE(g[i].norm().item<double>(), 1e-10 * b[i].norm().item<double>());
+}
+
+TEST_F(Core, ImplicitBackwardMatchesCentralFiniteDifferences) {
+  const int64_t n = 7;
+  Tensor k = (torch::rand({n}, f64) + 1).requires_grad_();
+  Tensor b = torch::randn({n}, f64).requires_grad_();
+  Tensor w = torch::randn({n}, f64);
+  diffsoft::SolverOptions opt;
+  opt.rtol = 1e-14;
+  auto info = std::make_shared<diffsoft::SolveInfo>();
+  Tensor x = diffsoft::implicit_minimize(quartic, torch::zeros({n}, f64), {k, b}, opt, info);
+  ASSERT_TRUE(x.requires_grad());
+  auto grads = torch::autograd::grad({x.dot(w)}, {k, b});
+  EXPECT_TRUE(info->backward_ran && info->backward_converged) << info->backward_message;
+
+  auto loss = [&](const Tensor& kk, const Tensor& bb) {
+    torch::NoGradGuard no_grad;
+    diffsoft::SolveInfo i;
+    return diffsoft::newton_minimize(quartic, torch::zeros({n}, f64), {kk, bb}, opt, i).dot(w).item<double>();
+  };
+  const double h = 1e-6;
+  for (int64_t i = 0; i < n; ++i) {
+    Tensor e = torch::zeros({n}, f64);
+    e[i] = h;
+    Tensor kd = k.detach(), bd = b.detach();
+    const double fd_k = (loss(kd + e, bd) - loss(kd - e, bd)) / (2 * h);
+    const double fd_b = (loss(kd, bd + e) - loss(kd, bd - e)) / (2 * h);
+    EXPECT_NEAR(grads[0][i].item<double>(), fd_k, 1e-7);
+    EXPECT_NEAR(grads[1][i].item<double>(), fd_b, 1e-7);
+  }
+}
+
+TEST_F(Core, ImplicitBackwardOfAQuadraticIsTheLinearSolve) {
+  const int64_t n = 10;
+  Tensor a = spd(n);
+  Tensor b = torch::randn({n}, f64).requires_grad_();
+  Tensor w = torch::randn({n}, f64);
+  diffsoft::SolverOptions opt;
+  opt.rtol = 1e-13;
+  Tensor x = diffsoft::implicit_minimize(quadratic, torch::zeros({n}, f64), {a, b}, opt);
+  auto g = torch::autograd::grad({x.dot(w)}, {b})[0];
+  EXPECT_TRUE(torch::allclose(g, torch::linalg::solve(a, w, true), 1e-9, 1e-11));
+}
+
+TEST_F(Core, BadInputThrowsInvalidArgument) {
+  diffsoft::SolveInfo info;
+  diffsoft::SolverOptions opt;
+  const EnergyFn vector_valued = [](const Tensor& x, const std::vector<Tensor>&) { return x * x; };
+  EXPECT_THROW(diffsoft::newton_minimize(vector_valued, torch::zeros({3}, f64), {}, opt, info),
+               std::invalid_argument);
+  const EnergyFn log_energy = [](const Tensor& x, const std::vector<Tensor>&) { return x.log().sum(); };
+  EXPECT_THROW(diffsoft::newton_minimize(log_energy, -torch::ones({3}, f64), {}, opt, info), std::invalid_argument);
+  EXPECT_THROW(diffsoft::newton_minimize(quartic, torch::zeros({3}, torch::kLong), {}, opt, info),
+               std::invalid_argument);
+  opt.ls_shrink = 1.5;
+  EXPECT_THROW(diffsoft::newton_minimize(quartic, torch::zeros({3}, f64), {torch::ones({3}, f64), torch::ones({3}, f64)},
+                                         opt, info),
+               std::invalid_argument);
+  diffsoft::SolverOptions ok;
+  EXPECT_THROW(diffsoft::implicit_minimize(quartic, torch::zeros({3}, f64),
+                                           {torch::ones({3}, torch::kFloat32), torch::ones({3}, f64)}, ok),
+               std::invalid_argument);
+}
+
+TEST_F(Core, NonConvergenceIsReportedOrThrown) {
+  diffsoft::SolverOptions opt;
+  opt.max_iter = 1;
+  diffsoft::SolveInfo info;
+  std::vector<Tensor> p = {torch::ones({4}, f64), torch::randn({4}, f64)};
+  diffsoft::newton_minimize(quartic, torch::full({4}, 5.0, f64), p, opt, info);
+  EXPECT_FALSE(info.converged);
+  EXPECT_NE(info.message.find("max_iter"), std::string::npos);
+  opt.raise_on_failure = true;
+  EXPECT_THROW(diffsoft::newton_minimize(quartic, torch::full({4}, 5.0, f64), p, opt, info),
+               diffsoft::ConvergenceError);
+}
