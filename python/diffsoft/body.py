@@ -138,8 +138,8 @@ class SoftBody:
         e = self.num_elements
         by_moduli = youngs_modulus is not None or poisson_ratio is not None
         by_lame = mu is not None or lam is not None
-        if by_moduli == by_lame or (by_moduli and None in (youngs_modulus, poisson_ratio)) or \
-                (by_lame and None in (mu, lam)):
+        if by_moduli == by_lame or (by_moduli and (youngs_modulus is None or poisson_ratio is None)) or \
+                (by_lame and (mu is None or lam is None)):
             raise ValueError("give the material either as youngs_modulus and poisson_ratio, or as mu and lam")
         if by_moduli:
             E = self._per("youngs_modulus", youngs_modulus, e, "element")

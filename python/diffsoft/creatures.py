@@ -226,7 +226,7 @@ def _array(data, key, kind, shape, path):
     if a.size == 0 and shape is not None:
         a = a.reshape([0 if s is None else s for s in shape])
     if shape is not None and (a.ndim != len(shape) or any(s is not None and s != t for s, t in zip(shape, a.shape))):
-        want = "(" + ", ".join("n" if s is None else str(s) for s in shape) + ")"
+        want = "(" + ", ".join("n" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
         raise ValueError(f"{path}: key '{key}' must have shape {want}, got {a.shape}")
     if not np.isfinite(a).all():
         raise ValueError(f"{path}: key '{key}' has non-finite numbers")
