@@ -1,0 +1,263 @@
+"""The backward-Euler step energy as one autograd node with analytic derivatives.
+
+The plain-torch step energy (:func:`diffsoft.simulator._step_energy`) is the reference and the oracle of the
+tests. Differentiated by double backward, each Hessian-vector product walks its autograd graph of about a
+hundred small nodes; Newton-CG makes several per Newton iteration. Here:
+
+- ``StepEnergy`` returns the same value; its backward returns the gradient through ``StepGradient``;
+- ``StepGradient`` computes the gradient in closed form, and the Hessian as a sum of local blocks: one dense
+  ``(d+1)d x (d+1)d`` block per element, one ``2d x 2d`` block per muscle, and a diagonal for the per-vertex
+  terms (inertia, contact, friction). Its backward, the Hessian-vector product, is a gather, one batched
+  matrix product and a scatter per block kind: the same few nodes whatever the mesh size.
+
+Derivatives with respect to the parameters (masses, Lame parameters, rest shapes, activations, ...) are
+needed once per backward step, by the adjoint's vector-Jacobian product, not in Newton's inner loop; they
+are taken through the reference energy, so they are exact by construction.
+
+Elasticity, for ``psi(I1, J)`` with ``I1 = tr F^T F`` and ``J = det F`` and ``C = dJ/dF`` (the cofactor):
+``P = 2 psi_I1 F + psi_J C`` and
+``dP/dF = 2 psi_I1 Id + 4 psi_I1I1 F (x) F + psi_JJ C (x) C + psi_J d2J/dF2``.
+With ``F = Ds Dm^-1`` linear in the element's vertices, ``vec F = B x_e`` and the element's block is
+``B^T (dP/dF) B``.
+"""
+import math
+
+import torch
+
+from .energies import deformation_gradient, determinant
+
+
+def step_energy(y, *params):
+    """The fused step energy: same arguments and value as the reference ``_step_energy``."""
+    return StepEnergy.apply(y, *params)
+
+
+class StepEnergy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, *params):
+        from .simulator import _step_energy
+
+        ctx.save_for_backward(y, *params[:-1])
+        ctx.static = params[-1]
+        return _step_energy(y, *params)
+
+    @staticmethod
+    def backward(ctx, grad_e):
+        y, *tensors = ctx.saved_tensors
+        s = ctx.static
+        g = StepGradient.apply(y, *tensors, s) if ctx.needs_input_grad[0] else None
+        param_grads = [None] * len(tensors)
+        wanted = [i for i, t in enumerate(tensors) if ctx.needs_input_grad[1 + i]]
+        if wanted:
+            param_grads = _reference_param_grads(y, tensors, s, wanted, grad_e, order=1)
+        return (None if g is None else grad_e * g, *param_grads, None)
+
+
+class StepGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, *params):
+        s = params[-1]
+        tensors = params[:-1]
+        grad, hessian = _gradient_and_hessian(y, *tensors, s)
+        ctx.save_for_backward(y, *tensors)
+        ctx.static, ctx.hessian = s, hessian
+        return grad
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, v):
+        y, *tensors = ctx.saved_tensors
+        hv = ctx.hessian.apply(v) if ctx.needs_input_grad[0] else None
+        wanted = [i for i, t in enumerate(tensors) if ctx.needs_input_grad[1 + i]]
+        param_grads = [None] * len(tensors)
+        if wanted:
+            param_grads = _reference_param_grads(y, tensors, ctx.static, wanted, v, order=2)
+        return (hv, *param_grads, None)
+
+
+def _reference_param_grads(y, tensors, s, wanted, weight, order):
+    """Through the reference energy, for the tensors at the indices ``wanted``: ``d/dtheta E`` scaled by
+    ``weight`` (order 1; differentiable again when grad mode is on, as in a double backward), or
+    ``d/dtheta [grad_y E . weight]`` (order 2)."""
+    from .simulator import _step_energy
+
+    create_graph = torch.is_grad_enabled()
+    with torch.enable_grad():
+        if order == 1:
+            e = _step_energy(y, *tensors, s)
+            grads = torch.autograd.grad(e, [tensors[i] for i in wanted], allow_unused=True, create_graph=create_graph)
+            grads = [None if g is None else weight * g for g in grads]
+        else:
+            y_ = y.detach().requires_grad_()
+            ts = [t if t is None else t.detach().requires_grad_(i in wanted) for i, t in enumerate(tensors)]
+            (g_y,) = torch.autograd.grad(_step_energy(y_, *ts, s), y_, create_graph=True)
+            grads = torch.autograd.grad(g_y, [ts[i] for i in wanted], weight, allow_unused=True)
+    out = [None] * len(tensors)
+    for i, g in zip(wanted, grads):
+        out[i] = g
+    return out
+
+
+class BlockHessian:
+    """``H v = sum_blocks scatter(K_b gather(v)) + diag * v`` on ``(B, F, d)`` free-vertex vectors."""
+
+    def __init__(self, free, all_free, num_vertices, blocks, diag):
+        self.free, self.all_free, self.num_vertices = free, all_free, num_vertices
+        self.blocks = blocks  # [(indices (E, k) into all vertices, K (B, E, kd, kd))]
+        self.diag = diag      # (B, F, d)
+
+    def apply(self, v):
+        squeeze = v.dim() == 2
+        vb = v.unsqueeze(0) if squeeze else v
+        b, _, d = vb.shape
+        if self.all_free:
+            full = vb
+        else:
+            full = vb.new_zeros(b, self.num_vertices, d)
+            full[:, self.free] = vb
+        out = torch.zeros_like(full)
+        for idx, k in self.blocks:
+            local = full[:, idx].reshape(b, idx.shape[0], -1, 1)
+            hv = (k @ local).reshape(b, -1, d)
+            out.index_add_(1, idx.reshape(-1), hv)
+        out = out if self.all_free else out[:, self.free]
+        out = out + self.diag * vb
+        return out[0] if squeeze else out
+
+
+def _gradient_and_hessian(y, x_hat, x0, x0_free, mass, Dm_inv, mu, lam, activation, rest_length, stiffness,
+                          gravity, contact_stiffness, friction, s):
+    squeeze = y.dim() == 2
+    if squeeze:
+        y, x_hat, x0, x0_free = (t.unsqueeze(0) for t in (y, x_hat, x0, x0_free))
+        if activation is not None:
+            activation = activation.unsqueeze(0)
+    b, _, d = y.shape
+    x = y if s.all_free else x0.index_copy(1, s.free, y)
+    grad = torch.zeros_like(x)
+    blocks = []
+
+    k_el, g_el = _elastic_blocks(x, s.elements, Dm_inv, mu, lam, s.material)
+    grad.index_add_(1, s.elements.reshape(-1), g_el.reshape(b, -1, d))
+    blocks.append((s.elements, k_el))
+    if s.muscles is not None:
+        k_mu, g_mu = _muscle_blocks(x, s.muscles, activation, rest_length, stiffness)
+        grad.index_add_(1, s.muscles.reshape(-1), g_mu.reshape(b, -1, d))
+        blocks.append((s.muscles, k_mu))
+    grad = grad if s.all_free else grad[:, s.free]
+
+    h2 = s.h * s.h
+    m = mass[:, None]
+    grad = grad + m * (y - x_hat) / h2
+    grad[..., 1] = grad[..., 1] + mass * gravity
+    diag = (m / h2).expand_as(y).clone()
+    if s.ground is not None:
+        depth = torch.clamp(y[..., 1] - s.ground, max=0.0)
+        grad[..., 1] = grad[..., 1] + 2 * contact_stiffness * depth
+        diag[..., 1] = diag[..., 1] + 2 * contact_stiffness * (depth < 0).to(y.dtype)
+        w = 2 * friction * torch.clamp(s.eps - (x0_free[..., 1] - s.ground), min=0.0) / h2
+        tangential = [0] if d == 2 else [0, 2]
+        for c in tangential:
+            grad[..., c] = grad[..., c] + w * (y[..., c] - x0_free[..., c])
+            diag[..., c] = diag[..., c] + w
+    hessian = BlockHessian(s.free, s.all_free, x.shape[1], blocks, diag)
+    return (grad[0] if squeeze else grad), hessian
+
+
+def _elastic_blocks(x, elements, Dm_inv, mu, lam, material):
+    """Per-element Hessian blocks ``(B, E, (d+1)d, (d+1)d)`` and gradients ``(B, E, d+1, d)``."""
+    d = x.shape[-1]
+    F = deformation_gradient(x, elements, Dm_inv)  # (B, E, d, d)
+    J = determinant(F)
+    C = _cofactor(F)
+    i1 = (F * F).sum((-2, -1))
+    psi_i1, psi_i1i1, psi_j, psi_jj = _invariant_derivatives(material, i1, J, mu, lam, d)
+    P = 2 * psi_i1[..., None, None] * F + psi_j[..., None, None] * C
+    f = F.reshape(*F.shape[:-2], d * d)
+    c = C.reshape(*C.shape[:-2], d * d)
+    eye = torch.eye(d * d, dtype=x.dtype, device=x.device)
+    A = (2 * psi_i1[..., None, None] * eye
+         + psi_jj[..., None, None] * c[..., :, None] * c[..., None, :]
+         + psi_j[..., None, None] * _det_hessian(F))
+    if psi_i1i1 is not None:
+        A = A + 4 * psi_i1i1[..., None, None] * f[..., :, None] * f[..., None, :]
+    # vec F = Bm x_e, Bm[(a, b), (j, c)] = delta_ac W[j, b], W = [-sum_k Dm_inv[k]; Dm_inv] (rows j = vertices)
+    W = torch.cat([-Dm_inv.sum(-2, keepdim=True), Dm_inv], dim=-2)  # (E, d+1, d)
+    Bm = torch.einsum("ac,ejb->eabjc", torch.eye(d, dtype=x.dtype, device=x.device), W)
+    Bm = Bm.reshape(W.shape[0], d * d, (d + 1) * d)
+    K = Bm.transpose(-1, -2) @ A @ Bm
+    g = (W @ P.transpose(-1, -2))  # (B, E, d+1, d): dE/dx_j,a = sum_b P_ab W_jb
+    return K, g
+
+
+def _invariant_derivatives(material, i1, J, mu, lam, d):
+    """``psi_I1, psi_I1I1 (None if 0), psi_J, psi_JJ`` of each material, ``mu, lam`` weights folded in."""
+    if material == "algovivo":
+        dj = J - 1
+        q, dq = dj - 0.5 * dj * dj, 1 - dj
+        return 0.5 * mu + 0 * J, None, (lam * q - mu) * dq, mu - lam * q + lam * dq * dq
+    if material == "neo_hookean":
+        Jc = torch.where(J > 0, J, torch.ones_like(J))
+        log_j = torch.log(Jc)
+        return 0.5 * mu + 0 * J, None, (lam * log_j - mu) / Jc, (mu + lam - lam * log_j) / (Jc * Jc)
+    if material == "stable_neo_hookean":
+        mu_s = (d + 1) / d * mu
+        lam_s = lam + (d * (d + 1) - 2) / (d * (d + 1)) * mu
+        beta = mu / lam_s
+        r = 1.0 / (i1 + 1)
+        return 0.5 * mu_s * (1 - r), 0.5 * mu_s * r * r, lam_s * (J - 1 - beta), lam_s + 0 * J
+    raise ValueError(f"no fused derivatives for material {material!r}")
+
+
+_LEVI_CIVITA = {}
+
+
+def _levi_civita(dtype, device):
+    key = (dtype, device)
+    if key not in _LEVI_CIVITA:
+        e = torch.zeros(3, 3, 3, dtype=dtype, device=device)
+        for (i, j, k), sign in {(0, 1, 2): 1, (1, 2, 0): 1, (2, 0, 1): 1, (0, 2, 1): -1, (2, 1, 0): -1,
+                                (1, 0, 2): -1}.items():
+            e[i, j, k] = sign
+        _LEVI_CIVITA[key] = e
+    return _LEVI_CIVITA[key]
+
+
+def _cofactor(F):
+    """``dJ/dF``: ``(..., d, d)``."""
+    if F.shape[-1] == 2:
+        return torch.stack([torch.stack([F[..., 1, 1], -F[..., 1, 0]], -1),
+                            torch.stack([-F[..., 0, 1], F[..., 0, 0]], -1)], -2)
+    e = _levi_civita(F.dtype, F.device)
+    return 0.5 * torch.einsum("acm,ben,...ce,...mn->...ab", e, e, F, F)
+
+
+def _det_hessian(F):
+    """``d2J/dF2`` as ``(..., d*d, d*d)`` over row-major vec F."""
+    d = F.shape[-1]
+    if d == 2:
+        h = torch.zeros(4, 4, dtype=F.dtype, device=F.device)
+        h[0, 3] = h[3, 0] = 1.0
+        h[1, 2] = h[2, 1] = -1.0
+        return h.expand(*F.shape[:-2], 4, 4)
+    e = _levi_civita(F.dtype, F.device)
+    return torch.einsum("acm,ben,...mn->...abce", e, e, F).reshape(*F.shape[:-2], 9, 9)
+
+
+def _muscle_blocks(x, muscles, activation, rest_length, stiffness):
+    """Per-muscle Hessian blocks ``(B, M, 2d, 2d)`` and gradients ``(B, M, 2, d)`` of
+    ``k/2 (l / (a l0) - 1)^2`` with ``l = sqrt(|x_i - x_j|^2 + 1e-6)``."""
+    d = x.shape[-1]
+    delta = x[:, muscles[:, 0]] - x[:, muscles[:, 1]]  # (B, M, d)
+    length = torch.sqrt((delta * delta).sum(-1) + 1e-6)
+    target = activation * rest_length
+    strain = length / target - 1.0
+    k = stiffness * torch.ones_like(strain)
+    u = delta / length[..., None]
+    g = (k * strain / target)[..., None] * u  # dE/d delta
+    outer = u[..., :, None] * u[..., None, :]
+    eye = torch.eye(d, dtype=x.dtype, device=x.device)
+    kd = ((k / (target * target))[..., None, None] * outer
+          + (k * strain / (target * length))[..., None, None] * (eye - outer))
+    K = torch.cat([torch.cat([kd, -kd], -1), torch.cat([-kd, kd], -1)], -2)
+    return K, torch.stack([g, -g], -2)
