@@ -50,13 +50,16 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
     const int64_t n = x_star.numel() / batch;
     torch::Tensor dl_dx = grad_outputs[0].reshape({batch, n});
 
-    std::vector<torch::Tensor> params, wrt;
+    // Two copies of the parameters: constants for the adjoint's Hessian-vector products (an energy's graph
+    // need not carry parameter derivatives through every product), and leaves for the final product.
+    std::vector<torch::Tensor> consts, params, wrt;
     std::vector<size_t> wrt_index;
     for (size_t i = 0; i < saved.size(); ++i) {
       torch::Tensor p = saved[i].detach();
+      consts.push_back(p);
       // needs_input_grad counts tensor inputs only (x0 is 0); the returned list counts every input.
       if (ctx->needs_input_grad(1 + i) && p.is_floating_point()) {
-        p.requires_grad_(true);
+        p = p.detach().requires_grad_(true);
         wrt.push_back(p);
         wrt_index.push_back(i);
       }
@@ -65,7 +68,8 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
     torch::autograd::variable_list grads(2 + saved.size());
     if (wrt.empty()) return grads;
 
-    SecondOrderPoint point(pb->energy, x_star.detach().reshape({batch, n}), pb->shape, params);
+    torch::Tensor x_rows = x_star.detach().reshape({batch, n});
+    SecondOrderPoint point(pb->energy, x_rows, pb->shape, consts);
     const int64_t max_iter = opt.backward_max_iter > 0 ? opt.backward_max_iter : 10 * n;
     torch::Tensor b_norm = dl_dx.square().sum(1).sqrt();
     CGResult cg = conjugate_gradient([&](const torch::Tensor& v) { return point.hvp(v); }, dl_dx,
@@ -93,7 +97,7 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
       TORCH_WARN("diffsoft: adjoint solve failed: ", info.backward_message);
     }
 
-    std::vector<torch::Tensor> vjp = point.mixed_vjp(cg.x, wrt);
+    std::vector<torch::Tensor> vjp = SecondOrderPoint(pb->energy, x_rows, pb->shape, params).mixed_vjp(cg.x, wrt);
     for (size_t k = 0; k < wrt.size(); ++k) {
       if (vjp[k].defined()) grads[2 + wrt_index[k]] = -vjp[k];
     }
