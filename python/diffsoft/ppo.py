@@ -1,0 +1,233 @@
+"""Proximal policy optimisation (PPO) on the same locomotion task, with the simulator as a black box.
+
+The baseline for :mod:`diffsoft.training`: same creature, same observations (:func:`~diffsoft.training.observe`),
+same action bounds (activation changes clamped to ``max_abs_da``, activations to ``[min_a, 1]``), same
+reward (the centre of mass's progress along +x, per step, so an episode's return is its distance), same
+episode length. Only the learning signal differs: sampled returns instead of the rollout's gradient; the
+simulator runs under ``torch.no_grad``.
+
+The policy is Gaussian, ``u ~ N(mu(obs), diag(sigma^2))``, with ``mu`` the same MLP as
+:class:`~diffsoft.training.FramePolicy` (``fc1 -> ReLU -> fc2 -> tanh``) on normalised observations (running
+mean and variance) and a state-independent learned ``log sigma``; the environment clamps ``u`` as it clamps
+the deterministic policy's output. PPO's clipped surrogate objective with generalised advantage estimation
+(GAE), a separate value MLP, advantage normalisation, and gradient-norm clipping (Schulman et al. 2017).
+"""
+import dataclasses
+import time
+
+import torch
+from torch import nn
+
+from .training import FramePolicy, center_of_mass_x, make_creature, observe
+
+
+@dataclasses.dataclass
+class PPOConfig:
+    """creature, horizon (episode length), min_a, max_abs_da, hidden: as in
+    :class:`~diffsoft.training.TrainConfig`; envs: creatures simulated together; steps: the budget in
+    simulated creature-steps; epochs, minibatch: passes and minibatch size per update; lr; gamma, lam:
+    discount and GAE parameter; clip_ratio; value_coef; entropy_coef; max_grad_norm; init_log_std;
+    reward_scale: rewards are multiplied by it (progress per step is ~1e-3); eval_every: evaluate the mean
+    action every that many updates; dtype; seed."""
+    creature: str = "biped"
+    horizon: int = 100
+    envs: int = 32
+    steps: int = 400_000
+    hidden: int = 32
+    value_hidden: int = 64
+    min_a: float = 0.25
+    max_abs_da: float = 0.3
+    epochs: int = 10
+    minibatch: int = 400
+    lr: float = 3e-4
+    gamma: float = 0.99
+    lam: float = 0.95
+    clip_ratio: float = 0.2
+    value_coef: float = 0.5
+    entropy_coef: float = 0.0
+    max_grad_norm: float = 0.5
+    init_log_std: float = -1.5
+    reward_scale: float = 100.0
+    eval_every: int = 2
+    dtype: str = "float32"
+    seed: int = 0
+
+
+class RunningNorm(nn.Module):
+    """Observation normalisation by a running mean and variance (parallel Welford updates)."""
+
+    def __init__(self, size, clip=10.0):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(size, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(size, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+        self.clip = clip
+
+    def update(self, x):
+        """x: ``(K, size)``."""
+        x = x.detach().double()
+        n, mean, var = x.shape[0], x.mean(0), x.var(0, unbiased=False)
+        total = self.count + n
+        delta = mean - self.mean
+        self.var = (self.var * self.count + var * n + delta ** 2 * self.count * n / total) / total
+        self.mean = self.mean + delta * n / total
+        self.count = total
+
+    def forward(self, x):
+        z = (x - self.mean.to(x.dtype)) / (self.var.to(x.dtype) + 1e-8).sqrt()
+        return z.clamp(-self.clip, self.clip)
+
+
+class GaussianFramePolicy(nn.Module):
+    """The actor (a :class:`~diffsoft.training.FramePolicy`-shaped mean on normalised observations, and a
+    learned log standard deviation) and the critic (an MLP on the same normalised observations)."""
+
+    def __init__(self, sim, cfg):
+        super().__init__()
+        self.mean_policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a,
+                                                     max_abs_da=cfg.max_abs_da)
+        n_obs = self.mean_policy.fc1.in_features
+        self.norm = RunningNorm(n_obs)
+        self.log_std = nn.Parameter(torch.full((sim.body.num_muscles,), cfg.init_log_std, dtype=sim.body.dtype))
+        self.value = nn.Sequential(nn.Linear(n_obs, cfg.value_hidden), nn.Tanh(),
+                                   nn.Linear(cfg.value_hidden, cfg.value_hidden), nn.Tanh(),
+                                   nn.Linear(cfg.value_hidden, 1)).to(sim.body.dtype)
+
+    def observation(self, x, v):
+        p = self.mean_policy
+        return observe(x, v, p.center_vertex_id, p.forward_vertex_id)
+
+    def distribution(self, obs):
+        """``N(mu, sigma)`` over activation changes and the value, from raw observations ``(K, n_obs)``."""
+        z = self.norm(obs)
+        p = self.mean_policy
+        mu = torch.tanh(p.fc2(torch.relu(p.fc1(z))))
+        return torch.distributions.Normal(mu, self.log_std.exp().expand_as(mu)), self.value(z).squeeze(-1)
+
+
+def evaluate(sim, model, steps):
+    """Distance along +x of one creature running the mean action from rest (as
+    :func:`~diffsoft.training.distance_walked`)."""
+    x, v = sim.rest_state
+    x, v = x[None], v[None]
+    a = torch.ones(1, sim.body.num_muscles, dtype=x.dtype)
+    start = center_of_mass_x(sim, x)
+    with torch.no_grad():
+        for _ in range(steps):
+            dist, _ = model.distribution(model.observation(x, v))
+            a = model.mean_policy.update(a, dist.mean)
+            x, v = sim.step(x, v, a)
+    return (center_of_mass_x(sim, x) - start).item()
+
+
+def collect(sim, model, cfg, generator):
+    """One batch of ``cfg.envs`` episodes of ``cfg.horizon`` steps from rest. Returns a dict of
+    ``(T, E, ...)`` tensors: obs, u (sampled actions), logp, value, reward; and the last value (0: episodes
+    end at the horizon, a time limit, so the last value bootstraps the return) and the mean episode
+    distance."""
+    e, m = cfg.envs, sim.body.num_muscles
+    x, v = sim.rest_state
+    x, v = x.expand(e, -1, -1).clone(), v.expand(e, -1, -1).clone()
+    a = torch.ones(e, m, dtype=x.dtype)
+    buf = {k: [] for k in ("obs", "u", "logp", "value", "reward")}
+    start = center_of_mass_x(sim, x)
+    with torch.no_grad():
+        for _ in range(cfg.horizon):
+            obs = model.observation(x, v)
+            dist, value = model.distribution(obs)
+            u = dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator, dtype=x.dtype)
+            before = center_of_mass_x(sim, x)
+            a = model.mean_policy.update(a, u)
+            x, v = sim.step(x, v, a)
+            buf["obs"].append(obs)
+            buf["u"].append(u)
+            buf["logp"].append(dist.log_prob(u).sum(-1))
+            buf["value"].append(value)
+            buf["reward"].append(cfg.reward_scale * (center_of_mass_x(sim, x) - before))
+        _, last_value = model.distribution(model.observation(x, v))
+    out = {k: torch.stack(t) for k, t in buf.items()}
+    out["last_value"] = last_value
+    out["distance"] = (center_of_mass_x(sim, x) - start).mean().item()
+    return out
+
+
+def gae(reward, value, last_value, gamma, lam):
+    """Generalised advantage estimates and returns: reward, value ``(T, E)``, last_value ``(E,)``."""
+    adv = torch.zeros_like(reward)
+    running = torch.zeros_like(last_value)
+    for t in reversed(range(len(reward))):
+        next_value = last_value if t + 1 == len(reward) else value[t + 1]
+        delta = reward[t] + gamma * next_value - value[t]
+        running = delta + gamma * lam * running
+        adv[t] = running
+    return adv, adv + value
+
+
+def ppo_update(model, optimizer, batch, cfg, generator):
+    """``cfg.epochs`` passes of minibatch steps on PPO's clipped objective. batch: flat ``(K, ...)`` tensors
+    obs, u, logp, adv, ret. Returns the last minibatch's (policy loss, value loss, approximate KL)."""
+    k = batch["obs"].shape[0]
+    adv = (batch["adv"] - batch["adv"].mean()) / (batch["adv"].std() + 1e-8)
+    stats = (0.0, 0.0, 0.0)
+    for _ in range(cfg.epochs):
+        order = torch.randperm(k, generator=generator)
+        for i in range(0, k, cfg.minibatch):
+            idx = order[i:i + cfg.minibatch]
+            dist, value = model.distribution(batch["obs"][idx])
+            logp = dist.log_prob(batch["u"][idx]).sum(-1)
+            ratio = (logp - batch["logp"][idx]).exp()
+            surrogate = torch.min(ratio * adv[idx],
+                                  ratio.clamp(1 - cfg.clip_ratio, 1 + cfg.clip_ratio) * adv[idx])
+            policy_loss = -surrogate.mean()
+            value_loss = (value - batch["ret"][idx]).square().mean()
+            entropy = dist.entropy().sum(-1).mean()
+            loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            stats = (policy_loss.item(), value_loss.item(), (batch["logp"][idx] - logp).mean().item())
+    return stats
+
+
+def train_ppo(cfg, progress=True):
+    """Runs PPO until ``cfg.steps`` creature-steps are simulated (evaluation excluded).
+
+    Returns:
+        ``(model, history)``; history records per update: ``update``, ``sim_steps``, ``distance`` (mean
+        distance of the update's sampled episodes), ``seconds`` (wall time, evaluation excluded) and, every
+        ``eval_every`` updates, ``eval_distance`` (mean action, from rest, before the update) at
+        ``eval_sim_steps``.
+    """
+    torch.manual_seed(cfg.seed)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    sim = make_creature(cfg.creature, getattr(torch, cfg.dtype))
+    model = GaussianFramePolicy(sim, cfg)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    per_update = cfg.envs * cfg.horizon
+    updates = max(cfg.steps // per_update, 1)
+    history, seconds = [], 0.0
+    bar = range(updates)
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(bar, desc="ppo", unit="update", dynamic_ncols=True)
+    for u in bar:
+        record = {"update": u}
+        if u % cfg.eval_every == 0:
+            record["eval_distance"] = evaluate(sim, model, cfg.horizon)
+            record["eval_sim_steps"] = u * per_update
+        t = time.perf_counter()
+        roll = collect(sim, model, cfg, generator)
+        model.norm.update(roll["obs"].flatten(0, 1))
+        adv, ret = gae(roll["reward"], roll["value"], roll["last_value"], cfg.gamma, cfg.lam)
+        batch = {"obs": roll["obs"].flatten(0, 1), "u": roll["u"].flatten(0, 1), "logp": roll["logp"].flatten(),
+                 "adv": adv.flatten(), "ret": ret.flatten()}
+        ppo_update(model, optimizer, batch, cfg, generator)
+        seconds += time.perf_counter() - t
+        record.update(sim_steps=(u + 1) * per_update, distance=roll["distance"], seconds=seconds)
+        history.append(record)
+        if progress:
+            bar.set_postfix(distance=f"{roll['distance']:.3f}", std=f"{model.log_std.exp().mean().item():.3f}")
+    history.append({"update": updates, "eval_distance": evaluate(sim, model, cfg.horizon),
+                    "eval_sim_steps": updates * per_update, "sim_steps": updates * per_update, "seconds": seconds})
+    return model, history
