@@ -1,0 +1,219 @@
+"""Fuzzing diffsoft.minimize (seeded hypothesis) with random smooth energies: convex, non-convex (double wells,
+Rosenbrock valleys), unbounded below, and badly scaled (per-coordinate scales and overall energy scales over
+many orders of magnitude), unbatched and batched, in float64 and float32.
+
+Properties: the solve converges (the gradient tolerance is met, checked independently by autograd) or it says
+it did not (a RuntimeWarning and ``info.converged`` False; ``ConvergenceError`` with ``on_failure="raise"``);
+``x*`` is finite; the per-problem flags of a batch are right; implicit gradients are finite and, at strict
+minima of small problems, match central differences of re-solved problems.
+
+``check_solve`` is shared with ``benchmarks/fuzz_report.py``.
+"""
+import math
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, assume, event, given, settings
+from hypothesis import strategies as st
+
+import diffsoft
+
+_FUZZ = settings(derandomize=True, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+def fuzz(max_examples):
+    """Seeded (derandomized), no deadline, a bounded number of examples, no shrinking."""
+    return settings(_FUZZ, max_examples=max_examples)
+
+
+# --- energies: energy(x, b, k, scale, D) with x (..., n), summed over everything ------------------------------
+# b (..., n) is a linear load, k a positive 0-dim stiffness; scale (0-dim) multiplies the energy and D (n,)
+# scales the coordinates (badly scaled problems); a family's own constants ride in the closure.
+
+def quartic_family(n, g):
+    q, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
+    a = q @ torch.diag(10.0 ** (3 * torch.rand(n, generator=g, dtype=torch.float64))) @ q.T
+
+    def energy(y, k):
+        return 0.5 * torch.einsum("...i,ij,...j->...", y, a.to(y.dtype), y).sum() + 0.25 * k * (y ** 4).sum()
+    return energy, True
+
+
+def double_well_family(n, g):
+    def energy(y, k):
+        coupling = 0.5 * ((y[..., 1:] - y[..., :-1]) ** 2).sum() if n > 1 else 0.0
+        return k * ((y * y - 1) ** 2).sum() + coupling
+    return energy, False
+
+
+def rosenbrock_family(n, g):
+    def energy(y, k):
+        if n == 1:
+            return k * (1 - y * y).square().sum() + (y - 1).square().sum()
+        return (k * (y[..., 1:] - y[..., :-1] ** 2) ** 2).sum() + ((1 - y[..., :-1]) ** 2).sum() + \
+            (y[..., -1:] ** 2).sum()
+    return energy, False
+
+
+def log_sum_exp_family(n, g):
+    w = torch.randn(2 * n, n, generator=g, dtype=torch.float64)
+    c = torch.randn(2 * n, generator=g, dtype=torch.float64)
+
+    def energy(y, k):
+        return torch.logsumexp(y @ w.to(y.dtype).T + c.to(y.dtype), -1).sum() + 0.5 * k * (y * y).sum()
+    return energy, True
+
+
+def unbounded_family(n, g):
+    """No minimum: every solve must fail, and say so, with finite iterates."""
+    def energy(y, k):
+        return -0.5 * k * (y * y).sum() - torch.cosh(y).sum()
+    return energy, False
+
+
+FAMILIES = {"quartic": quartic_family, "double_well": double_well_family, "rosenbrock": rosenbrock_family,
+            "log_sum_exp": log_sum_exp_family, "unbounded": unbounded_family}
+
+
+def make_problem(family, n, batch, coordinate_decades, energy_decades, x0_scale, seed, dtype=torch.float64):
+    """``(energy, x0, (b, k, scale, D), convex)`` from plain parameters."""
+    g = torch.Generator().manual_seed(seed)
+    f, convex = FAMILIES[family](n, g)
+    shape = (n,) if batch is None else (batch, n)
+    b = torch.randn(shape, generator=g, dtype=torch.float64)
+    k = 10.0 ** (2 * torch.rand((), generator=g, dtype=torch.float64) - 1)
+    scale = torch.tensor(10.0 ** energy_decades, dtype=torch.float64)
+    D = 10.0 ** (coordinate_decades * (2 * torch.rand(n, generator=g, dtype=torch.float64) - 1))
+    x0 = x0_scale * torch.randn(shape, generator=g, dtype=torch.float64) / D
+
+    def energy(x, b, k, scale, D):
+        y = D * x
+        return scale * (f(y, k) - (b * y).sum())
+    return energy, x0.to(dtype), tuple(t.to(dtype) for t in (b, k, scale, D)), convex
+
+
+def problem_grad_norms(energy, x, params):
+    """Per-problem ``|grad_x E|`` by autograd: ``(B,)`` (``(1,)`` unbatched)."""
+    x = x.detach().requires_grad_()
+    with torch.enable_grad():
+        (gx,) = torch.autograd.grad(energy(x, *params), x)
+    return gx.reshape(-1, x.shape[-1]).norm(dim=-1) if x.dim() == 2 else gx.norm().reshape(1)
+
+
+def check_solve(energy, x0, params, **options):
+    """One ``minimize`` with ``on_failure="warn"``; checks the properties, replays a failure with
+    ``on_failure="raise"``. Returns ``"converged"`` or ``"reported"``; violations raise AssertionError."""
+    batched = x0.dim() == 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x, info = diffsoft.minimize(energy, x0, *params, batched=batched, return_info=True, **options)
+    failures = [w for w in caught if issubclass(w.category, RuntimeWarning) and "converge" in str(w.message)]
+    assert torch.isfinite(x).all(), f"non-finite x* ({info.message})"
+    rtol = options.get("rtol") or (1e-8 if x0.dtype == torch.float64 else 1e-4)
+    threshold = (rtol * problem_grad_norms(energy, x0, params)).clamp_min(options.get("atol", 0.0))
+    g = problem_grad_norms(energy, x, params)
+    # The solver's own gradient and autograd's are the same computation; allow a little for reduction order.
+    met = g <= threshold * (1 + 1e-6)
+    flags = torch.tensor(info.problem_converged)
+    assert len(flags) == len(g)
+    assert (flags <= met).all(), f"problems {torch.nonzero(flags & ~met).flatten().tolist()} claim convergence"
+    assert info.converged == bool(flags.all())
+    if info.converged:
+        assert not failures, f"converged but warned: {failures[0].message}"
+        return "converged"
+    assert failures, f"did not converge and said nothing ({info.message})"
+    assert info.message and info.message != "converged"
+    with pytest.raises(diffsoft.ConvergenceError):
+        diffsoft.minimize(energy, x0, *params, batched=batched, **{**options, "on_failure": "raise"})
+    return "reported"
+
+
+problems = st.fixed_dictionaries(dict(
+    family=st.sampled_from(sorted(FAMILIES)), n=st.integers(1, 30), batch=st.one_of(st.none(), st.integers(1, 5)),
+    coordinate_decades=st.floats(0.0, 2.0), energy_decades=st.floats(-6.0, 6.0), x0_scale=st.floats(0.0, 10.0),
+    seed=st.integers(0, 2**16)))
+
+
+@fuzz(120)
+@given(problem=problems)
+def test_random_energies_converge_or_say_so(problem):
+    energy, x0, params, _ = make_problem(**problem)
+    event(f"{problem['family']}: {check_solve(energy, x0, params)}")
+
+
+@fuzz(40)
+@given(problem=problems)
+def test_random_energies_in_float32_converge_or_say_so(problem):
+    energy, x0, params, _ = make_problem(**problem, dtype=torch.float32)
+    event(f"{problem['family']}: {check_solve(energy, x0, params)}")
+
+
+@fuzz(20)
+@given(problem=problems, max_iter=st.integers(0, 3), rtol=st.sampled_from([None, 1e-12, 1e-15]))
+def test_capped_or_unreachable_solves_say_so(problem, max_iter, rtol):
+    energy, x0, params, _ = make_problem(**problem)
+    check_solve(energy, x0, params, max_iter=max_iter, rtol=rtol)
+
+
+@fuzz(30)
+@given(family=st.sampled_from(["quartic", "double_well", "rosenbrock", "log_sum_exp"]), n=st.integers(1, 6),
+       batch=st.one_of(st.none(), st.integers(1, 3)), coordinate_decades=st.floats(0.0, 1.0),
+       energy_decades=st.floats(-3.0, 3.0), x0_scale=st.floats(0.0, 2.0), seed=st.integers(0, 2**16))
+def test_implicit_gradients_are_finite_and_match_central_differences(family, n, batch, coordinate_decades,
+                                                                     energy_decades, x0_scale, seed):
+    energy, x0, params, _ = make_problem(family, n, batch, coordinate_decades, energy_decades, x0_scale, seed)
+    tight = dict(rtol=1e-13, backward_rtol=1e-12, batched=batch is not None)
+    leaves = [p.clone().requires_grad_() for p in params]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x, info = diffsoft.minimize(energy, x0, *leaves, return_info=True, **tight)
+        assume(info.converged)  # an unreachable tolerance; the tests above check that it is reported
+        w = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=x.dtype)
+        grads = torch.autograd.grad((w * x).sum(), leaves[:2])
+    assert all(torch.isfinite(gr).all() for gr in grads)
+    if not info.backward_converged:  # a saddle (indefinite Hessian) or a singular one: it must have said so
+        assert any("adjoint" in str(c.message) for c in caught)
+        event("adjoint solve reported failure")
+        return
+    hess = torch.autograd.functional.hessian(lambda y: energy(y, *params), x.detach())
+    eig = torch.linalg.eigvalsh(hess.reshape(x.numel(), x.numel()))
+    assume(eig[0] > 1e-6 * eig[-1])  # finite differences need a strict, well-conditioned minimum
+    g = torch.Generator().manual_seed(seed + 2)
+    for i, grad in enumerate(grads):
+        d = torch.randn(params[i].shape, generator=g, dtype=x.dtype) * params[i].abs().clamp(min=0.1)
+        fd = []
+        for eps in (1e-4, 1e-5):
+            ends = []
+            for sign in (1, -1):
+                shifted = [p + sign * eps * d if j == i else p for j, p in enumerate(params)]
+                ends.append((w * diffsoft.minimize(energy, x.detach(), *shifted, **tight)).sum().item())
+            fd.append((ends[0] - ends[1]) / (2 * eps))
+        scale = abs(fd[1]) + 1e-6 * w.abs().sum().item() * x.abs().max().item()
+        assert (grad * d).sum().item() == pytest.approx(fd[1], rel=1e-4, abs=1e-4 * scale), ["b", "k"][i]
+    event("compared with finite differences")
+
+
+def test_unbounded_energy_fails_loudly_with_finite_iterates():
+    energy, x0, params, _ = make_problem("unbounded", 5, None, 0.0, 0.0, 1.0, seed=0)
+    assert check_solve(energy, x0, params) == "reported"
+
+
+def test_a_diverging_problem_does_not_stop_the_others_in_a_batch():
+    """Problem 1 of 3 has no minimum; problems 0 and 2 are independent of it and converge alone in a few
+    iterations, so their flags must say converged. (The line search runs on the summed energy: when problem 1
+    stalls it, the others must not be left unconverged.)"""
+    def energy(x, k, c):
+        return (0.5 * k[:, None] * x * x + 0.25 * c[:, None] * x ** 4).sum()
+
+    x0 = torch.ones(3, 4, dtype=torch.float64)
+    k = torch.tensor([1.0, -1.0, 2.0], dtype=torch.float64)
+    c = torch.tensor([1.0, -4.0, 1.0], dtype=torch.float64)
+    for i in (0, 2):
+        alone = diffsoft.minimize(energy, x0[i:i + 1], k[i:i + 1], c[i:i + 1], batched=True, return_info=True)[1]
+        assert alone.converged
+    with pytest.warns(RuntimeWarning, match="did not converge"):
+        x, info = diffsoft.minimize(energy, x0, k, c, batched=True, return_info=True)
+    assert torch.isfinite(x).all()
+    assert info.problem_converged == [True, False, True]
