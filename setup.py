@@ -6,7 +6,7 @@ from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 root = Path(__file__).parent
-sources = ["csrc/bindings.cpp"] + sorted(str(p.relative_to(root)) for p in (root / "csrc" / "core").glob("*.cpp"))
+sources = ["csrc/bindings.cpp"] + sorted(str(p.relative_to(root)) for p in (root / "csrc").glob("*/*.cpp"))
 
 # Recorded so that importing diffsoft under another torch says "rebuild" instead of "undefined symbol".
 (root / "python" / "diffsoft" / "_build_info.py").write_text(
@@ -25,7 +25,7 @@ setup(
         CppExtension(
             "diffsoft._C",
             sources,
-            include_dirs=[str(root / "csrc")],
+            include_dirs=[str(root.resolve() / "csrc"), "/usr/include/eigen3"],
             extra_compile_args=["-std=c++17", "-O2"],
         )
     ],

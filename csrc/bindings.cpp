@@ -2,6 +2,7 @@
 #include <torch/extension.h>
 
 #include "core/solver.h"
+#include "physics/step_energy.h"
 
 namespace py = pybind11;
 using diffsoft::EnergyFn;
@@ -87,6 +88,47 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readonly("backward_cg_iterations", &SolveInfo::backward_cg_iterations)
       .def_readonly("backward_residual", &SolveInfo::backward_residual)
       .def_readonly("backward_message", &SolveInfo::backward_message);
+
+  py::class_<diffsoft::StepModel>(m, "StepModel")
+      .def(py::init<>())
+      .def_readwrite("elements", &diffsoft::StepModel::elements)
+      .def_readwrite("muscles", &diffsoft::StepModel::muscles)
+      .def_readwrite("slot", &diffsoft::StepModel::slot)
+      .def_readwrite("mass", &diffsoft::StepModel::mass)
+      .def_readwrite("Dm_inv", &diffsoft::StepModel::Dm_inv)
+      .def_readwrite("mu", &diffsoft::StepModel::mu)
+      .def_readwrite("lam", &diffsoft::StepModel::lam)
+      .def_readwrite("rest_length", &diffsoft::StepModel::rest_length)
+      .def_readwrite("stiffness", &diffsoft::StepModel::stiffness)
+      .def_readwrite("material", &diffsoft::StepModel::material)
+      .def_readwrite("h", &diffsoft::StepModel::h)
+      .def_readwrite("gravity", &diffsoft::StepModel::gravity)
+      .def_readwrite("contact_stiffness", &diffsoft::StepModel::contact_stiffness)
+      .def_readwrite("friction", &diffsoft::StepModel::friction)
+      .def_readwrite("ground", &diffsoft::StepModel::ground)
+      .def_readwrite("eps", &diffsoft::StepModel::eps)
+      .def_readwrite("has_ground", &diffsoft::StepModel::has_ground);
+  // The fused kernels are called from Python autograd Functions (diffsoft.fused), themselves called from the
+  // C++ solver: plain C++ with no Python inside, so they drop the GIL for other threads.
+  m.def(
+      "step_energy_value",
+      [](const diffsoft::StepModel& model, const torch::Tensor& y, const torch::Tensor& x0, const torch::Tensor& x0_free,
+         const torch::Tensor& x_hat, const torch::Tensor& activation) {
+        py::gil_scoped_release no_gil;
+        return diffsoft::step_energy_value(model, {y, x0, x0_free, x_hat, activation});
+      });
+  m.def(
+      "step_energy_derivatives",
+      [](const diffsoft::StepModel& model, const torch::Tensor& y, const torch::Tensor& x0, const torch::Tensor& x0_free,
+         const torch::Tensor& x_hat, const torch::Tensor& activation) {
+        py::gil_scoped_release no_gil;
+        return diffsoft::step_energy_derivatives(model, {y, x0, x0_free, x_hat, activation});
+      });
+  m.def("step_energy_hvp", [](const diffsoft::StepModel& model, const std::vector<torch::Tensor>& derivatives,
+                              const torch::Tensor& v) {
+    py::gil_scoped_release no_gil;
+    return diffsoft::step_energy_hvp(model, derivatives, v);
+  });
 
   m.def(
       "minimize",

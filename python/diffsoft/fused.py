@@ -10,6 +10,10 @@ hundred small nodes; Newton-CG makes several per Newton iteration. Here:
   terms (inertia, contact, friction). Its backward, the Hessian-vector product, is a gather, one batched
   matrix product and a scatter per block kind: the same few nodes whatever the mesh size.
 
+On CPU tensors the value, gradient, blocks and products come from fused C++ kernels
+(``csrc/physics/step_energy.cpp``: one loop over elements and muscles, no autograd graph at all); on other
+devices from the vectorised torch ops below, which are also the kernels' second oracle in the tests.
+
 Derivatives with respect to the parameters (masses, Lame parameters, rest shapes, activations, ...) are
 needed once per backward step, by the adjoint's vector-Jacobian product, not in Newton's inner loop; they
 are taken through the reference energy, so they are exact by construction.
@@ -24,7 +28,10 @@ import math
 
 import torch
 
+from ._extension import _C
 from .energies import deformation_gradient, determinant
+
+_MATERIAL_CODES = {"algovivo": 0, "neo_hookean": 1, "stable_neo_hookean": 2}
 
 
 def step_energy(y, *params):
@@ -39,6 +46,8 @@ class StepEnergy(torch.autograd.Function):
 
         ctx.save_for_backward(y, *params[:-1])
         ctx.static = params[-1]
+        if _on_cpu(y):
+            return _C.step_energy_value(*_kernel_args(y, *params)).sum()
         return _step_energy(y, *params)
 
     @staticmethod
@@ -58,7 +67,12 @@ class StepGradient(torch.autograd.Function):
     def forward(ctx, y, *params):
         s = params[-1]
         tensors = params[:-1]
-        grad, hessian = _gradient_and_hessian(y, *tensors, s)
+        if _on_cpu(y):
+            args = _kernel_args(y, *tensors, s)
+            derivatives = _C.step_energy_derivatives(*args)
+            grad, hessian = derivatives[0].view_as(y), KernelHessian(args[0], derivatives)
+        else:
+            grad, hessian = _gradient_and_hessian(y, *tensors, s)
         ctx.save_for_backward(y, *tensors)
         ctx.static, ctx.hessian = s, hessian
         return grad
@@ -96,6 +110,45 @@ def _reference_param_grads(y, tensors, s, wanted, weight, order):
     for i, g in zip(wanted, grads):
         out[i] = g
     return out
+
+
+def _on_cpu(y):
+    return y.device.type == "cpu"
+
+
+def _kernel_args(y, x_hat, x0, x0_free, mass, Dm_inv, mu, lam, activation, rest_length, stiffness, gravity,
+                 contact_stiffness, friction, s):
+    """The C++ kernels' arguments: the model and batched ``(y, x0, x0_free, x_hat, activation)``, values only."""
+    m = _C.StepModel()
+    m.elements = s.elements
+    m.muscles = s.muscles if s.muscles is not None else s.elements.new_zeros(0, 2)
+    m.slot = s.slot
+    m.mass, m.Dm_inv = mass.detach(), Dm_inv.detach()
+    num_elements = s.elements.shape[0]
+    m.mu, m.lam = mu.detach().expand(num_elements), lam.detach().expand(num_elements)
+    if s.muscles is not None:
+        m.rest_length = rest_length.detach()
+        m.stiffness = stiffness.detach().expand(s.muscles.shape[0])
+    m.material = _MATERIAL_CODES[s.material]
+    m.h, m.gravity, m.eps = s.h, float(gravity), s.eps
+    m.has_ground = s.ground is not None
+    if m.has_ground:
+        m.ground, m.contact_stiffness, m.friction = s.ground, float(contact_stiffness), float(friction)
+    batched = y.dim() == 3
+    lift = (lambda t: t.detach()) if batched else (lambda t: t.detach().unsqueeze(0))
+    act = lift(activation) if s.muscles is not None else y.new_zeros(0)
+    return m, lift(y), lift(x0), lift(x0_free), lift(x_hat), act
+
+
+class KernelHessian:
+    """``H v`` by the C++ kernel from the blocks of ``step_energy_derivatives``."""
+
+    def __init__(self, model, derivatives):
+        self.model, self.derivatives = model, derivatives
+
+    def apply(self, v):
+        vb = v if v.dim() == 3 else v.unsqueeze(0)
+        return _C.step_energy_hvp(self.model, self.derivatives, vb.contiguous()).view_as(v)
 
 
 class BlockHessian:

@@ -81,9 +81,16 @@ class Simulator:
         self.solver_options = dict(rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol,
                                    cg_max_iter=cg_max_iter, backward_rtol=backward_rtol,
                                    backward_max_iter=backward_max_iter, on_failure=on_failure)
-        self._static = types.SimpleNamespace(
+        self._static = self._static_data()
+
+    def _static_data(self):
+        """What the step energy needs besides tensors that may require grad: indices and constants."""
+        body = self.body
+        slot = torch.full((body.num_vertices,), -1, dtype=torch.long, device=body.device)
+        slot[body.free] = torch.arange(len(body.free), device=body.device)
+        return types.SimpleNamespace(
             elements=body.elements, muscles=body.muscles if body.num_muscles else None, free=body.free,
-            all_free=len(body.fixed) == 0, material=body.material, h=self.dt, ground=self.ground,
+            slot=slot, all_free=len(body.fixed) == 0, material=body.material, h=self.dt, ground=self.ground,
             eps=self.friction_eps)
 
     def _force_scale(self):
@@ -103,9 +110,7 @@ class Simulator:
         for name in ("gravity", "contact_stiffness", "friction"):
             setattr(out, name, getattr(self, name).detach().to(device=device, dtype=dtype))
         out.solver_options = dict(self.solver_options)
-        out._static = types.SimpleNamespace(**vars(self._static))
-        out._static.elements, out._static.free = out.body.elements, out.body.free
-        out._static.muscles = out.body.muscles if out.body.num_muscles else None
+        out._static = out._static_data()
         return out
 
     @property

@@ -1,0 +1,382 @@
+// Fused CPU kernels of the built-in step energy; see step_energy.h for the model and the shapes.
+#include "physics/step_energy.h"
+
+#include <ATen/Parallel.h>
+
+#include <Eigen/Dense>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace diffsoft {
+
+namespace {
+
+template <typename S, int D>
+using Mat = Eigen::Matrix<S, D, D, Eigen::RowMajor>;
+template <typename S, int D>
+using Vec = Eigen::Matrix<S, D, 1>;
+
+// The data of one problem of the batch, as raw pointers into contiguous tensors.
+template <typename S, int D>
+struct View {
+  const StepModel& m;
+  int64_t n, f, e, nm;
+  const int64_t *elements, *muscles, *slot;
+  const S *mass, *dm_inv, *mu, *lam, *rest_length, *stiffness;
+
+  explicit View(const StepModel& model)
+      : m(model),
+        n(model.slot.size(0)),
+        f(model.mass.size(0)),
+        e(model.elements.size(0)),
+        nm(model.muscles.size(0)),
+        elements(model.elements.data_ptr<int64_t>()),
+        muscles(model.muscles.data_ptr<int64_t>()),
+        slot(model.slot.data_ptr<int64_t>()),
+        mass(model.mass.data_ptr<S>()),
+        dm_inv(model.Dm_inv.data_ptr<S>()),
+        mu(model.mu.data_ptr<S>()),
+        lam(model.lam.data_ptr<S>()),
+        rest_length(nm ? model.rest_length.data_ptr<S>() : nullptr),
+        stiffness(nm ? model.stiffness.data_ptr<S>() : nullptr) {}
+
+  // Position of vertex i: the unknown if free, x0 if fixed.
+  Vec<S, D> x(const S* y, const S* x0, int64_t i) const {
+    const int64_t s = slot[i];
+    return Eigen::Map<const Vec<S, D>>(s >= 0 ? y + s * D : x0 + i * D);
+  }
+
+  // F of element k, and W, the (d+1) x d matrix with vec F = W^T-weighted vertex sum: F_ab = sum_j x_ja W_jb.
+  Mat<S, D> deformation(const S* y, const S* x0, int64_t k, Eigen::Matrix<S, D + 1, D, Eigen::RowMajor>& w) const {
+    Eigen::Map<const Mat<S, D>> dinv(dm_inv + k * D * D);
+    w.row(0) = -dinv.colwise().sum();
+    w.template bottomRows<D>() = dinv;
+    Mat<S, D> F = Mat<S, D>::Zero();
+    for (int j = 0; j <= D; ++j) F += x(y, x0, elements[k * (D + 1) + j]) * w.row(j);
+    return F;
+  }
+};
+
+// (I1 - d, J - 1) from G = F - I, so that both keep a round-off relative to the strain, as the reference.
+template <typename S, int D>
+void strain_invariants(const Mat<S, D>& F, S& i1, S& dj) {
+  Mat<S, D> G = F - Mat<S, D>::Identity();
+  const S tr = G.trace();
+  i1 = G.squaredNorm() + 2 * tr;
+  dj = tr + G.determinant();
+  if (D == 3) dj += S(0.5) * (tr * tr - G.cwiseProduct(G.transpose()).sum());
+}
+
+template <typename S, int D>
+S density(int64_t material, const Mat<S, D>& F, S mu, S lam) {
+  S i1, dj;
+  strain_invariants<S, D>(F, i1, dj);
+  if (material == 0) {
+    const S q = dj - S(0.5) * dj * dj;
+    return S(0.5) * mu * i1 - mu * q + S(0.5) * lam * q * q;
+  }
+  if (material == 1) {
+    if (!(dj > -1)) return std::numeric_limits<S>::infinity();
+    const S lj = std::log1p(dj);
+    return S(0.5) * mu * i1 - mu * lj + S(0.5) * lam * lj * lj;
+  }
+  const S d = D, mu_s = (d + 1) / d * mu, lam_s = lam + (d * (d + 1) - 2) / (d * (d + 1)) * mu;
+  return S(0.5) * mu_s * i1 + S(0.5) * lam_s * dj * (dj - 2 * mu / lam_s) - S(0.5) * mu_s * std::log1p(i1 / (d + 1));
+}
+
+// psi_I1, psi_I1I1, psi_J, psi_JJ of each material at F.
+template <typename S, int D>
+void invariant_derivatives(int64_t material, const Mat<S, D>& F, S mu, S lam, S out[4]) {
+  const S J = F.determinant();
+  if (material == 0) {
+    const S dj = J - 1, q = dj - S(0.5) * dj * dj, dq = 1 - dj;
+    out[0] = S(0.5) * mu, out[1] = 0, out[2] = (lam * q - mu) * dq, out[3] = mu - lam * q + lam * dq * dq;
+  } else if (material == 1) {
+    const S jc = J > 0 ? J : S(1), lj = std::log(jc);
+    out[0] = S(0.5) * mu, out[1] = 0, out[2] = (lam * lj - mu) / jc, out[3] = (mu + lam - lam * lj) / (jc * jc);
+  } else {
+    const S d = D, mu_s = (d + 1) / d * mu, lam_s = lam + (d * (d + 1) - 2) / (d * (d + 1)) * mu;
+    const S r = 1 / (F.squaredNorm() + 1);
+    out[0] = S(0.5) * mu_s * (1 - r), out[1] = S(0.5) * mu_s * r * r, out[2] = lam_s * (J - 1 - mu / lam_s),
+    out[3] = lam_s;
+  }
+}
+
+template <typename S, int D>
+Mat<S, D> cofactor(const Mat<S, D>& F) {
+  Mat<S, D> C;
+  if constexpr (D == 2) {
+    C << F(1, 1), -F(1, 0), -F(0, 1), F(0, 0);
+  } else {
+    C.row(0) = F.row(1).cross(F.row(2));
+    C.row(1) = F.row(2).cross(F.row(0));
+    C.row(2) = F.row(0).cross(F.row(1));
+  }
+  return C;
+}
+
+// d2J/dF2 over row-major vec F.
+template <typename S, int D>
+Eigen::Matrix<S, D * D, D * D> det_hessian(const Mat<S, D>& F) {
+  Eigen::Matrix<S, D * D, D * D> H = Eigen::Matrix<S, D * D, D * D>::Zero();
+  if constexpr (D == 2) {
+    H(0, 3) = H(3, 0) = 1;
+    H(1, 2) = H(2, 1) = -1;
+  } else {
+    // H[(a,b),(c,e)] = eps_acm eps_ben F_mn: nonzero only for a != c and b != e.
+    auto sign = [](int i, int j) { return ((j - i + 3) % 3 == 1) ? 1 : -1; };  // eps_{i j k}, k the third
+    for (int a = 0; a < 3; ++a)
+      for (int c = 0; c < 3; ++c) {
+        if (a == c) continue;
+        const int m = 3 - a - c;
+        for (int b = 0; b < 3; ++b)
+          for (int e = 0; e < 3; ++e) {
+            if (b == e) continue;
+            H(a * 3 + b, c * 3 + e) = S(sign(a, c) * sign(b, e)) * F(m, 3 - b - e);
+          }
+      }
+  }
+  return H;
+}
+
+template <typename S, int D>
+S problem_energy(const View<S, D>& v, const S* y, const S* x0, const S* x0_free, const S* x_hat, const S* act) {
+  const StepModel& m = v.m;
+  S e = 0;
+  Eigen::Matrix<S, D + 1, D, Eigen::RowMajor> w;
+  for (int64_t k = 0; k < v.e; ++k) e += density<S, D>(m.material, v.deformation(y, x0, k, w), v.mu[k], v.lam[k]);
+  for (int64_t k = 0; k < v.nm; ++k) {
+    const Vec<S, D> delta = v.x(y, x0, v.muscles[2 * k]) - v.x(y, x0, v.muscles[2 * k + 1]);
+    const S length = std::sqrt(delta.squaredNorm() + S(1e-6));
+    const S strain = length / (act[k] * v.rest_length[k]) - 1;
+    e += S(0.5) * v.stiffness[k] * strain * strain;
+  }
+  const S h2 = S(m.h * m.h);
+  for (int64_t i = 0; i < v.n; ++i) {
+    const int64_t s = v.slot[i];
+    if (s < 0) continue;
+    Eigen::Map<const Vec<S, D>> yi(y + s * D), xh(x_hat + s * D), xi0(x0_free + s * D);
+    e += S(0.5) * v.mass[s] * (yi - xh).squaredNorm() / h2 + S(m.gravity) * v.mass[s] * (yi(1) - xi0(1));
+    if (m.has_ground) {
+      const S depth = std::min(yi(1) - S(m.ground), S(0));
+      const S wf = S(m.friction) * std::max(S(m.eps) - (xi0(1) - S(m.ground)), S(0));
+      S slip = (yi(0) - xi0(0)) * (yi(0) - xi0(0));
+      if (D == 3) slip += (yi(2) - xi0(2)) * (yi(2) - xi0(2));
+      e += S(m.contact_stiffness) * depth * depth + wf * slip / h2;
+    }
+  }
+  return e;
+}
+
+template <typename S, int D>
+void problem_derivatives(const View<S, D>& v, const S* y, const S* x0, const S* x0_free, const S* x_hat, const S* act,
+                         S* grad,
+                         S* k_el, S* k_mu, S* diag) {
+  constexpr int ND = (D + 1) * D;
+  const StepModel& m = v.m;
+  std::fill(grad, grad + v.f * D, S(0));
+  auto add_grad = [&](int64_t vertex, const Vec<S, D>& g) {
+    const int64_t s = v.slot[vertex];
+    if (s >= 0) Eigen::Map<Vec<S, D>>(grad + s * D) += g;
+  };
+  Eigen::Matrix<S, D + 1, D, Eigen::RowMajor> w;
+  for (int64_t k = 0; k < v.e; ++k) {
+    const Mat<S, D> F = v.deformation(y, x0, k, w);
+    S dpsi[4];
+    invariant_derivatives<S, D>(m.material, F, v.mu[k], v.lam[k], dpsi);
+    const Mat<S, D> C = cofactor<S, D>(F);
+    const Mat<S, D> P = 2 * dpsi[0] * F + dpsi[2] * C;
+    Eigen::Map<const Eigen::Matrix<S, D * D, 1>> f(F.data()), c(C.data());
+    Eigen::Matrix<S, D * D, D * D> A = dpsi[3] * c * c.transpose() + dpsi[2] * det_hessian<S, D>(F);
+    A.diagonal().array() += 2 * dpsi[0];
+    if (dpsi[1] != 0) A += 4 * dpsi[1] * f * f.transpose();
+    const Eigen::Matrix<S, D + 1, D, Eigen::RowMajor> g = w * P.transpose();  // g(j, a) = dE/dx_ja
+    for (int j = 0; j <= D; ++j) add_grad(v.elements[k * (D + 1) + j], g.row(j).transpose());
+    // K[(j,a),(l,c)] = sum_{b,e} W_jb A[(a,b),(c,e)] W_le
+    Eigen::Map<Eigen::Matrix<S, ND, ND, Eigen::RowMajor>> K(k_el + k * ND * ND);
+    for (int a = 0; a < D; ++a)
+      for (int c = 0; c < D; ++c) {
+        const Eigen::Matrix<S, D + 1, D + 1> block = w * A.template block<D, D>(a * D, c * D) * w.transpose();
+        for (int j = 0; j <= D; ++j)
+          for (int l = 0; l <= D; ++l) K(j * D + a, l * D + c) = block(j, l);
+      }
+  }
+  for (int64_t k = 0; k < v.nm; ++k) {
+    const int64_t i = v.muscles[2 * k], j = v.muscles[2 * k + 1];
+    const Vec<S, D> delta = v.x(y, x0, i) - v.x(y, x0, j);
+    const S length = std::sqrt(delta.squaredNorm() + S(1e-6));
+    const S target = act[k] * v.rest_length[k], strain = length / target - 1, stiff = v.stiffness[k];
+    const Vec<S, D> u = delta / length;
+    const Vec<S, D> g = (stiff * strain / target) * u;
+    add_grad(i, g);
+    add_grad(j, -g);
+    const Mat<S, D> uu = u * u.transpose();
+    const Mat<S, D> kd = (stiff / (target * target)) * uu + (stiff * strain / (target * length)) * (Mat<S, D>::Identity() - uu);
+    Eigen::Map<Eigen::Matrix<S, 2 * D, 2 * D, Eigen::RowMajor>> K(k_mu + k * 4 * D * D);
+    K.template topLeftCorner<D, D>() = kd;
+    K.template bottomRightCorner<D, D>() = kd;
+    K.template topRightCorner<D, D>() = -kd;
+    K.template bottomLeftCorner<D, D>() = -kd;
+  }
+  const S h2 = S(m.h * m.h);
+  for (int64_t i = 0; i < v.n; ++i) {
+    const int64_t s = v.slot[i];
+    if (s < 0) continue;
+    Eigen::Map<const Vec<S, D>> yi(y + s * D), xh(x_hat + s * D), xi0(x0_free + s * D);
+    Eigen::Map<Vec<S, D>> gi(grad + s * D), di(diag + s * D);
+    gi += v.mass[s] * (yi - xh) / h2;
+    gi(1) += S(m.gravity) * v.mass[s];
+    di.setConstant(v.mass[s] / h2);
+    if (m.has_ground) {
+      const S depth = std::min(yi(1) - S(m.ground), S(0));
+      gi(1) += 2 * S(m.contact_stiffness) * depth;
+      if (depth < 0) di(1) += 2 * S(m.contact_stiffness);
+      const S wf = 2 * S(m.friction) * std::max(S(m.eps) - (xi0(1) - S(m.ground)), S(0)) / h2;
+      for (int t = 0; t < D; t += 2) {  // tangential: x, and z in 3D
+        gi(t) += wf * (yi(t) - xi0(t));
+        di(t) += wf;
+      }
+    }
+  }
+}
+
+template <typename S, int D>
+void problem_hvp(const View<S, D>& v, const S* k_el, const S* k_mu, const S* diag, const S* in, S* out) {
+  constexpr int ND = (D + 1) * D;
+  for (int64_t s = 0; s < v.f * D; ++s) out[s] = diag[s] * in[s];
+  auto gather = [&](const int64_t* idx, int count, S* local) {
+    for (int j = 0; j < count; ++j) {
+      const int64_t s = v.slot[idx[j]];
+      for (int a = 0; a < D; ++a) local[j * D + a] = s >= 0 ? in[s * D + a] : S(0);
+    }
+  };
+  auto scatter = [&](const int64_t* idx, int count, const S* local) {
+    for (int j = 0; j < count; ++j) {
+      const int64_t s = v.slot[idx[j]];
+      if (s >= 0)
+        for (int a = 0; a < D; ++a) out[s * D + a] += local[j * D + a];
+    }
+  };
+  Eigen::Matrix<S, ND, 1> le, re;
+  for (int64_t k = 0; k < v.e; ++k) {
+    gather(v.elements + k * (D + 1), D + 1, le.data());
+    re.noalias() = Eigen::Map<const Eigen::Matrix<S, ND, ND, Eigen::RowMajor>>(k_el + k * ND * ND) * le;
+    scatter(v.elements + k * (D + 1), D + 1, re.data());
+  }
+  Eigen::Matrix<S, 2 * D, 1> lm, rm;
+  for (int64_t k = 0; k < v.nm; ++k) {
+    gather(v.muscles + 2 * k, 2, lm.data());
+    rm.noalias() = Eigen::Map<const Eigen::Matrix<S, 2 * D, 2 * D, Eigen::RowMajor>>(k_mu + k * 4 * D * D) * lm;
+    scatter(v.muscles + 2 * k, 2, rm.data());
+  }
+}
+
+StepModel contiguous(const StepModel& m) {
+  StepModel c = m;
+  for (torch::Tensor* t : {&c.elements, &c.muscles, &c.slot, &c.mass, &c.Dm_inv, &c.mu, &c.lam, &c.rest_length,
+                           &c.stiffness})
+    if (t->defined()) *t = t->contiguous();
+  return c;
+}
+
+void check(const StepModel& m, const StepState& s) {
+  const int64_t d = s.y.size(-1);
+  if (!s.y.device().is_cpu()) throw std::invalid_argument("the fused step kernels run on CPU tensors only");
+  if (s.y.dim() != 3 || (d != 2 && d != 3)) throw std::invalid_argument("y must be (B, F, d) with d = 2 or 3");
+  if (s.x0_free.sizes() != s.y.sizes() || s.x_hat.sizes() != s.y.sizes())
+    throw std::invalid_argument("x0_free and x_hat must have the shape of y");
+  if (s.x0.dim() != 3 || s.x0.size(0) != s.y.size(0) || s.x0.size(1) != m.slot.size(0) || s.x0.size(2) != d)
+    throw std::invalid_argument("x0 must be (B, N, d)");
+  if (m.mass.size(0) != s.y.size(1)) throw std::invalid_argument("mass must have one entry per free vertex");
+  if (m.elements.size(1) != d + 1) throw std::invalid_argument("elements must be (E, d + 1)");
+  if (m.material < 0 || m.material > 2) throw std::invalid_argument("unknown material code");
+}
+
+template <typename F>
+void dispatch(const torch::Tensor& y, F&& body) {
+  const bool two = y.size(-1) == 2;
+  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "diffsoft_step_energy", [&] {
+    if (two)
+      body(scalar_t(), std::integral_constant<int, 2>());
+    else
+      body(scalar_t(), std::integral_constant<int, 3>());
+  });
+}
+
+}  // namespace
+
+torch::Tensor step_energy_value(const StepModel& model, const StepState& state) {
+  check(model, state);
+  const StepModel m = contiguous(model);
+  torch::Tensor y = state.y.contiguous(), x0 = state.x0.contiguous(), x0_free = state.x0_free.contiguous(),
+                x_hat = state.x_hat.contiguous();
+  torch::Tensor act = m.muscles.size(0) ? state.activation.contiguous() : state.activation;
+  const int64_t batch = y.size(0);
+  torch::Tensor out = torch::empty({batch}, y.options());
+  dispatch(y, [&](auto s, auto dim) {
+    using S = decltype(s);
+    constexpr int D = decltype(dim)::value;
+    View<S, D> v(m);
+    const int64_t nm = v.nm;
+    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b)
+        out.data_ptr<S>()[b] = problem_energy<S, D>(v, y.data_ptr<S>() + b * v.f * D, x0.data_ptr<S>() + b * v.n * D,
+                                                    x0_free.data_ptr<S>() + b * v.f * D,
+                                                    x_hat.data_ptr<S>() + b * v.f * D,
+                                                    nm ? act.data_ptr<S>() + b * nm : nullptr);
+    });
+  });
+  return out;
+}
+
+std::vector<torch::Tensor> step_energy_derivatives(const StepModel& model, const StepState& state) {
+  check(model, state);
+  const StepModel m = contiguous(model);
+  torch::Tensor y = state.y.contiguous(), x0 = state.x0.contiguous(), x0_free = state.x0_free.contiguous(),
+                x_hat = state.x_hat.contiguous();
+  torch::Tensor act = m.muscles.size(0) ? state.activation.contiguous() : state.activation;
+  const int64_t batch = y.size(0), d = y.size(2), e = m.elements.size(0), nm = m.muscles.size(0);
+  torch::Tensor grad = torch::empty_like(y), diag = torch::empty_like(y);
+  torch::Tensor k_el = torch::empty({batch, e, (d + 1) * d, (d + 1) * d}, y.options());
+  torch::Tensor k_mu = torch::empty({batch, nm, 2 * d, 2 * d}, y.options());
+  dispatch(y, [&](auto s, auto dim) {
+    using S = decltype(s);
+    constexpr int D = decltype(dim)::value;
+    constexpr int ND = (D + 1) * D;
+    View<S, D> v(m);
+    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b)
+        problem_derivatives<S, D>(v, y.data_ptr<S>() + b * v.f * D, x0.data_ptr<S>() + b * v.n * D,
+                                  x0_free.data_ptr<S>() + b * v.f * D, x_hat.data_ptr<S>() + b * v.f * D, nm ? act.data_ptr<S>() + b * nm : nullptr,
+                                  grad.data_ptr<S>() + b * v.f * D, k_el.data_ptr<S>() + b * e * ND * ND,
+                                  k_mu.data_ptr<S>() + b * nm * 4 * D * D, diag.data_ptr<S>() + b * v.f * D);
+    });
+  });
+  return {grad, k_el, k_mu, diag};
+}
+
+torch::Tensor step_energy_hvp(const StepModel& model, const std::vector<torch::Tensor>& derivatives,
+                              const torch::Tensor& v_in) {
+  const StepModel m = contiguous(model);
+  torch::Tensor vin = v_in.contiguous();
+  const torch::Tensor &k_el = derivatives.at(1), &k_mu = derivatives.at(2), &diag = derivatives.at(3);
+  if (vin.sizes() != diag.sizes()) throw std::invalid_argument("v must have the shape of the gradient");
+  const int64_t batch = vin.size(0), e = m.elements.size(0), nm = m.muscles.size(0);
+  torch::Tensor out = torch::empty_like(vin);
+  dispatch(vin, [&](auto s, auto dim) {
+    using S = decltype(s);
+    constexpr int D = decltype(dim)::value;
+    constexpr int ND = (D + 1) * D;
+    View<S, D> v(m);
+    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b)
+        problem_hvp<S, D>(v, k_el.data_ptr<S>() + b * e * ND * ND, k_mu.data_ptr<S>() + b * nm * 4 * D * D,
+                          diag.data_ptr<S>() + b * v.f * D, vin.data_ptr<S>() + b * v.f * D,
+                          out.data_ptr<S>() + b * v.f * D);
+    });
+  });
+  return out;
+}
+
+}  // namespace diffsoft

@@ -1,0 +1,53 @@
+// The backward-Euler step energy of the built-in soft-body model as fused CPU kernels: value, closed-form
+// gradient, and Hessian blocks (one dense block per element and per muscle, a diagonal for per-vertex terms)
+// whose products with vectors are the Newton-CG Hessian-vector products. Pure LibTorch + Eigen, no Python.
+//
+// The plain-torch reference, and the test oracle, is diffsoft.simulator._step_energy:
+//   E(y) = sum_e psi(F_e; mu_e, lam_e) + sum_m k_m/2 (l_m / (a_m l0_m) - 1)^2
+//        + 1/(2 h^2) sum_i m_i |y_i - x_hat_i|^2 + g sum_i m_i (y_i - x0_i)_y
+//        + k_c sum_i min(y_i,y - ground, 0)^2 + sum_i w_i |(y_i - x0_i)_t / h|^2,
+//   w_i = k_f max(eps - (x0_i,y - ground), 0),
+// over the free vertices y; fixed vertices keep x0. Shapes (B problems, N vertices, F free, E elements, M
+// muscles, d = 2 or 3), all contiguous CPU tensors of one floating dtype unless noted:
+#pragma once
+
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace diffsoft {
+
+struct StepModel {
+  torch::Tensor elements;    // (E, d+1) int64
+  torch::Tensor muscles;     // (M, 2) int64, M may be 0
+  torch::Tensor slot;        // (N,) int64: the free index of each vertex, -1 if fixed
+  torch::Tensor mass;        // (F,) masses of the free vertices
+  torch::Tensor Dm_inv;      // (E, d, d)
+  torch::Tensor mu, lam;     // (E,) with the elements' weights folded in
+  torch::Tensor rest_length; // (M,)
+  torch::Tensor stiffness;   // (M,)
+  int64_t material = 0;      // 0 algovivo, 1 neo_hookean, 2 stable_neo_hookean
+  double h = 1.0, gravity = 0.0, contact_stiffness = 0.0, friction = 0.0, ground = 0.0, eps = 0.01;
+  bool has_ground = false;
+};
+
+struct StepState {
+  torch::Tensor y;           // (B, F, d) free positions (the unknowns)
+  torch::Tensor x0;          // (B, N, d) start-of-step positions, fixed vertices included
+  torch::Tensor x0_free;     // (B, F, d) start-of-step positions of the free vertices (gravity, friction)
+  torch::Tensor x_hat;       // (B, F, d) inertial prediction x0 + h v0 of the free vertices
+  torch::Tensor activation;  // (B, M)
+};
+
+// Per-problem energies, (B,). +inf where a neo-Hookean element is inverted.
+torch::Tensor step_energy_value(const StepModel& model, const StepState& state);
+
+// {grad (B, F, d), element blocks (B, E, (d+1)d, (d+1)d), muscle blocks (B, M, 2d, 2d), diagonal (B, F, d)}.
+// Block rows and columns are ordered (vertex of the element, component).
+std::vector<torch::Tensor> step_energy_derivatives(const StepModel& model, const StepState& state);
+
+// H v from the blocks of step_energy_derivatives; v: (B, F, d).
+torch::Tensor step_energy_hvp(const StepModel& model, const std::vector<torch::Tensor>& derivatives,
+                              const torch::Tensor& v);
+
+}  // namespace diffsoft
