@@ -494,7 +494,7 @@ def render_policy(sim, policy, steps, path, every=2):
     render_rollout(sim, xs[:, 0], acts[:, 0], gif=path, every=every)
 
 
-QUICK = dict(horizon=60, window=20, batch=8, iterations=40, lr=1e-2, eval_every=10, checkpoint_every=5)
+QUICK = dict(horizon=60, window=20, batch=8, iterations=40, lr=3e-3, eval_every=10, checkpoint_every=5)
 """``--quick``: sized to train the biped in about 3 minutes on 2 cores."""
 
 
