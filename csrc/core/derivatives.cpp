@@ -16,13 +16,18 @@ std::string shape_str(const torch::Tensor& t) {
 }  // namespace
 
 SecondOrderPoint::SecondOrderPoint(const EnergyFn& energy, const torch::Tensor& x_rows, at::IntArrayRef shape,
-                                   const std::vector<torch::Tensor>& params) {
+                                   const std::vector<torch::Tensor>& params, bool batched) {
   torch::AutoGradMode grad_mode(true);
   x_ = x_rows.detach().requires_grad_(true);
   torch::Tensor e = energy(x_.view(shape), params);
-  if (!e.defined() || e.dim() != 0) {
-    throw std::invalid_argument("energy must return a 0-dim tensor, got " +
-                                (e.defined() ? "shape " + shape_str(e) : std::string("an undefined tensor")));
+  const bool per_problem = batched && e.defined() && e.dim() == 1 && e.size(0) == x_rows.size(0);
+  if (!e.defined() || (e.dim() != 0 && !per_problem)) {
+    throw std::invalid_argument(
+        "energy must return a 0-dim tensor" +
+        std::string(batched ? " (or, with batched=True, one energy per problem, shape [" +
+                                  std::to_string(x_rows.size(0)) + "])"
+                            : "") +
+        ", got " + (e.defined() ? "shape " + shape_str(e) : std::string("an undefined tensor")));
   }
   if (!e.is_floating_point()) throw std::invalid_argument("energy must return a floating-point tensor");
   if (!e.requires_grad()) {
@@ -31,7 +36,7 @@ SecondOrderPoint::SecondOrderPoint(const EnergyFn& energy, const torch::Tensor& 
     grad_ = torch::zeros_like(x_rows);
     return;
   }
-  grad_graph_ = torch::autograd::grad({e}, {x_}, {}, /*retain_graph=*/true, /*create_graph=*/true,
+  grad_graph_ = torch::autograd::grad({e.sum()}, {x_}, {}, /*retain_graph=*/true, /*create_graph=*/true,
                                       /*allow_unused=*/true)[0];
   if (!grad_graph_.defined()) grad_graph_ = torch::zeros_like(x_rows);
   energy_ = e.detach();

@@ -69,7 +69,7 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
     if (wrt.empty()) return grads;
 
     torch::Tensor x_rows = x_star.detach().reshape({batch, n});
-    SecondOrderPoint point(pb->energy, x_rows, pb->shape, consts);
+    SecondOrderPoint point(pb->energy, x_rows, pb->shape, consts, opt.batched);
     const int64_t max_iter = opt.backward_max_iter > 0 ? opt.backward_max_iter : 10 * n;
     torch::Tensor b_norm = dl_dx.square().sum(1).sqrt();
     CGResult cg = conjugate_gradient([&](const torch::Tensor& v) { return point.hvp(v); }, dl_dx,
@@ -97,7 +97,7 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
       TORCH_WARN("diffsoft: adjoint solve failed: ", info.backward_message);
     }
 
-    std::vector<torch::Tensor> vjp = SecondOrderPoint(pb->energy, x_rows, pb->shape, params).mixed_vjp(cg.x, wrt);
+    std::vector<torch::Tensor> vjp = SecondOrderPoint(pb->energy, x_rows, pb->shape, params, opt.batched).mixed_vjp(cg.x, wrt);
     for (size_t k = 0; k < wrt.size(); ++k) {
       if (vjp[k].defined()) grads[2 + wrt_index[k]] = -vjp[k];
     }

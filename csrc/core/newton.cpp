@@ -12,6 +12,17 @@ namespace {
 
 torch::Tensor row_norm(const torch::Tensor& a) { return a.square().sum(1).sqrt(); }
 
+torch::Tensor row_dot(const torch::Tensor& a, const torch::Tensor& b) { return (a * b).sum(1); }
+
+// "3, 7, 12" for the true entries of a (B,) mask (at most the first 10, then "...").
+std::string indices(const torch::Tensor& mask) {
+  torch::Tensor idx = torch::nonzero(mask.cpu()).flatten();
+  std::ostringstream s;
+  for (int64_t i = 0; i < idx.numel() && i < 10; ++i) s << (i ? ", " : "") << idx[i].item<int64_t>();
+  if (idx.numel() > 10) s << ", ... (" << idx.numel() << " in all)";
+  return s.str();
+}
+
 double default_rtol(torch::ScalarType t) { return t == torch::kFloat64 ? 1e-8 : 1e-4; }
 
 }  // namespace
@@ -53,48 +64,50 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
   consts.reserve(params.size());
   for (const auto& p : params) consts.push_back(p.defined() ? p.detach() : p);
 
+  // Energies as (G,) groups: one per problem when the energy returns them (G = B), else the total (G = 1).
+  auto groups = [&](const torch::Tensor& e) { return e.dim() == 0 ? e.reshape({1}) : e; };
   auto eval = [&](const torch::Tensor& x_rows) {
     torch::NoGradGuard no_grad;
-    return energy(x_rows.view(shape), consts);
+    return groups(energy(x_rows.view(shape), consts));
   };
 
   info = SolveInfo();
   torch::Tensor x = x0.detach().reshape({batch, n}).clone();
-  torch::Tensor g0_norm, threshold, last_g_norm;
+  torch::Tensor g0_norm, threshold, g_norm;
+  torch::Tensor failed = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kBool).device(x0.device()));
   std::ostringstream why;
   for (int64_t it = 0;; ++it) {
-    SecondOrderPoint point(energy, x, shape, consts);
+    SecondOrderPoint point(energy, x, shape, consts, opt.batched);
     const torch::Tensor& g = point.grad();
-    const double e = point.energy().item<double>();
-    torch::Tensor g_norm = row_norm(g);
-    last_g_norm = g_norm;
-    const bool finite = std::isfinite(e) && torch::isfinite(g_norm).all().item<bool>();
+    const torch::Tensor e = groups(point.energy());
+    const bool per_problem = e.size(0) == batch && batch > 1;
+    g_norm = row_norm(g);
+    torch::Tensor row_finite = torch::isfinite(g_norm) & (per_problem ? torch::isfinite(e) : torch::isfinite(e).expand({batch}));
     if (it == 0) {
-      if (!finite) {
-        throw std::invalid_argument(std::string("energy or its gradient is not finite at x0 (energy = ") +
-                                    std::to_string(e) + ")");
+      if (!row_finite.all().item<bool>()) {
+        throw std::invalid_argument("energy or its gradient is not finite at x0 (energy = " +
+                                    std::to_string(e.sum().item<double>()) + ", problem(s) " +
+                                    indices(row_finite.logical_not()) + ")");
       }
       g0_norm = g_norm;
       threshold = torch::clamp_min(g0_norm * rtol, opt.atol);
       info.grad_norm_initial = g0_norm.max().item<double>();
     }
-    info.energy = e;
+    info.energy = e.sum().item<double>();
     info.iterations = it;
-    if (!finite) {
-      why << "the gradient is not finite at Newton iteration " << it;
-      break;
+    torch::Tensor bad = row_finite.logical_not() & failed.logical_not();
+    if (bad.any().item<bool>()) {
+      why << "the gradient is not finite at Newton iteration " << it << " for problem(s) " << indices(bad) << "; ";
+      failed = failed | bad;
     }
-    info.grad_norm = g_norm.max().item<double>();
-    torch::Tensor active = g_norm > threshold;
-    if (!active.any().item<bool>()) {
-      info.converged = true;
-      break;
-    }
+    info.grad_norm = torch::where(failed, torch::zeros_like(g_norm), g_norm).max().item<double>();
+    torch::Tensor active = (g_norm > threshold) & failed.logical_not();
+    if (!active.any().item<bool>()) break;
     if (it == opt.max_iter) {
       torch::Tensor ratio = g_norm / threshold.clamp_min(std::numeric_limits<double>::min());
       why << "max_iter = " << opt.max_iter << " Newton iterations reached with the gradient norm at "
-          << ratio.max().item<double>() << " x its tolerance (||g|| = " << info.grad_norm << ", "
-          << active.sum().item<int64_t>() << " of " << batch << " problem(s) unconverged)";
+          << torch::where(active, ratio, torch::zeros_like(ratio)).max().item<double>()
+          << " x its tolerance (||g|| = " << info.grad_norm << ") for problem(s) " << indices(active) << "; ";
       break;
     }
 
@@ -105,38 +118,42 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
                                      cg_max_iter, /*truncate=*/true);
     info.cg_iterations += cg.iterations;
     info.hvp_count += cg.iterations;
-    torch::Tensor p = cg.x;
-    double slope = (g * p).sum().item<double>();
-    if (!(slope < 0)) {  // CG stalled on a numerically useless direction: fall back to steepest descent
-      p = rhs;
-      slope = (g * p).sum().item<double>();
-    }
+    // A row whose CG direction is numerically useless (no descent) falls back to steepest descent.
+    torch::Tensor row_slope = row_dot(g, cg.x);
+    torch::Tensor p = torch::where((row_slope < 0).unsqueeze(1), cg.x, rhs);
+    row_slope = row_dot(g, p);
 
-    // Backtracking line search on the total energy; non-finite trial energies are rejected.
-    double step = 1.0;
-    bool accepted = false;
-    for (int64_t ls = 0; ls < opt.ls_max_iter; ++ls) {
-      torch::Tensor trial = x + step * p;
-      const double e_trial = eval(trial).item<double>();
+    // Backtracking line search, per problem when the energy gives per-problem values; non-finite trial
+    // energies are rejected. A problem whose search fails is frozen and reported; the others go on.
+    torch::Tensor slope = per_problem ? row_slope : row_slope.sum().reshape({1});
+    torch::Tensor step = torch::ones_like(e);
+    torch::Tensor accepted = per_problem ? active.logical_not() : torch::zeros_like(e, torch::kBool);
+    torch::Tensor x_next = x.clone();
+    for (int64_t ls = 0; ls < opt.ls_max_iter && !accepted.all().item<bool>(); ++ls) {
+      torch::Tensor trial = x + (per_problem ? step : step.expand({batch})).unsqueeze(1) * p;
+      torch::Tensor e_trial = eval(trial);
       ++info.line_search_steps;
-      if (std::isfinite(e_trial) && e_trial <= e + opt.ls_c1 * step * slope + e_noise * std::abs(e)) {
-        x = trial;
-        accepted = true;
-        break;
-      }
-      step *= opt.ls_shrink;
+      torch::Tensor ok = torch::isfinite(e_trial) & (e_trial <= e + opt.ls_c1 * step * slope + e_noise * e.abs()) &
+                         accepted.logical_not();
+      x_next = torch::where((per_problem ? ok : ok.expand({batch})).unsqueeze(1), trial, x_next);
+      accepted = accepted | ok;
+      step = torch::where(accepted, step, step * opt.ls_shrink);
     }
-    if (!accepted) {
+    x = x_next;
+    torch::Tensor stuck = (per_problem ? accepted.logical_not() : accepted.logical_not().expand({batch})) & active;
+    if (stuck.any().item<bool>()) {
       why << "the line search found no decrease of the energy after " << opt.ls_max_iter
-          << " trials at Newton iteration " << it << " (||g|| = " << info.grad_norm << ", tolerance "
-          << threshold.max().item<double>() << ")";
-      break;
+          << " trials at Newton iteration " << it << " for problem(s) " << indices(stuck) << " (||g|| = "
+          << torch::where(stuck, g_norm, torch::zeros_like(g_norm)).max().item<double>() << ", tolerance "
+          << torch::where(stuck, threshold, torch::zeros_like(threshold)).max().item<double>() << "); ";
+      failed = failed | stuck;
     }
   }
 
-  info.message = info.converged ? "converged" : why.str();
-  torch::Tensor row_ok = (last_g_norm <= threshold).cpu();
+  torch::Tensor row_ok = ((g_norm <= threshold) & failed.logical_not()).cpu();
   info.problem_converged.assign(row_ok.data_ptr<bool>(), row_ok.data_ptr<bool>() + batch);
+  info.converged = row_ok.all().item<bool>();
+  info.message = info.converged ? "converged" : why.str().substr(0, why.str().size() - 2);
   if (!info.converged && opt.raise_on_failure) throw ConvergenceError("Newton did not converge: " + info.message);
   return x.view(shape);
 }

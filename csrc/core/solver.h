@@ -12,8 +12,10 @@
 
 namespace diffsoft {
 
-// energy(x, params) -> 0-dim tensor. x has the caller's shape (for a batch, dim 0 indexes problems whose
-// energies are summed). Every tensor the energy depends on and that may need a gradient must be in params.
+// energy(x, params) -> 0-dim tensor. x has the caller's shape. For a batch (dim 0 indexes independent
+// problems) it returns either their summed energy (0-dim) or one energy per problem, shape (B,): the latter
+// gives each problem its own line search. Every tensor the energy depends on and that may need a gradient
+// must be in params.
 using EnergyFn = std::function<torch::Tensor(const torch::Tensor& x, const std::vector<torch::Tensor>& params)>;
 
 // Thrown when a solve does not converge and the caller asked for errors rather than warnings.
@@ -67,8 +69,8 @@ struct SolveInfo {
 class SecondOrderPoint {
  public:
   SecondOrderPoint(const EnergyFn& energy, const torch::Tensor& x_rows, at::IntArrayRef shape,
-                   const std::vector<torch::Tensor>& params);
-  const torch::Tensor& energy() const { return energy_; }  // 0-dim, detached
+                   const std::vector<torch::Tensor>& params, bool batched = false);
+  const torch::Tensor& energy() const { return energy_; }  // 0-dim or (B,) per problem, detached
   const torch::Tensor& grad() const { return grad_; }      // (B, n), detached
   torch::Tensor hvp(const torch::Tensor& v) const;          // (B, n) -> (B, n)
   // d/dparams [grad_x E . w] for the params in `wrt`; undefined where a param does not enter the energy.

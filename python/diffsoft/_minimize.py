@@ -34,14 +34,17 @@ def minimize(
     ``-d/dparams [grad_x energy(x*, params) . lambda]``. It never replays Newton's iterations.
 
     Args:
-        energy: ``energy(x, *params) -> 0-dim tensor``, written with torch ops. Every tensor it depends on
+        energy: ``energy(x, *params) -> 0-dim tensor`` (see ``batched``), written with torch ops. Every tensor it depends on
             that may need a gradient must be passed in ``params``: tensors captured by a closure get none.
         x0: floating-point tensor of any shape, the starting guess (it receives no gradient).
         *params: tensors (any may require grad; floating ones must match x0's dtype, all x0's device) or
             plain Python values, passed through to ``energy`` unchanged.
-        batched: dim 0 of ``x0`` indexes independent problems whose energies ``energy`` sums. Each problem is
-            judged on its own: it has converged when its gradient norm is ``<= max(atol, rtol * its norm at
-            x0)``; CG runs per problem; the line search is on the summed energy.
+        batched: dim 0 of ``x0`` indexes independent problems. ``energy`` returns either their summed energy
+            (0-dim) or, better, one energy per problem (shape ``(B,)``). Each problem is judged on its own: it
+            has converged when its gradient norm is ``<= max(atol, rtol * its norm at x0)``; CG runs per
+            problem; with per-problem energies the line search does too, and a problem that fails (say, an
+            energy unbounded below) is frozen and named in the report while the others go on. With a summed
+            energy the line search takes one step size for all.
         rtol, atol: gradient tolerances (see ``batched``); ``rtol=None`` means 1e-8 for float64, 1e-4 for
             float32.
         max_iter: Newton iterations.

@@ -35,7 +35,8 @@ _MATERIAL_CODES = {"algovivo": 0, "neo_hookean": 1, "stable_neo_hookean": 2}
 
 
 def step_energy(y, *params):
-    """The fused step energy: same arguments and value as the reference ``_step_energy``."""
+    """The fused step energy: same arguments and value (one energy per problem of a batch) as the reference
+    ``_step_energy``."""
     return StepEnergy.apply(y, *params)
 
 
@@ -47,7 +48,8 @@ class StepEnergy(torch.autograd.Function):
         ctx.save_for_backward(y, *params[:-1])
         ctx.static = params[-1]
         if _on_cpu(y):
-            return _C.step_energy_value(*_kernel_args(y, *params)).sum()
+            value = _C.step_energy_value(*_kernel_args(y, *params))
+            return value if y.dim() == 3 else value[0]
         return _step_energy(y, *params)
 
     @staticmethod
@@ -59,7 +61,7 @@ class StepEnergy(torch.autograd.Function):
         wanted = [i for i, t in enumerate(tensors) if ctx.needs_input_grad[1 + i]]
         if wanted:
             param_grads = _reference_param_grads(y, tensors, s, wanted, grad_e, order=1)
-        return (None if g is None else grad_e * g, *param_grads, None)
+        return (None if g is None else grad_e[..., None, None] * g, *param_grads, None)
 
 
 class StepGradient(torch.autograd.Function):
@@ -90,21 +92,21 @@ class StepGradient(torch.autograd.Function):
 
 
 def _reference_param_grads(y, tensors, s, wanted, weight, order):
-    """Through the reference energy, for the tensors at the indices ``wanted``: ``d/dtheta E`` scaled by
-    ``weight`` (order 1; differentiable again when grad mode is on, as in a double backward), or
-    ``d/dtheta [grad_y E . weight]`` (order 2)."""
+    """Through the reference energy, for the tensors at the indices ``wanted``: ``weight . d/dtheta E``
+    (order 1, ``weight`` shaped like the energy; differentiable again when grad mode is on, as in a double
+    backward), or ``d/dtheta [grad_y E . weight]`` (order 2)."""
     from .simulator import _step_energy
 
     create_graph = torch.is_grad_enabled()
     with torch.enable_grad():
         if order == 1:
             e = _step_energy(y, *tensors, s)
-            grads = torch.autograd.grad(e, [tensors[i] for i in wanted], allow_unused=True, create_graph=create_graph)
-            grads = [None if g is None else weight * g for g in grads]
+            grads = torch.autograd.grad(e, [tensors[i] for i in wanted], weight, allow_unused=True,
+                                        create_graph=create_graph)
         else:
             y_ = y.detach().requires_grad_()
             ts = [t if t is None else t.detach().requires_grad_(i in wanted) for i, t in enumerate(tensors)]
-            (g_y,) = torch.autograd.grad(_step_energy(y_, *ts, s), y_, create_graph=True)
+            (g_y,) = torch.autograd.grad(_step_energy(y_, *ts, s).sum(), y_, create_graph=True)
             grads = torch.autograd.grad(g_y, [ts[i] for i in wanted], weight, allow_unused=True)
     out = [None] * len(tensors)
     for i, g in zip(wanted, grads):

@@ -149,8 +149,9 @@ class Simulator:
         guess = x_hat.detach()
         if body.material == "neo_hookean":
             with torch.no_grad():
-                if not torch.isfinite(_step_energy(guess, *params)):
-                    guess = x0_free.detach()  # the inertial guess inverts an element; x0, a solution, cannot
+                # Where the inertial guess inverts an element, start from x0, which cannot.
+                inverted = ~torch.isfinite(_step_energy(guess, *params))
+                guess = torch.where(inverted[..., None, None], x0_free.detach(), guess)
         energy = step_energy if self.fused else _step_energy
         y, info = minimize(energy, guess, *params, batched=batched, return_info=True, **self.solver_options)
         x1 = y if s.all_free else x0.index_copy(x0.dim() - 2, s.free, y)
@@ -258,7 +259,8 @@ class Simulator:
 def _step_energy(y, x_hat, x0, x0_free, mass, Dm_inv, mu, lam, activation, rest_length, stiffness, gravity,
                  contact_stiffness, friction, s):
     """The step's objective divided by h^2; ``y`` holds the free vertices, ``(F, d)`` or ``(B, F, d)``.
-    ``mu, lam`` arrive with the elements' weights folded in. Returns a 0-dim tensor (summed over the batch)."""
+    ``mu, lam`` arrive with the elements' weights folded in. Returns ``y.shape[:-2]``: one energy per problem of
+    a batch (so that each gets its own line search), a 0-dim tensor for a single problem."""
     x = y if s.all_free else x0.index_copy(x0.dim() - 2, s.free, y)
     e = elastic_energy(x, s.elements, Dm_inv, mu, lam, s.material)
     # Gravity relative to the start of the step: the same minimiser and derivatives, but an objective near 0
@@ -269,4 +271,4 @@ def _step_energy(y, x_hat, x0, x0_free, mass, Dm_inv, mu, lam, activation, rest_
     if s.ground is not None:
         e = e + ground_contact_energy(y, contact_stiffness, s.ground)
         e = e + friction_energy(y, x0_free, s.h, friction, s.ground, s.eps)
-    return e.sum()
+    return e

@@ -70,7 +70,8 @@ def test_value_gradient_and_hvp_match_the_reference(dim, material, fixed, batch)
     results = []
     for energy in (_step_energy, step_energy):
         e = energy(y, *params)
-        (g,) = torch.autograd.grad(e, y, create_graph=True)
+        assert e.shape == y.shape[:-2]  # one energy per problem
+        (g,) = torch.autograd.grad(e.sum(), y, create_graph=True)
         (hv,) = torch.autograd.grad(g, y, v)
         results.append((e, g, hv))
     (e0, g0, h0), (e1, g1, h1) = results

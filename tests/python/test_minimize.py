@@ -332,3 +332,40 @@ def test_user_exception_in_energy_propagates():
 
     with pytest.raises(KeyError, match="my energy broke"):
         diffsoft.minimize(energy, torch.zeros(3, dtype=f64))
+
+
+def test_per_problem_energies_give_each_problem_its_own_line_search():
+    """One problem of the batch is unbounded below: it is reported, and the others still converge."""
+
+    def energy(x, c):  # (B,) energies; c = -1 turns the quartic upside down
+        return c * 0.25 * (x**4).sum(1) + 0.5 * (x * x).sum(1) - x.sum(1)
+
+    c = torch.tensor([1.0, -1.0, 1.0], dtype=f64)
+    x0 = torch.full((3, 4), 2.0, dtype=f64)
+    with pytest.warns(RuntimeWarning, match="problem\\(s\\) 1"):
+        x, info = diffsoft.minimize(energy, x0, c, batched=True, return_info=True)
+    assert info.problem_converged == [True, False, True]
+    g = x**3 + x - 1
+    assert g[0].norm() < 1e-6 and g[2].norm() < 1e-6
+
+
+def test_per_problem_energy_shape_needs_batched():
+    with pytest.raises(ValueError, match="0-dim tensor, got shape \\[2\\]"):
+        diffsoft.minimize(lambda x: (x * x).sum(1), torch.ones(2, 3, dtype=f64))
+    with pytest.raises(ValueError, match="one energy per problem, shape \\[2\\]"):
+        diffsoft.minimize(lambda x: (x * x).sum(0), torch.ones(2, 3, dtype=f64), batched=True)
+
+
+def test_batched_scalar_and_per_problem_energies_agree():
+    torch.manual_seed(8)
+    k = torch.rand(4, 6, dtype=f64) + 1
+    b = torch.randn(4, 6, dtype=f64, requires_grad=True)
+
+    def per_problem(x, k, b):
+        return (0.5 * k * x * x + 0.25 * x**4 - b * x).sum(1)
+
+    x1 = diffsoft.minimize(quartic, torch.zeros(4, 6, dtype=f64), k, b, batched=True, rtol=1e-12)
+    x2 = diffsoft.minimize(per_problem, torch.zeros(4, 6, dtype=f64), k, b, batched=True, rtol=1e-12)
+    torch.testing.assert_close(x1, x2, rtol=1e-10, atol=1e-12)
+    g1, g2 = (torch.autograd.grad(x.square().sum(), b)[0] for x in (x1, x2))
+    torch.testing.assert_close(g1, g2, rtol=1e-8, atol=1e-12)
