@@ -9,7 +9,7 @@ minima of small problems, match central differences of re-solved problems.
 
 ``check_solve`` is shared with ``benchmarks/fuzz_report.py``.
 """
-import math
+import re
 import warnings
 
 import pytest
@@ -125,6 +125,11 @@ def check_solve(energy, x0, params, **options):
         return "converged"
     assert failures, f"did not converge and said nothing ({info.message})"
     assert info.message and info.message != "converged"
+    if batched:  # the message names every failed problem (the first 10)
+        failed = set(torch.nonzero(~flags).flatten().tolist())
+        named = {int(i) for group in re.findall(r"problem\(s\) ([\d, ]+)", info.message)
+                 for i in group.replace(",", " ").split()}
+        assert failed <= named or len(failed) > 10, f"{sorted(failed)} not all named in {info.message!r}"
     with pytest.raises(diffsoft.ConvergenceError):
         diffsoft.minimize(energy, x0, *params, batched=batched, **{**options, "on_failure": "raise"})
     return "reported"
@@ -201,19 +206,24 @@ def test_unbounded_energy_fails_loudly_with_finite_iterates():
 
 
 def test_a_diverging_problem_does_not_stop_the_others_in_a_batch():
-    """Problem 1 of 3 has no minimum; problems 0 and 2 are independent of it and converge alone in a few
-    iterations, so their flags must say converged. (The line search runs on the summed energy: when problem 1
-    stalls it, the others must not be left unconverged.)"""
-    def energy(x, k, c):
-        return (0.5 * k[:, None] * x * x + 0.25 * c[:, None] * x ** 4).sum()
+    """Problem 1 of 3 has no minimum; problems 0 and 2 converge alone in a few iterations. With per-problem
+    energies (shape (B,)) each problem has its own line search: 0 and 2 must converge and only 1 be named.
+    With a summed energy the line search is shared, so 0 may be left unconverged, but the flags must be
+    honest and the message must name every failed problem."""
+    def per_problem(x, k, c):
+        return (0.5 * k[:, None] * x * x + 0.25 * c[:, None] * x ** 4).sum(-1)
+
+    def summed(x, k, c):
+        return per_problem(x, k, c).sum()
 
     x0 = torch.ones(3, 4, dtype=torch.float64)
     k = torch.tensor([1.0, -1.0, 2.0], dtype=torch.float64)
     c = torch.tensor([1.0, -4.0, 1.0], dtype=torch.float64)
     for i in (0, 2):
-        alone = diffsoft.minimize(energy, x0[i:i + 1], k[i:i + 1], c[i:i + 1], batched=True, return_info=True)[1]
+        alone = diffsoft.minimize(summed, x0[i:i + 1], k[i:i + 1], c[i:i + 1], batched=True, return_info=True)[1]
         assert alone.converged
-    with pytest.warns(RuntimeWarning, match="did not converge"):
-        x, info = diffsoft.minimize(energy, x0, k, c, batched=True, return_info=True)
+    with pytest.warns(RuntimeWarning, match=r"problem\(s\) 1 "):
+        x, info = diffsoft.minimize(per_problem, x0, k, c, batched=True, return_info=True)
     assert torch.isfinite(x).all()
     assert info.problem_converged == [True, False, True]
+    assert check_solve(summed, x0, (k, c)) == "reported"

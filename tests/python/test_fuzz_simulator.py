@@ -9,6 +9,7 @@ a ``"neo_hookean"`` body is inverted. On small cases the implicit gradients matc
 ``check_steps`` is shared with ``benchmarks/fuzz_report.py``, which runs a larger campaign of the same cases.
 """
 import math
+import re
 import warnings
 
 import pytest
@@ -146,9 +147,14 @@ def check_steps(sim, x0, v0, a, steps):
             assert failures, f"step {t}: did not converge, and said nothing ({info.message})"
             assert info.message and info.message != "converged"
             assert not all(info.problem_converged)
+            if x.dim() == 3:  # a batch: the message names the creatures that failed
+                failed = {i for i, ok in enumerate(info.problem_converged) if not ok}
+                named = {int(i) for group in re.findall(r"problem\(s\) ([\d, ]+)", info.message)
+                         for i in group.replace(",", " ").split()}
+                assert failed <= named or len(failed) > 10, f"step {t}: {sorted(failed)} not in {info.message!r}"
             sim.solver_options["on_failure"] = "raise"
             try:
-                with pytest.raises(diffsoft.ConvergenceError):
+                with pytest.raises(diffsoft.ConvergenceError, match=re.escape(info.message[:40])):
                     sim.step(x, v, a)
             finally:
                 sim.solver_options["on_failure"] = "warn"
@@ -247,3 +253,18 @@ def test_small_case_gradients_are_finite_and_match_central_differences(case, dir
         event("compared with finite differences")
         assert (grad * d).sum().item() == pytest.approx(fd[1], rel=1e-4, abs=1e-4 * scale), name
     sim.body.mu = mu
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_batched_step_with_one_activation_for_all_creatures(dtype):
+    """``activation`` may be ``(M,)`` (shared by the batch), ``(B, M)`` or None (relaxed): the same steps."""
+    from diffsoft import creatures
+
+    sim = creatures.quadruped(dtype=dtype)
+    x, v = sim.rest_state
+    x, v = x.expand(3, -1, -1).clone(), v.expand(3, -1, -1).clone()
+    m = sim.body.num_muscles
+    for shared, per_creature in ((None, torch.ones(3, m, dtype=dtype)),
+                                 (torch.full((m,), 0.8, dtype=dtype), torch.full((3, m), 0.8, dtype=dtype))):
+        expected = sim.step(x, v, per_creature)[0]
+        torch.testing.assert_close(sim.step(x, v, shared)[0], expected, rtol=0, atol=0)
