@@ -289,6 +289,20 @@ void check(const StepModel& m, const StepState& s) {
   if (s.x0.dim() != 3 || s.x0.size(0) != s.y.size(0) || s.x0.size(1) != m.slot.size(0) || s.x0.size(2) != d)
     throw std::invalid_argument("x0 must be (B, N, d)");
   if (m.mass.size(0) != s.y.size(1)) throw std::invalid_argument("mass must have one entry per free vertex");
+  const int64_t nm = m.muscles.size(0);
+  if (nm && (s.activation.dim() != 2 || s.activation.size(0) != s.y.size(0) || s.activation.size(1) != nm))
+    throw std::invalid_argument("activation must be (B, M)");
+  if (m.mu.numel() != m.elements.size(0) || m.lam.numel() != m.elements.size(0) ||
+      m.Dm_inv.size(0) != m.elements.size(0))
+    throw std::invalid_argument("mu, lam and Dm_inv must have one entry per element");
+  if (nm && (m.rest_length.numel() != nm || m.stiffness.numel() != nm))
+    throw std::invalid_argument("rest_length and stiffness must have one entry per muscle");
+  const int64_t n = m.slot.size(0);
+  for (const torch::Tensor* idx : {&m.elements, &m.muscles})
+    if (idx->numel() && (idx->min().item<int64_t>() < 0 || idx->max().item<int64_t>() >= n))
+      throw std::invalid_argument("element or muscle vertex index out of range");
+  if (m.slot.numel() && m.slot.max().item<int64_t>() >= s.y.size(1))
+    throw std::invalid_argument("slot refers to a free vertex beyond y");
   if (m.elements.size(1) != d + 1) throw std::invalid_argument("elements must be (E, d + 1)");
   if (m.material < 0 || m.material > 2) throw std::invalid_argument("unknown material code");
 }
@@ -361,7 +375,8 @@ torch::Tensor step_energy_hvp(const StepModel& model, const std::vector<torch::T
   const StepModel m = contiguous(model);
   torch::Tensor vin = v_in.contiguous();
   const torch::Tensor &k_el = derivatives.at(1), &k_mu = derivatives.at(2), &diag = derivatives.at(3);
-  if (vin.sizes() != diag.sizes()) throw std::invalid_argument("v must have the shape of the gradient");
+  if (vin.sizes() != diag.sizes() || vin.scalar_type() != diag.scalar_type() || !vin.device().is_cpu())
+    throw std::invalid_argument("v must be a CPU tensor with the shape and dtype of the gradient");
   const int64_t batch = vin.size(0), e = m.elements.size(0), nm = m.muscles.size(0);
   torch::Tensor out = torch::empty_like(vin);
   dispatch(vin, [&](auto s, auto dim) {

@@ -138,8 +138,10 @@ def _kernel_args(y, x_hat, x0, x0_free, mass, Dm_inv, mu, lam, activation, rest_
         m.ground, m.contact_stiffness, m.friction = s.ground, float(contact_stiffness), float(friction)
     batched = y.dim() == 3
     lift = (lambda t: t.detach()) if batched else (lambda t: t.detach().unsqueeze(0))
-    act = lift(activation) if s.muscles is not None else y.new_zeros(0)
-    return m, lift(y), lift(x0), lift(x0_free), lift(x_hat), act
+    y, x0, x0_free, x_hat = lift(y), lift(x0), lift(x0_free), lift(x_hat)
+    # One activation per creature, (B, M); a single (M,) activation is shared by the batch.
+    act = activation.detach().expand(y.shape[0], -1) if s.muscles is not None else y.new_zeros(0)
+    return m, y, x0, x0_free, x_hat, act
 
 
 class KernelHessian:
