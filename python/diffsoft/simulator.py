@@ -146,13 +146,14 @@ class Simulator:
             mu, lam = mu * volume, lam * volume
         params = (x_hat, x0, x0_free, mass, body.Dm_inv, mu, lam, activation, body.muscle_rest_length,
                   body.muscle_stiffness, self.gravity, self.contact_stiffness, self.friction, s)
-        guess = x_hat.detach()
-        if body.material == "neo_hookean":
-            with torch.no_grad():
-                # Where the inertial guess inverts an element, start from x0, which cannot.
-                inverted = ~torch.isfinite(_step_energy(guess, *params))
-                guess = torch.where(inverted[..., None, None], x0_free.detach(), guess)
         energy = step_energy if self.fused else _step_energy
+        with torch.no_grad():
+            # Each problem starts from the lower-energy of the inertial prediction and x0. The prediction can
+            # leave the energy's domain (an inverted neo-Hookean element) or overflow it (a large dt, fast
+            # vertices, float32); x0, a valid state, cannot, and NaN or inf at the prediction selects x0.
+            start = x0_free.detach()
+            better = energy(x_hat.detach(), *params) <= energy(start, *params)
+            guess = torch.where(better[..., None, None], x_hat.detach(), start)
         y, info = minimize(energy, guess, *params, batched=batched, return_info=True, **self.solver_options)
         x1 = y if s.all_free else x0.index_copy(x0.dim() - 2, s.free, y)
         v1 = (x1 - x0) / h

@@ -93,13 +93,18 @@ def cases(draw, dt_range=(1e-4, 1.0), stiffness=(1e1, 1e7), impact=30.0):
 
 def residual_norm(sim, x0, v0, a, x1):
     """``max over problems |grad E(x1)|`` of the step's objective, by autograd on the plain-torch reference
-    energy: an oracle independent of the fused derivatives the solver uses."""
+    energy in float64 (whatever the simulator's dtype): an oracle independent of the fused derivatives the
+    solver uses and of float32 round-off."""
+    f64 = torch.float64
+    sim = sim.to(dtype=f64)
+    x0, v0, x1 = x0.to(f64), v0.to(f64), x1.to(f64)
+    a = None if a is None else a.to(f64)
     body, s, h = sim.body, sim._static, sim.dt
     x0_free, v0_free = x0[..., s.free, :], v0[..., s.free, :]
     volume = 1.0 / (math.factorial(body.dim) * determinant(body.Dm_inv).abs())
     mu, lam = (body.mu, body.lam) if body.material == "algovivo" else (body.mu * volume, body.lam * volume)
     if a is None and body.num_muscles:
-        a = torch.ones(body.num_muscles, dtype=x0.dtype)
+        a = torch.ones(body.num_muscles, dtype=f64)
     y = x1[..., s.free, :].detach().requires_grad_()
     with torch.enable_grad():
         e = _step_energy(y, x0_free + h * v0_free, x0, x0_free, body.mass[s.free], body.Dm_inv, mu, lam, a,
