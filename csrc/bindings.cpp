@@ -130,14 +130,26 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return diffsoft::step_energy_hvp(model, derivatives, v);
   });
 
+  py::class_<diffsoft::DirectEnergy, std::shared_ptr<diffsoft::DirectEnergy>>(
+      m, "DirectEnergy", "An energy's autograd-free value, gradient and Hessian products (see solver.h).");
+  m.def(
+      "step_direct_energy",
+      [](const diffsoft::StepModel& model, const torch::Tensor& x0, const torch::Tensor& x0_free,
+         const torch::Tensor& x_hat, const torch::Tensor& activation) {
+        return std::make_shared<diffsoft::DirectEnergy>(
+            diffsoft::step_direct_energy(model, {torch::Tensor(), x0, x0_free, x_hat, activation}));
+      });
+
   m.def(
       "minimize",
       [](py::function energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
-         const SolverOptions& options, std::shared_ptr<SolveInfo> info) {
+         const SolverOptions& options, std::shared_ptr<SolveInfo> info,
+         std::shared_ptr<diffsoft::DirectEnergy> direct) {
         EnergyFn fn = python_energy(std::move(energy));
         py::gil_scoped_release no_gil;
-        return diffsoft::implicit_minimize(fn, x0, params, options, info);
+        return diffsoft::implicit_minimize(fn, x0, params, options, info, direct);
       },
       py::arg("energy"), py::arg("x0"), py::arg("params"), py::arg("options"), py::arg("info"),
+      py::arg("direct") = nullptr,
       "x* = argmin_x energy(x, *params), differentiable w.r.t. params by the implicit function theorem.");
 }

@@ -61,4 +61,11 @@ std::vector<torch::Tensor> SecondOrderPoint::mixed_vjp(const torch::Tensor& w,
                                /*allow_unused=*/true);
 }
 
+DirectDerivatives derivatives_at(const EnergyFn& energy, const DirectEnergy* direct, const torch::Tensor& x_rows,
+                                 at::IntArrayRef shape, const std::vector<torch::Tensor>& params, bool batched) {
+  if (direct) return direct->derivatives(x_rows);
+  auto point = std::make_shared<SecondOrderPoint>(energy, x_rows, shape, params, batched);
+  return {point->energy(), point->grad(), [point](const torch::Tensor& v) { return point->hvp(v); }};
+}
+
 }  // namespace diffsoft

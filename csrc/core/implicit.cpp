@@ -14,6 +14,7 @@ struct Problem : torch::CustomClassHolder {
   SolverOptions options;
   std::vector<int64_t> shape;
   std::shared_ptr<SolveInfo> info;
+  std::shared_ptr<const DirectEnergy> direct;
 };
 
 class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
@@ -21,7 +22,8 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, c10::intrusive_ptr<Problem> problem,
                                const torch::Tensor& x0, at::TensorList params) {
     std::vector<torch::Tensor> ps(params.begin(), params.end());
-    torch::Tensor x_star = newton_minimize(problem->energy, x0, ps, problem->options, *problem->info);
+    torch::Tensor x_star =
+        newton_minimize(problem->energy, x0, ps, problem->options, *problem->info, problem->direct.get());
     problem->shape = x_star.sizes().vec();
     ctx->saved_data["problem"] = c10::IValue::make_capsule(problem);
     ps.push_back(x_star);
@@ -69,10 +71,10 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
     if (wrt.empty()) return grads;
 
     torch::Tensor x_rows = x_star.detach().reshape({batch, n});
-    SecondOrderPoint point(pb->energy, x_rows, pb->shape, consts, opt.batched);
+    DirectDerivatives point = derivatives_at(pb->energy, pb->direct.get(), x_rows, pb->shape, consts, opt.batched);
     const int64_t max_iter = opt.backward_max_iter > 0 ? opt.backward_max_iter : 10 * n;
     torch::Tensor b_norm = dl_dx.square().sum(1).sqrt();
-    CGResult cg = conjugate_gradient([&](const torch::Tensor& v) { return point.hvp(v); }, dl_dx,
+    CGResult cg = conjugate_gradient(point.hvp, dl_dx,
                                      opt.backward_rtol * b_norm, max_iter, /*truncate=*/false);
     torch::Tensor rel = cg.residual_norm / b_norm.clamp_min(1e-300);
 
@@ -108,8 +110,10 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
 }  // namespace
 
 torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
-                                const SolverOptions& options, std::shared_ptr<SolveInfo> info) {
+                                const SolverOptions& options, std::shared_ptr<SolveInfo> info,
+                                std::shared_ptr<const DirectEnergy> direct) {
   auto problem = c10::make_intrusive<Problem>();
+  problem->direct = std::move(direct);
   problem->energy = std::move(energy);
   problem->options = options;
   problem->info = info ? std::move(info) : std::make_shared<SolveInfo>();

@@ -43,7 +43,7 @@ void check_options(const SolverOptions& o) {
 }
 
 torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
-                              const SolverOptions& opt, SolveInfo& info) {
+                              const SolverOptions& opt, SolveInfo& info, const DirectEnergy* direct) {
   check_options(opt);
   if (!x0.is_floating_point()) throw std::invalid_argument("x0 must be a floating-point tensor");
   if (opt.batched && x0.dim() < 1) throw std::invalid_argument("batched=True needs x0 with a leading batch dimension");
@@ -68,7 +68,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
   auto groups = [&](const torch::Tensor& e) { return e.dim() == 0 ? e.reshape({1}) : e; };
   auto eval = [&](const torch::Tensor& x_rows) {
     torch::NoGradGuard no_grad;
-    return groups(energy(x_rows.view(shape), consts));
+    return groups(direct ? direct->value(x_rows) : energy(x_rows.view(shape), consts));
   };
 
   info = SolveInfo();
@@ -77,9 +77,9 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
   torch::Tensor failed = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kBool).device(x0.device()));
   std::ostringstream why;
   for (int64_t it = 0;; ++it) {
-    SecondOrderPoint point(energy, x, shape, consts, opt.batched);
-    const torch::Tensor& g = point.grad();
-    const torch::Tensor e = groups(point.energy());
+    DirectDerivatives point = derivatives_at(energy, direct, x, shape, consts, opt.batched);
+    const torch::Tensor& g = point.grad;
+    const torch::Tensor e = groups(point.energy);
     const bool per_problem = e.size(0) == batch && batch > 1;
     g_norm = row_norm(g);
     torch::Tensor row_finite = torch::isfinite(g_norm) & (per_problem ? torch::isfinite(e) : torch::isfinite(e).expand({batch}));
@@ -114,7 +114,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     // Newton direction: H p = -g on the unconverged rows, to a relative tolerance eta (the forcing term).
     torch::Tensor rhs = torch::where(active.unsqueeze(1), -g, torch::zeros_like(g));
     torch::Tensor eta = torch::clamp_max((g_norm / g0_norm.clamp_min(1e-300)).sqrt(), opt.cg_rtol);
-    CGResult cg = conjugate_gradient([&](const torch::Tensor& v) { return point.hvp(v); }, rhs, eta * g_norm,
+    CGResult cg = conjugate_gradient(point.hvp, rhs, eta * g_norm,
                                      cg_max_iter, /*truncate=*/true);
     info.cg_iterations += cg.iterations;
     info.hvp_count += cg.iterations;

@@ -18,6 +18,20 @@ namespace diffsoft {
 // must be in params.
 using EnergyFn = std::function<torch::Tensor(const torch::Tensor& x, const std::vector<torch::Tensor>& params)>;
 
+// An optional fast path for energies that know their own derivatives (the built-in fused energies): value,
+// gradient and Hessian-vector products on (B, n) rows without autograd. The EnergyFn stays the reference:
+// it alone gives the derivatives with respect to the parameters (the backward's final product), so both
+// must describe the same energy at the same parameter values.
+struct DirectDerivatives {
+  torch::Tensor energy;  // 0-dim, or (B,) per problem
+  torch::Tensor grad;    // (B, n)
+  std::function<torch::Tensor(const torch::Tensor&)> hvp;
+};
+struct DirectEnergy {
+  std::function<torch::Tensor(const torch::Tensor& x_rows)> value;  // 0-dim, or (B,) per problem
+  std::function<DirectDerivatives(const torch::Tensor& x_rows)> derivatives;
+};
+
 // Thrown when a solve does not converge and the caller asked for errors rather than warnings.
 struct ConvergenceError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -98,12 +112,17 @@ CGResult conjugate_gradient(const std::function<torch::Tensor(const torch::Tenso
 // Throws std::invalid_argument for bad input (non-scalar or non-finite energy at x0, bad options), and
 // ConvergenceError when options.raise_on_failure and the solve failed.
 torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
-                              const SolverOptions& options, SolveInfo& info);
+                              const SolverOptions& options, SolveInfo& info, const DirectEnergy* direct = nullptr);
 
 // x* = argmin_x energy(x, params) as a differentiable function of params (implicit function theorem).
 // info, if given, receives the forward's record, and the backward's when it runs.
 torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
-                                const SolverOptions& options, std::shared_ptr<SolveInfo> info = nullptr);
+                                const SolverOptions& options, std::shared_ptr<SolveInfo> info = nullptr,
+                                std::shared_ptr<const DirectEnergy> direct = nullptr);
+
+// Value, gradient and Hessian products at x_rows: by the direct path if given, else by autograd.
+DirectDerivatives derivatives_at(const EnergyFn& energy, const DirectEnergy* direct, const torch::Tensor& x_rows,
+                                 at::IntArrayRef shape, const std::vector<torch::Tensor>& params, bool batched);
 
 void check_options(const SolverOptions& options);
 

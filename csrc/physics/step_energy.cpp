@@ -394,4 +394,28 @@ torch::Tensor step_energy_hvp(const StepModel& model, const std::vector<torch::T
   return out;
 }
 
+DirectEnergy step_direct_energy(const StepModel& model, const StepState& state) {
+  auto m = std::make_shared<const StepModel>(contiguous(model));
+  auto st = std::make_shared<const StepState>(
+      StepState{torch::Tensor(), state.x0.contiguous(), state.x0_free.contiguous(), state.x_hat.contiguous(),
+                m->muscles.size(0) ? state.activation.contiguous() : state.activation});
+  const std::vector<int64_t> shape = state.x0_free.sizes().vec();
+  auto at = [st, shape](const torch::Tensor& x_rows) {
+    StepState s = *st;
+    s.y = x_rows.view(shape);
+    return s;
+  };
+  DirectEnergy direct;
+  direct.value = [m, at](const torch::Tensor& x_rows) { return step_energy_value(*m, at(x_rows)); };
+  direct.derivatives = [m, at, shape](const torch::Tensor& x_rows) {
+    const StepState s = at(x_rows);
+    auto blocks = std::make_shared<const std::vector<torch::Tensor>>(step_energy_derivatives(*m, s));
+    auto hvp = [m, blocks, shape](const torch::Tensor& v) {
+      return step_energy_hvp(*m, *blocks, v.view(shape)).view({shape[0], -1});
+    };
+    return DirectDerivatives{step_energy_value(*m, s), (*blocks)[0].view({shape[0], -1}), hvp};
+  };
+  return direct;
+}
+
 }  // namespace diffsoft

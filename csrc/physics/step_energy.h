@@ -15,6 +15,8 @@
 
 #include <vector>
 
+#include "core/solver.h"
+
 namespace diffsoft {
 
 struct StepModel {
@@ -49,5 +51,9 @@ std::vector<torch::Tensor> step_energy_derivatives(const StepModel& model, const
 // H v from the blocks of step_energy_derivatives; v: (B, F, d).
 torch::Tensor step_energy_hvp(const StepModel& model, const std::vector<torch::Tensor>& derivatives,
                               const torch::Tensor& v);
+
+// The step energy as the solver's direct path (no autograd in Newton's loop): rows x (B, F*d) are the free
+// positions; state.y is not used.
+DirectEnergy step_direct_energy(const StepModel& model, const StepState& state);
 
 }  // namespace diffsoft

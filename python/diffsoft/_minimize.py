@@ -25,6 +25,7 @@ def minimize(
     ls_max_iter=30,
     on_failure="warn",
     return_info=False,
+    _direct=None,
 ):
     """Minimize ``energy(x, *params)`` over ``x`` by Newton's method, matrix-free, in C++.
 
@@ -59,6 +60,9 @@ def minimize(
         on_failure: ``"warn"`` (a RuntimeWarning and ``info.converged = False``) or ``"raise"``
             (``diffsoft.ConvergenceError``), for the forward and the backward alike.
         return_info: also return the :class:`SolveInfo` record.
+        _direct: internal, for diffsoft's built-in energies: a ``_C.DirectEnergy`` giving the same energy's
+            value, gradient and Hessian products without autograd, used by Newton and the adjoint solve;
+            ``energy`` still gives the derivatives with respect to ``params``.
 
     Returns:
         ``x*`` with the shape of ``x0``, or ``(x*, info)``. ``info`` holds converged, iterations,
@@ -99,7 +103,7 @@ def minimize(
             return energy(x, *full)
 
     info = SolveInfo()
-    x_star = _C.minimize(fn, x0, tensors, options, info)
+    x_star = _C.minimize(fn, x0, tensors, options, info, _direct)
     if not info.converged:  # with on_failure="raise" the C++ solver has already raised
         warnings.warn(f"diffsoft.minimize did not converge: {info.message}", RuntimeWarning, stacklevel=2)
     return (x_star, info) if return_info else x_star

@@ -34,6 +34,15 @@ from .energies import deformation_gradient, determinant
 _MATERIAL_CODES = {"algovivo": 0, "neo_hookean": 1, "stable_neo_hookean": 2}
 
 
+def direct_energy(y, *params):
+    """The step energy's autograd-free fast path for the solver (:func:`diffsoft.minimize`'s ``_direct``) on
+    CPU, or None on other devices. ``y`` only gives the shape; the parameters are taken as they are now."""
+    if not _on_cpu(y):
+        return None
+    model, _, x0, x0_free, x_hat, act = _kernel_args(y, *params)
+    return _C.step_direct_energy(model, x0, x0_free, x_hat, act)
+
+
 def step_energy(y, *params):
     """The fused step energy: same arguments and value (one energy per problem of a batch) as the reference
     ``_step_energy``."""

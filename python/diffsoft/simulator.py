@@ -16,7 +16,7 @@ import types
 import torch
 
 from ._minimize import minimize
-from .fused import step_energy
+from .fused import direct_energy, step_energy
 from .energies import (determinant, elastic_energy, friction_energy, gravity_energy, ground_contact_energy,
                        inertia_energy, muscle_energy)
 
@@ -154,7 +154,9 @@ class Simulator:
             start = x0_free.detach()
             better = energy(x_hat.detach(), *params) <= energy(start, *params)
             guess = torch.where(better[..., None, None], x_hat.detach(), start)
-        y, info = minimize(energy, guess, *params, batched=batched, return_info=True, **self.solver_options)
+        direct = direct_energy(guess, *params) if self.fused else None
+        y, info = minimize(energy, guess, *params, batched=batched, return_info=True, _direct=direct,
+                           **self.solver_options)
         x1 = y if s.all_free else x0.index_copy(x0.dim() - 2, s.free, y)
         v1 = (x1 - x0) / h
         return (x1, v1, info) if return_info else (x1, v1)
