@@ -369,3 +369,29 @@ def test_batched_scalar_and_per_problem_energies_agree():
     torch.testing.assert_close(x1, x2, rtol=1e-10, atol=1e-12)
     g1, g2 = (torch.autograd.grad(x.square().sum(), b)[0] for x in (x1, x2))
     torch.testing.assert_close(g1, g2, rtol=1e-8, atol=1e-12)
+
+
+def test_the_graph_holds_one_node_not_the_newton_iterations():
+    """Backward memory does not grow with Newton's iterations: x* hangs from one node whose inputs are the
+    parameters, however many iterations the forward took."""
+    b = torch.randn(50, dtype=f64, requires_grad=True)
+    k = torch.rand(50, dtype=f64) + 1
+    x, info = diffsoft.minimize(quartic, torch.full((50,), 30.0, dtype=f64), k, b, return_info=True)
+    assert info.iterations > 5
+    node = x.grad_fn
+    inputs = [fn for fn, _ in node.next_functions if fn is not None]
+    assert len(inputs) == 1 and type(inputs[0]).__name__ == "AccumulateGrad"
+
+
+def test_import_under_another_torch_says_rebuild(monkeypatch):
+    import importlib
+    import sys
+    import types
+
+    fake = types.ModuleType("diffsoft._build_info")
+    fake.TORCH_VERSION = "0.0.0-not-this-torch"
+    monkeypatch.setitem(sys.modules, "diffsoft._build_info", fake)
+    with pytest.raises(ImportError, match="built against torch 0.0.0-not-this-torch .* rebuild"):
+        importlib.reload(importlib.import_module("diffsoft._extension"))
+    monkeypatch.undo()
+    importlib.reload(importlib.import_module("diffsoft._extension"))
