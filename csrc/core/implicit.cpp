@@ -74,8 +74,8 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
     DirectDerivatives point = derivatives_at(pb->energy, pb->direct.get(), x_rows, pb->shape, consts, opt.batched);
     const int64_t max_iter = opt.backward_max_iter > 0 ? opt.backward_max_iter : 10 * n;
     torch::Tensor b_norm = dl_dx.square().sum(1).sqrt();
-    CGResult cg = conjugate_gradient(point.hvp, dl_dx,
-                                     opt.backward_rtol * b_norm, max_iter, /*truncate=*/false);
+    CGResult cg = conjugate_gradient(point.hvp, dl_dx, opt.backward_rtol * b_norm, max_iter, /*truncate=*/false,
+                                     point.precondition);
     torch::Tensor rel = cg.residual_norm / b_norm.clamp_min(1e-300);
 
     SolveInfo& info = *pb->info;

@@ -22,10 +22,13 @@ using EnergyFn = std::function<torch::Tensor(const torch::Tensor& x, const std::
 // gradient and Hessian-vector products on (B, n) rows without autograd. The EnergyFn stays the reference:
 // it alone gives the derivatives with respect to the parameters (the backward's final product), so both
 // must describe the same energy at the same parameter values.
+using LinearOperator = std::function<torch::Tensor(const torch::Tensor&)>;  // (B, n) -> (B, n)
+
 struct DirectDerivatives {
   torch::Tensor energy;  // 0-dim, or (B,) per problem
   torch::Tensor grad;    // (B, n)
-  std::function<torch::Tensor(const torch::Tensor&)> hvp;
+  LinearOperator hvp;
+  LinearOperator precondition;  // optional: M^-1 v for a symmetric positive definite M ~ H (CG's preconditioner)
 };
 struct DirectEnergy {
   std::function<torch::Tensor(const torch::Tensor& x_rows)> value;  // 0-dim, or (B,) per problem
@@ -102,11 +105,12 @@ struct CGResult {
   torch::Tensor residual_norm;  // (B,)
 };
 
-// Conjugate gradient on rows: solves A x_b = b_b for each row b, stopping row b at ||r_b|| <= tol_b
-// (tol: (B,)). With truncate=true (Newton), a row that meets non-positive curvature stops and returns its
-// current iterate, or b itself if that happens on the first iteration: always a descent direction for -g = b.
-CGResult conjugate_gradient(const std::function<torch::Tensor(const torch::Tensor&)>& apply_a,
-                            const torch::Tensor& b, const torch::Tensor& tol, int64_t max_iter, bool truncate);
+// (Preconditioned) conjugate gradient on rows: solves A x_b = b_b for each row b, stopping row b at
+// ||r_b|| <= tol_b (tol: (B,); the true residual, not the preconditioned one). With truncate=true (Newton), a
+// row that meets non-positive curvature stops and returns its current iterate, or M^-1 b if that happens on
+// the first iteration: always a descent direction for -g = b. precondition may be empty (M = I).
+CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& b, const torch::Tensor& tol,
+                            int64_t max_iter, bool truncate, const LinearOperator& precondition = nullptr);
 
 // Newton's method with backtracking line search and truncated CG. Returns x* with x0's shape; fills info.
 // Throws std::invalid_argument for bad input (non-scalar or non-finite energy at x0, bad options), and

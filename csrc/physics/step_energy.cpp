@@ -272,6 +272,22 @@ void problem_hvp(const View<S, D>& v, const S* k_el, const S* k_mu, const S* dia
   }
 }
 
+// The Hessian's diagonal: the per-vertex terms plus the diagonals of the element and muscle blocks.
+template <typename S, int D>
+void problem_hessian_diagonal(const View<S, D>& v, const S* k_el, const S* k_mu, const S* diag, S* out) {
+  constexpr int ND = (D + 1) * D;
+  std::copy(diag, diag + v.f * D, out);
+  auto add = [&](const int64_t* idx, int count, const S* block) {
+    for (int j = 0; j < count; ++j) {
+      const int64_t s = v.slot[idx[j]];
+      if (s >= 0)
+        for (int a = 0; a < D; ++a) out[s * D + a] += block[(j * D + a) * (count * D) + j * D + a];
+    }
+  };
+  for (int64_t k = 0; k < v.e; ++k) add(v.elements + k * (D + 1), D + 1, k_el + k * ND * ND);
+  for (int64_t k = 0; k < v.nm; ++k) add(v.muscles + 2 * k, 2, k_mu + k * 4 * D * D);
+}
+
 StepModel contiguous(const StepModel& m) {
   StepModel c = m;
   for (torch::Tensor* t : {&c.elements, &c.muscles, &c.slot, &c.mass, &c.Dm_inv, &c.mu, &c.lam, &c.rest_length,
@@ -394,6 +410,25 @@ torch::Tensor step_energy_hvp(const StepModel& model, const std::vector<torch::T
   return out;
 }
 
+torch::Tensor step_energy_hessian_diagonal(const StepModel& model, const std::vector<torch::Tensor>& derivatives) {
+  const StepModel m = contiguous(model);
+  const torch::Tensor &k_el = derivatives.at(1), &k_mu = derivatives.at(2), &diag = derivatives.at(3);
+  const int64_t batch = diag.size(0), e = m.elements.size(0), nm = m.muscles.size(0);
+  torch::Tensor out = torch::empty_like(diag);
+  dispatch(diag, [&](auto s, auto dim) {
+    using S = decltype(s);
+    constexpr int D = decltype(dim)::value;
+    constexpr int ND = (D + 1) * D;
+    View<S, D> v(m);
+    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b)
+        problem_hessian_diagonal<S, D>(v, k_el.data_ptr<S>() + b * e * ND * ND, k_mu.data_ptr<S>() + b * nm * 4 * D * D,
+                                       diag.data_ptr<S>() + b * v.f * D, out.data_ptr<S>() + b * v.f * D);
+    });
+  });
+  return out;
+}
+
 DirectEnergy step_direct_energy(const StepModel& model, const StepState& state) {
   auto m = std::make_shared<const StepModel>(contiguous(model));
   auto st = std::make_shared<const StepState>(
@@ -413,7 +448,12 @@ DirectEnergy step_direct_energy(const StepModel& model, const StepState& state) 
     auto hvp = [m, blocks, shape](const torch::Tensor& v) {
       return step_energy_hvp(*m, *blocks, v.view(shape)).view({shape[0], -1});
     };
-    return DirectDerivatives{step_energy_value(*m, s), (*blocks)[0].view({shape[0], -1}), hvp};
+    // Jacobi preconditioner: |diag H|, floored so that it stays positive definite where a diagonal entry
+    // vanishes or is negative (compressed elements, contact switching off).
+    torch::Tensor d = step_energy_hessian_diagonal(*m, *blocks).abs().view({shape[0], -1});
+    d = torch::max(d, 1e-8 * d.amax(1, true) + std::numeric_limits<double>::min());
+    auto precondition = [d](const torch::Tensor& r) { return r / d; };
+    return DirectDerivatives{step_energy_value(*m, s), (*blocks)[0].view({shape[0], -1}), hvp, precondition};
   };
   return direct;
 }

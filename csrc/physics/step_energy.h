@@ -52,8 +52,11 @@ std::vector<torch::Tensor> step_energy_derivatives(const StepModel& model, const
 torch::Tensor step_energy_hvp(const StepModel& model, const std::vector<torch::Tensor>& derivatives,
                               const torch::Tensor& v);
 
-// The step energy as the solver's direct path (no autograd in Newton's loop): rows x (B, F*d) are the free
-// positions; state.y is not used.
+// The diagonal of H, (B, F, d), from the blocks of step_energy_derivatives.
+torch::Tensor step_energy_hessian_diagonal(const StepModel& model, const std::vector<torch::Tensor>& derivatives);
+
+// The step energy as the solver's direct path (no autograd in Newton's loop), with a Jacobi preconditioner:
+// rows x (B, F*d) are the free positions; state.y is not used.
 DirectEnergy step_direct_energy(const StepModel& model, const StepState& state);
 
 }  // namespace diffsoft

@@ -5,7 +5,7 @@ import warnings
 
 import torch
 
-from ._extension import SolveInfo, SolverOptions, _C
+from ._extension import ConvergenceError, SolveInfo, SolverOptions, _C
 
 
 def minimize(
@@ -58,7 +58,8 @@ def minimize(
         ls_c1, ls_shrink, ls_max_iter: backtracking line search, accepting ``E(x + a p) <= E(x) + c1 a g.p``
             (with a round-off allowance), else ``a *= ls_shrink``. Non-finite energies are rejected.
         on_failure: ``"warn"`` (a RuntimeWarning and ``info.converged = False``) or ``"raise"``
-            (``diffsoft.ConvergenceError``), for the forward and the backward alike.
+            (``diffsoft.ConvergenceError``, whose ``info`` attribute holds the record), for the forward and
+            the backward alike.
         return_info: also return the :class:`SolveInfo` record.
         _direct: internal, for diffsoft's built-in energies: a ``_C.DirectEnergy`` giving the same energy's
             value, gradient and Hessian products without autograd, used by Newton and the adjoint solve;
@@ -103,7 +104,11 @@ def minimize(
             return energy(x, *full)
 
     info = SolveInfo()
-    x_star = _C.minimize(fn, x0, tensors, options, info, _direct)
+    try:
+        x_star = _C.minimize(fn, x0, tensors, options, info, _direct)
+    except ConvergenceError as e:  # keep the record (per-problem flags, residuals) with the exception
+        e.info = info
+        raise
     if not info.converged:  # with on_failure="raise" the C++ solver has already raised
         warnings.warn(f"diffsoft.minimize did not converge: {info.message}", RuntimeWarning, stacklevel=2)
     return (x_star, info) if return_info else x_star

@@ -38,6 +38,7 @@ import math
 import os
 import sys
 import time
+import warnings
 
 import torch
 from torch import nn
@@ -302,9 +303,10 @@ class TrainConfig:
     seed: int = 0
     out_dir: str = "runs/biped"
     checkpoint_every: int = 5
+    on_failure: str = "skip"
 
     # Fields that may change between a run and its resumption.
-    RESUMABLE = ("iterations", "out_dir", "checkpoint_every", "eval_every")
+    RESUMABLE = ("iterations", "out_dir", "checkpoint_every", "eval_every", "on_failure")
 
     def check(self):
         for name in ("horizon", "window", "batch", "iterations", "hidden", "checkpoint_every", "eval_every"):
@@ -316,6 +318,8 @@ class TrainConfig:
         for name in ("lr", "clip", "backward_rtol"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.on_failure not in ("skip", "stop"):
+            raise ValueError(f"on_failure must be 'skip' or 'stop', got {self.on_failure!r}")
         if not 0 <= self.init_activation <= 1 - self.min_a:
             raise ValueError(f"init_activation must be in [0, 1 - min_a], got {self.init_activation!r}")
 
@@ -351,12 +355,38 @@ def _episode_start(cfg, sim, iteration, rank, world):
     return a0[part].to(dtype), noise[:, part].to(dtype)
 
 
-def train_iteration(cfg, sim, policy, optimizer, iteration, rank=0, world=1):
+class SimulationFailure(RuntimeError):
+    """The simulator did not converge inside a training rollout (``on_failure="stop"``); the message says
+    which iteration, step and creatures, and by which criterion."""
+
+
+def _step(cfg, sim, x, v, a, iteration, t, rank, ok, failures):
+    """``sim.step`` in a rollout. A creature whose step did not converge is reported (iteration, step,
+    creature, criterion); with ``on_failure="skip"`` it is dropped from this iteration's loss (its implicit
+    gradient would be wrong; the other creatures' are not affected), with ``"stop"`` the rollout stops."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # reported below, with the context a warning lacks
+        x, v, info = sim.step(x, v, a, return_info=True)
+    if not info.converged:
+        first = rank * ok.shape[0]
+        bad = [first + i for i, c in enumerate(info.problem_converged) if not c]
+        where = f"iteration {iteration}, step {t}, creature(s) {bad}: {info.message}"
+        if cfg.on_failure == "stop":
+            raise SimulationFailure(f"the simulator did not converge at {where}")
+        failures.append(where)
+        ok[[i - first for i in bad]] = False
+    return x, v
+
+
+def train_iteration(cfg, sim, policy, optimizer, iteration, rank=0, world=1, failures=None):
     """One rollout of this process's creatures with truncated-backprop windows, gradients averaged over
     processes and clipped, one Adam step. Returns the global batch's mean distance along +x and the
-    gradient norm before clipping."""
+    gradient norm before clipping. Steps that did not converge are appended to ``failures`` (see
+    ``TrainConfig.on_failure``)."""
+    failures = [] if failures is None else failures
     a, noise = _episode_start(cfg, sim, iteration, rank, world)
     b = a.shape[0]
+    ok = torch.ones(b, dtype=torch.bool)
     x, v = sim.rest_state
     x, v = x.expand(b, -1, -1).clone(), v.expand(b, -1, -1).clone()
     optimizer.zero_grad()
@@ -372,9 +402,9 @@ def train_iteration(cfg, sim, policy, optimizer, iteration, rank=0, world=1):
                                        + (target - 1).clamp_min(0).square()
                                        + (policy.min_a - target).clamp_min(0).square()).sum(-1)
             a = policy.update(a, da, noise[t], cfg.straight_through)
-            x, v = sim.step(x, v, a)
+            x, v = _step(cfg, sim, x, v, a, iteration, t, rank, ok, failures)
         progress = center_of_mass_x(sim, x) - x_begin
-        (cfg.saturation_penalty * saturation - progress).mean().backward()
+        ((cfg.saturation_penalty * saturation - progress) * ok).sum().div(b).backward()
     params = [p for p in policy.parameters()]
     distance = (center_of_mass_x(sim, x.detach()) - start).mean().reshape(1)
     _all_reduce_mean([p.grad for p in params] + [distance], world)
@@ -449,7 +479,19 @@ def train(cfg, resume=False, progress=True, log=print):
             record["eval_distance"] = distance_walked(sim, policy, eval_horizon)
             record["eval_sim_steps"] = it * cfg.batch * cfg.horizon
         t = time.perf_counter()
-        record["distance"], record["grad_norm"] = train_iteration(cfg, sim, policy, optimizer, it, rank, world)
+        failures = []
+        try:
+            record["distance"], record["grad_norm"] = train_iteration(cfg, sim, policy, optimizer, it, rank, world,
+                                                                      failures)
+        except SimulationFailure as e:  # stop, keeping every finished iteration
+            if rank == 0:
+                _save_checkpoint(ckpt_path, cfg, policy, optimizer, it, history, train_seconds)
+            raise SimulationFailure(f"{e}; the checkpoint {ckpt_path} holds the {it} finished iterations "
+                                    f"(resume with --resume)") from e
+        if failures:
+            record["failures"] = failures
+            if rank == 0:
+                log(f"skipped non-converged steps: {'; '.join(failures)}")
         train_seconds += time.perf_counter() - t
         record["sim_steps"] = (it + 1) * cfg.batch * cfg.horizon
         record["seconds"] = train_seconds

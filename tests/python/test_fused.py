@@ -101,8 +101,8 @@ def test_fused_and_plain_simulators_agree_over_steps_and_gradients(make):
     sim = make()
     plain = make()
     plain.fused = False
-    for s in (sim, plain):
-        s.solver_options.update(on_failure="raise")
+    for s in (sim, plain):  # solved well below the defaults, so that what differs is the implementation
+        s.solver_options.update(on_failure="raise", rtol=1e-11, atol=s.solver_options["atol"] * 1e-3)
     x, v = sim.rest_state
     x = x.clone().requires_grad_()
     acts = torch.full((6, sim.body.num_muscles), 0.7, dtype=f64, requires_grad=True)
@@ -111,9 +111,9 @@ def test_fused_and_plain_simulators_agree_over_steps_and_gradients(make):
         xs, vs = s.rollout(x, torch.zeros_like(x), acts)
         out.append((xs[-1], torch.autograd.grad((xs[-1][:, 0] + vs[-1][:, 1]).sum(), (x, acts))))
     (x1, g1), (x2, g2) = out
-    # Both solves stop at the step's force tolerance (1e-8 of the body's force scale): positions agree to
-    # about that over the stiffness, and the gradients to the adjoint's accuracy at slightly different x*.
-    torch.testing.assert_close(x1, x2, rtol=0, atol=1e-7)
+    # Both solves stop at the step's force tolerance: positions agree to about that over the stiffness, and
+    # the gradients to the adjoint's accuracy at slightly different x*.
+    torch.testing.assert_close(x1, x2, rtol=0, atol=1e-9)
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 

@@ -239,9 +239,10 @@ def test_nonconvergence_warns_with_the_failed_criterion():
 
 
 def test_nonconvergence_raises_when_asked():
-    with pytest.raises(diffsoft.ConvergenceError, match="max_iter"):
+    with pytest.raises(diffsoft.ConvergenceError, match="max_iter") as raised:
         diffsoft.minimize(quartic, torch.zeros(10, dtype=f64) + 5, torch.ones(10, dtype=f64),
                           torch.randn(10, dtype=f64), max_iter=1, on_failure="raise")
+    assert raised.value.info.problem_converged == [False] and raised.value.info.iterations == 1
 
 
 def test_unbounded_energy_reports_line_search_or_iteration_failure():

@@ -158,3 +158,50 @@ def test_bad_settings_are_named():
     with pytest.raises(ValueError, match="creature must be one of"):
         training.make_creature("no_such_creature")
     assert dataclasses.asdict(TrainConfig())["creature"] == "biped"
+
+
+def _failing_creature(fail_from_iteration):
+    """make_creature whose simulator gets max_iter=0 (no Newton iteration: every step fails) once training
+    reaches the given iteration, counted by its training rollouts' steps."""
+    made = []
+
+    def make(name, dtype):
+        sim = creatures.biped(dtype=dtype)
+        made.append(sim)
+        original = sim.step
+
+        def step(x, *args, **kw):
+            if x.dim() == 3 and x.shape[0] == 2:  # a training rollout's step (batch 2), not an evaluation's
+                if step.calls >= fail_from_iteration * 6:  # 6 steps per rollout in _tiny
+                    sim.solver_options["max_iter"] = 0
+                step.calls += 1
+            return original(x, *args, **kw)
+
+        step.calls = 0
+        sim.step = step
+        return sim
+
+    return make
+
+
+def test_failed_steps_are_skipped_and_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(training, "make_creature", _failing_creature(1))
+    logs = []
+    policy, history = training.train(_tiny(tmp_path), progress=False, log=logs.append)
+    assert "failures" not in history[0] and history[1]["failures"]
+    first = history[1]["failures"][0]
+    assert first.startswith("iteration 1, step 0, creature(s) [0, 1]: max_iter = 0 Newton iterations")
+    assert history[1]["grad_norm"] == 0.0  # every creature failed: nothing to learn from, no wrong gradient
+    assert any("skipped non-converged steps" in line for line in logs)
+
+
+def test_stop_on_failure_keeps_the_checkpoint_and_resumes(tmp_path, monkeypatch):
+    monkeypatch.setattr(training, "make_creature", _failing_creature(2))
+    with pytest.raises(training.SimulationFailure, match="iteration 2, step 0, creature\\(s\\) \\[0, 1\\].*"
+                                                           "holds the 2 finished iterations"):
+        training.train(_tiny(tmp_path, on_failure="stop"), progress=False)
+    ckpt = torch.load(os.path.join(tmp_path, "checkpoint.pt"))
+    assert ckpt["iteration"] == 2 and len(ckpt["history"]) == 2
+    monkeypatch.undo()
+    policy, history = training.train(_tiny(tmp_path, on_failure="stop"), resume=True, progress=False)
+    assert len(history) == 3
