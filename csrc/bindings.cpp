@@ -77,6 +77,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readonly("iterations", &SolveInfo::iterations)
       .def_readonly("cg_iterations", &SolveInfo::cg_iterations)
       .def_readonly("hvp_count", &SolveInfo::hvp_count)
+      .def_readonly("factorizations", &SolveInfo::factorizations)
+      .def_readonly("backward_direct", &SolveInfo::backward_direct)
       .def_readonly("line_search_steps", &SolveInfo::line_search_steps)
       .def_readonly("energy", &SolveInfo::energy)
       .def_readonly("grad_norm", &SolveInfo::grad_norm)
@@ -135,10 +137,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "step_direct_energy",
       [](const diffsoft::StepModel& model, const torch::Tensor& x0, const torch::Tensor& x0_free,
-         const torch::Tensor& x_hat, const torch::Tensor& activation) {
+         const torch::Tensor& x_hat, const torch::Tensor& activation, bool factorize) {
         return std::make_shared<diffsoft::DirectEnergy>(
-            diffsoft::step_direct_energy(model, {torch::Tensor(), x0, x0_free, x_hat, activation}));
-      });
+            diffsoft::step_direct_energy(model, {torch::Tensor(), x0, x0_free, x_hat, activation}, factorize));
+      },
+      py::arg("model"), py::arg("x0"), py::arg("x0_free"), py::arg("x_hat"), py::arg("activation"),
+      py::arg("factorize") = false);
 
   m.def(
       "minimize",

@@ -61,4 +61,56 @@ CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& 
   return out;
 }
 
+CGResult solve_rows(const DirectDerivatives& point, const torch::Tensor& b, const torch::Tensor& tol, int64_t max_iter,
+                    bool truncate, torch::Tensor* direct_rows) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor direct = torch::zeros({b.size(0)}, b.options().dtype(torch::kBool));
+  torch::Tensor x_direct = torch::zeros_like(b);
+  if (point.solve) {
+    x_direct = point.solve(b);
+    direct = torch::isfinite(x_direct).all(1);
+  }
+  CGResult out;
+  if (!direct.all().item<bool>()) {
+    torch::Tensor rest = torch::where(direct.unsqueeze(1), torch::zeros_like(b), b);
+    out = conjugate_gradient(point.hvp, rest, tol, max_iter, truncate, point.precondition);
+  } else {
+    out.x = torch::zeros_like(b);
+    out.residual_norm = torch::zeros({b.size(0)}, b.options());
+    out.converged = true;
+  }
+  out.x = torch::where(direct.unsqueeze(1), x_direct, out.x);
+  if (direct.any().item<bool>()) {
+    // The factorization's residual, measured, and iterative refinement where it is above the tolerance
+    // (round-off in the factor grows with H's condition number), kept while it halves the residual.
+    auto residual = [&](const torch::Tensor& x) { return b - point.hvp(x); };
+    auto norm = [](const torch::Tensor& r) { return r.square().sum(1).sqrt(); };
+    torch::Tensor r = residual(out.x);
+    out.residual_norm = torch::where(direct, norm(r), out.residual_norm);
+    torch::Tensor refine_rows = direct & (out.residual_norm > tol);
+    for (int k = 0; k < 4 && refine_rows.any().item<bool>(); ++k) {
+      torch::Tensor x_try = out.x + torch::where(refine_rows.unsqueeze(1), point.solve(r), torch::zeros_like(r));
+      torch::Tensor r_try = residual(x_try);
+      torch::Tensor n_try = norm(r_try);
+      torch::Tensor better = refine_rows & (n_try < 0.5 * out.residual_norm);
+      out.x = torch::where(better.unsqueeze(1), x_try, out.x);
+      r = torch::where(better.unsqueeze(1), r_try, r);
+      out.residual_norm = torch::where(better, n_try, out.residual_norm);
+      refine_rows = better & (n_try > tol);
+    }
+    // Where round-off still keeps the factor's answer above the tolerance, CG finishes the job from it.
+    torch::Tensor polish = direct & (out.residual_norm > tol);
+    if (polish.any().item<bool>()) {
+      CGResult fix = conjugate_gradient(point.hvp, torch::where(polish.unsqueeze(1), r, torch::zeros_like(r)), tol,
+                                        max_iter, /*truncate=*/false, point.precondition);
+      out.iterations += fix.iterations;
+      out.x = out.x + fix.x;
+      out.residual_norm = torch::where(polish, fix.residual_norm, out.residual_norm);
+    }
+    out.converged = out.converged && (out.residual_norm <= tol).all().item<bool>();
+  }
+  if (direct_rows) *direct_rows = direct;
+  return out;
+}
+
 }  // namespace diffsoft

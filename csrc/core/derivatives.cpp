@@ -65,7 +65,11 @@ DirectDerivatives derivatives_at(const EnergyFn& energy, const DirectEnergy* dir
                                  at::IntArrayRef shape, const std::vector<torch::Tensor>& params, bool batched) {
   if (direct) return direct->derivatives(x_rows);
   auto point = std::make_shared<SecondOrderPoint>(energy, x_rows, shape, params, batched);
-  return {point->energy(), point->grad(), [point](const torch::Tensor& v) { return point->hvp(v); }};
+  DirectDerivatives out;
+  out.energy = point->energy();
+  out.grad = point->grad();
+  out.hvp = [point](const torch::Tensor& v) { return point->hvp(v); };
+  return out;
 }
 
 }  // namespace diffsoft

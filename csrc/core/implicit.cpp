@@ -74,13 +74,14 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
     DirectDerivatives point = derivatives_at(pb->energy, pb->direct.get(), x_rows, pb->shape, consts, opt.batched);
     const int64_t max_iter = opt.backward_max_iter > 0 ? opt.backward_max_iter : 10 * n;
     torch::Tensor b_norm = dl_dx.square().sum(1).sqrt();
-    CGResult cg = conjugate_gradient(point.hvp, dl_dx, opt.backward_rtol * b_norm, max_iter, /*truncate=*/false,
-                                     point.precondition);
+    torch::Tensor direct_rows;
+    CGResult cg = solve_rows(point, dl_dx, opt.backward_rtol * b_norm, max_iter, /*truncate=*/false, &direct_rows);
     torch::Tensor rel = cg.residual_norm / b_norm.clamp_min(1e-300);
 
     SolveInfo& info = *pb->info;
     info.backward_ran = true;
     info.backward_cg_iterations = cg.iterations;
+    info.backward_direct = direct_rows.all().item<bool>();
     info.backward_residual = rel.max().item<double>();
     info.backward_converged = cg.converged;
     std::ostringstream msg;
@@ -88,8 +89,13 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
       msg << "the Hessian at x* is not positive definite (x* is not a strict minimum); the implicit gradient "
              "is unreliable";
     } else if (!cg.converged) {
-      msg << "the adjoint CG reached backward_max_iter = " << max_iter << " iterations with relative residual "
-          << info.backward_residual << " > backward_rtol = " << opt.backward_rtol;
+      msg << "the adjoint solve's relative residual is " << info.backward_residual
+          << " > backward_rtol = " << opt.backward_rtol << " after ";
+      if (info.backward_direct) {
+        msg << "a sparse factorization with iterative refinement (H too ill-conditioned for this tolerance)";
+      } else {
+        msg << cg.iterations << " CG iterations (backward_max_iter = " << max_iter << ")";
+      }
     } else {
       msg << "converged";
     }

@@ -29,6 +29,10 @@ struct DirectDerivatives {
   torch::Tensor grad;    // (B, n)
   LinearOperator hvp;
   LinearOperator precondition;  // optional: M^-1 v for a symmetric positive definite M ~ H (CG's preconditioner)
+  // Optional: H^-1 b by a factorization (a sparse direct solve), used instead of CG. Rows whose H is not
+  // positive definite come back non-finite, and those rows fall back to (truncated) CG.
+  LinearOperator solve;
+  int64_t factorizations = 0;  // how many factorizations making this point cost (for SolveInfo)
 };
 struct DirectEnergy {
   std::function<torch::Tensor(const torch::Tensor& x_rows)> value;  // 0-dim, or (B,) per problem
@@ -67,6 +71,7 @@ struct SolveInfo {
   int64_t iterations = 0;
   int64_t cg_iterations = 0;
   int64_t hvp_count = 0;
+  int64_t factorizations = 0;      // sparse direct solves' factorizations (direct path with a solver)
   int64_t line_search_steps = 0;
   double energy = 0.0;
   double grad_norm = 0.0;          // max over problems of ||grad E(x*)||
@@ -77,6 +82,7 @@ struct SolveInfo {
   bool backward_ran = false;
   bool backward_converged = false;
   int64_t backward_cg_iterations = 0;
+  bool backward_direct = false;    // the adjoint system was solved by a factorization
   double backward_residual = 0.0;  // max over problems of ||H lambda - dL/dx*|| / ||dL/dx*||
   std::string backward_message;
 };
@@ -129,5 +135,11 @@ DirectDerivatives derivatives_at(const EnergyFn& energy, const DirectEnergy* dir
                                  at::IntArrayRef shape, const std::vector<torch::Tensor>& params, bool batched);
 
 void check_options(const SolverOptions& options);
+
+// Solves H x = b on rows: by the point's factorization where it has one and H is positive definite there,
+// by CG (preconditioned if the point offers it) on the remaining rows; direct_rows, if given, receives the
+// (B,) mask of the rows solved by the factorization. CGResult.iterations counts CG's only.
+CGResult solve_rows(const DirectDerivatives& point, const torch::Tensor& b, const torch::Tensor& tol, int64_t max_iter,
+                    bool truncate, torch::Tensor* direct_rows = nullptr);
 
 }  // namespace diffsoft

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <Eigen/Dense>
+#include <Eigen/SparseCholesky>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -288,6 +289,38 @@ void problem_hessian_diagonal(const View<S, D>& v, const S* k_el, const S* k_mu,
   for (int64_t k = 0; k < v.nm; ++k) add(v.muscles + 2 * k, 2, k_mu + k * 4 * D * D);
 }
 
+using SparseFactor = Eigen::SimplicialLDLT<Eigen::SparseMatrix<double>, Eigen::Lower, Eigen::AMDOrdering<int>>;
+
+// H of one problem as a sparse matrix (free degrees of freedom), from the blocks; its LDL^T factor, or null
+// where H is not positive definite (the solver then falls back to CG for this problem).
+template <typename S, int D>
+std::shared_ptr<SparseFactor> problem_factor(const View<S, D>& v, const S* k_el, const S* k_mu, const S* diag) {
+  constexpr int ND = (D + 1) * D;
+  std::vector<Eigen::Triplet<double>> entries;
+  entries.reserve(v.f * D + v.e * ND * ND + v.nm * 4 * D * D);
+  for (int64_t i = 0; i < v.f * D; ++i) entries.emplace_back(i, i, double(diag[i]));
+  auto add = [&](const int64_t* idx, int count, const S* block) {
+    for (int j = 0; j < count; ++j) {
+      const int64_t sj = v.slot[idx[j]];
+      if (sj < 0) continue;
+      for (int l = 0; l < count; ++l) {
+        const int64_t sl = v.slot[idx[l]];
+        if (sl < 0) continue;
+        for (int a = 0; a < D; ++a)
+          for (int c = 0; c < D; ++c)
+            entries.emplace_back(sj * D + a, sl * D + c, double(block[(j * D + a) * (count * D) + l * D + c]));
+      }
+    }
+  };
+  for (int64_t k = 0; k < v.e; ++k) add(v.elements + k * (D + 1), D + 1, k_el + k * ND * ND);
+  for (int64_t k = 0; k < v.nm; ++k) add(v.muscles + 2 * k, 2, k_mu + k * 4 * D * D);
+  Eigen::SparseMatrix<double> h(v.f * D, v.f * D);
+  h.setFromTriplets(entries.begin(), entries.end());
+  auto factor = std::make_shared<SparseFactor>(h);
+  if (factor->info() != Eigen::Success || !(factor->vectorD().minCoeff() > 0)) return nullptr;
+  return factor;
+}
+
 StepModel contiguous(const StepModel& m) {
   StepModel c = m;
   for (torch::Tensor* t : {&c.elements, &c.muscles, &c.slot, &c.mass, &c.Dm_inv, &c.mu, &c.lam, &c.rest_length,
@@ -429,7 +462,46 @@ torch::Tensor step_energy_hessian_diagonal(const StepModel& model, const std::ve
   return out;
 }
 
-DirectEnergy step_direct_energy(const StepModel& model, const StepState& state) {
+namespace {
+
+// One factor per problem of the batch (null where H is not positive definite), and their solves on rows.
+std::vector<std::shared_ptr<SparseFactor>> factor_problems(const StepModel& m, const std::vector<torch::Tensor>& blocks) {
+  const torch::Tensor &k_el = blocks.at(1), &k_mu = blocks.at(2), &diag = blocks.at(3);
+  const int64_t batch = diag.size(0), e = m.elements.size(0), nm = m.muscles.size(0);
+  std::vector<std::shared_ptr<SparseFactor>> factors(batch);
+  dispatch(diag, [&](auto s, auto dim) {
+    using S = decltype(s);
+    constexpr int D = decltype(dim)::value;
+    constexpr int ND = (D + 1) * D;
+    View<S, D> v(m);
+    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b)
+        factors[b] = problem_factor<S, D>(v, k_el.data_ptr<S>() + b * e * ND * ND,
+                                          k_mu.data_ptr<S>() + b * nm * 4 * D * D, diag.data_ptr<S>() + b * v.f * D);
+    });
+  });
+  return factors;
+}
+
+torch::Tensor solve_problems(const std::vector<std::shared_ptr<SparseFactor>>& factors, const torch::Tensor& b_rows) {
+  torch::Tensor b = b_rows.to(torch::kFloat64).contiguous();
+  torch::Tensor x = torch::empty_like(b);
+  const int64_t n = b.size(1);
+  at::parallel_for(0, b.size(0), 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      Eigen::Map<Eigen::VectorXd> out(x.data_ptr<double>() + r * n, n);
+      if (factors[r])
+        out = factors[r]->solve(Eigen::Map<const Eigen::VectorXd>(b.data_ptr<double>() + r * n, n));
+      else
+        out.setConstant(std::numeric_limits<double>::quiet_NaN());
+    }
+  });
+  return x.to(b_rows.scalar_type());
+}
+
+}  // namespace
+
+DirectEnergy step_direct_energy(const StepModel& model, const StepState& state, bool factorize) {
   auto m = std::make_shared<const StepModel>(contiguous(model));
   auto st = std::make_shared<const StepState>(
       StepState{torch::Tensor(), state.x0.contiguous(), state.x0_free.contiguous(), state.x_hat.contiguous(),
@@ -442,7 +514,7 @@ DirectEnergy step_direct_energy(const StepModel& model, const StepState& state) 
   };
   DirectEnergy direct;
   direct.value = [m, at](const torch::Tensor& x_rows) { return step_energy_value(*m, at(x_rows)); };
-  direct.derivatives = [m, at, shape](const torch::Tensor& x_rows) {
+  direct.derivatives = [m, at, shape, factorize](const torch::Tensor& x_rows) {
     const StepState s = at(x_rows);
     auto blocks = std::make_shared<const std::vector<torch::Tensor>>(step_energy_derivatives(*m, s));
     auto hvp = [m, blocks, shape](const torch::Tensor& v) {
@@ -453,7 +525,17 @@ DirectEnergy step_direct_energy(const StepModel& model, const StepState& state) 
     torch::Tensor d = step_energy_hessian_diagonal(*m, *blocks).abs().view({shape[0], -1});
     d = torch::max(d, 1e-8 * d.amax(1, true) + std::numeric_limits<double>::min());
     auto precondition = [d](const torch::Tensor& r) { return r / d; };
-    return DirectDerivatives{step_energy_value(*m, s), (*blocks)[0].view({shape[0], -1}), hvp, precondition};
+    DirectDerivatives out;
+    out.energy = step_energy_value(*m, s);
+    out.grad = (*blocks)[0].view({shape[0], -1});
+    out.hvp = hvp;
+    out.precondition = precondition;
+    if (factorize) {
+      auto factors = std::make_shared<const std::vector<std::shared_ptr<SparseFactor>>>(factor_problems(*m, *blocks));
+      out.solve = [factors](const torch::Tensor& b) { return solve_problems(*factors, b); };
+      out.factorizations = shape[0];
+    }
+    return out;
   };
   return direct;
 }

@@ -55,8 +55,10 @@ torch::Tensor step_energy_hvp(const StepModel& model, const std::vector<torch::T
 // The diagonal of H, (B, F, d), from the blocks of step_energy_derivatives.
 torch::Tensor step_energy_hessian_diagonal(const StepModel& model, const std::vector<torch::Tensor>& derivatives);
 
-// The step energy as the solver's direct path (no autograd in Newton's loop), with a Jacobi preconditioner:
-// rows x (B, F*d) are the free positions; state.y is not used.
-DirectEnergy step_direct_energy(const StepModel& model, const StepState& state);
+// The step energy as the solver's direct path (no autograd in Newton's loop), with a Jacobi preconditioner
+// and, with factorize, a sparse LDL^T factorization of each problem's Hessian (Eigen SimplicialLDLT, AMD
+// ordering) for Newton's steps and the adjoint solve: rows x (B, F*d) are the free positions; state.y is not
+// used.
+DirectEnergy step_direct_energy(const StepModel& model, const StepState& state, bool factorize = false);
 
 }  // namespace diffsoft

@@ -34,13 +34,15 @@ from .energies import deformation_gradient, determinant
 _MATERIAL_CODES = {"algovivo": 0, "neo_hookean": 1, "stable_neo_hookean": 2}
 
 
-def direct_energy(y, *params):
+def direct_energy(y, *params, factorize=True):
     """The step energy's autograd-free fast path for the solver (:func:`diffsoft.minimize`'s ``_direct``) on
-    CPU, or None on other devices. ``y`` only gives the shape; the parameters are taken as they are now."""
+    CPU, or None on other devices: the kernels' value, gradient, Hessian products and Jacobi preconditioner,
+    and with ``factorize`` a sparse LDL^T factorization per problem for Newton's steps and the adjoint solve.
+    ``y`` only gives the shape; the parameters are taken as they are now."""
     if not _on_cpu(y):
         return None
     model, _, x0, x0_free, x_hat, act = _kernel_args(y, *params)
-    return _C.step_direct_energy(model, x0, x0_free, x_hat, act)
+    return _C.step_direct_energy(model, x0, x0_free, x_hat, act, factorize)
 
 
 def step_energy(y, *params):

@@ -49,6 +49,10 @@ class Simulator:
         fused: use the fused step energy (:mod:`diffsoft.fused`: closed-form gradient, Hessian-vector products
             from per-element blocks) instead of double backward through the plain-torch energy; the same
             values and derivatives, several times faster.
+        solver: how the fused step solves its Newton and adjoint systems (CPU): ``"direct"``, a sparse LDL^T
+            factorization of each creature's Hessian (CG where it is not positive definite); ``"cg"``,
+            Jacobi-preconditioned CG on the kernels' Hessian products; ``"auto"`` (default), direct on CPU.
+            Other devices, and ``fused=False`` (the paper's plain CG on double-backward products), use CG.
         max_iter, cg_rtol, cg_max_iter, backward_rtol, backward_max_iter, on_failure: passed to
             :func:`diffsoft.minimize`; all are kept in ``self.solver_options``, which may be edited.
 
@@ -58,7 +62,7 @@ class Simulator:
 
     def __init__(self, body, dt=1 / 30, gravity=9.8, ground=0.0, contact_stiffness=None, friction=None,
                  friction_eps=0.01, rtol=None, atol=None, max_iter=100, cg_rtol=0.5, cg_max_iter=None,
-                 backward_rtol=1e-10, backward_max_iter=None, on_failure="warn", fused=True):
+                 backward_rtol=1e-10, backward_max_iter=None, on_failure="warn", fused=True, solver="auto"):
         if not (isinstance(dt, (int, float)) and dt > 0 and math.isfinite(dt)):
             raise ValueError(f"dt must be a positive number, got {dt!r}")
         if ground is not None and not (isinstance(ground, (int, float)) and math.isfinite(ground)):
@@ -70,6 +74,9 @@ class Simulator:
         self.ground = None if ground is None else float(ground)
         self.friction_eps = float(friction_eps)
         self.fused = bool(fused)
+        if solver not in ("auto", "direct", "cg"):
+            raise ValueError(f"solver must be 'auto', 'direct' or 'cg', got {solver!r}")
+        self.solver = solver
         mean_mass = body.mass.detach().mean().item()
         self.gravity = self._scalar("gravity", gravity, allow_zero=True)
         self.contact_stiffness = self._scalar(
@@ -154,7 +161,7 @@ class Simulator:
             start = x0_free.detach()
             better = energy(x_hat.detach(), *params) <= energy(start, *params)
             guess = torch.where(better[..., None, None], x_hat.detach(), start)
-        direct = direct_energy(guess, *params) if self.fused else None
+        direct = direct_energy(guess, *params, factorize=self.solver != "cg") if self.fused else None
         y, info = minimize(energy, guess, *params, batched=batched, return_info=True, _direct=direct,
                            **self.solver_options)
         x1 = y if s.all_free else x0.index_copy(x0.dim() - 2, s.free, y)

@@ -134,3 +134,27 @@ def test_cpu_kernels_and_device_agnostic_torch_path_agree(dim, material, fixed):
     hv = fused.KernelHessian(args[0], derivatives).apply(v)
     hv_torch = hessian_torch.apply(v)
     torch.testing.assert_close(hv, hv_torch, rtol=1e-11, atol=1e-11 * hv_torch.abs().max().item())
+
+
+@pytest.mark.parametrize("make", [lambda: biped(dtype=f64), lambda: tetrapod(dtype=f64),
+                                  lambda: _sim(2, "neo_hookean", fixed=[0, 3])], ids=["biped", "tetrapod", "fixed"])
+def test_sparse_direct_and_cg_solvers_agree(make):
+    """solver="direct" (sparse LDL^T of each creature's Hessian, also for the adjoint) against "cg"."""
+    results = []
+    for solver in ("direct", "cg"):
+        sim = make()
+        sim.solver = solver
+        sim.solver_options.update(on_failure="raise", rtol=1e-11, atol=sim.solver_options["atol"] * 1e-3)
+        x, v = sim.rest_state
+        x = torch.stack([x, x + 0.01]).requires_grad_()  # a batch of two
+        v = torch.zeros_like(x) + 0.3
+        x1, v1, info = sim.step(x, v, return_info=True)
+        (g,) = torch.autograd.grad((x1[..., 0] ** 2 + v1[..., 1]).sum(), x)
+        results.append((x1.detach(), g))
+        if solver == "direct":
+            assert info.factorizations > 0 and info.cg_iterations == 0 and info.backward_direct
+        else:
+            assert info.factorizations == 0 and info.cg_iterations > 0 and not info.backward_direct
+    (x_d, g_d), (x_c, g_c) = results
+    torch.testing.assert_close(x_d, x_c, rtol=0, atol=1e-9)
+    torch.testing.assert_close(g_d, g_c, rtol=1e-6, atol=1e-8)
