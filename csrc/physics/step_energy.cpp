@@ -21,6 +21,8 @@ using Vec = Eigen::Matrix<S, D, 1>;
 // The data of one problem of the batch, as raw pointers into contiguous tensors.
 template <typename S, int D>
 struct View {
+  using scalar = S;
+  static constexpr int dim = D;
   const StepModel& m;
   int64_t n, f, e, nm;
   const int64_t *elements, *muscles, *slot;
@@ -367,6 +369,25 @@ void dispatch(const torch::Tensor& y, F&& body) {
   });
 }
 
+// Calls f(view, b, element blocks, muscle blocks, diagonal) with problem b's pointers into the blocks of
+// step_energy_derivatives, for every problem of the batch, in parallel.
+template <typename F>
+void for_each_problem(const StepModel& m, const std::vector<torch::Tensor>& blocks, F&& f) {
+  const torch::Tensor &k_el = blocks.at(1), &k_mu = blocks.at(2), &diag = blocks.at(3);
+  const int64_t batch = diag.size(0), e = m.elements.size(0), nm = m.muscles.size(0);
+  dispatch(diag, [&](auto s, auto dim) {
+    using S = decltype(s);
+    constexpr int D = decltype(dim)::value;
+    constexpr int ND = (D + 1) * D;
+    View<S, D> v(m);
+    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b)
+        f(v, b, k_el.data_ptr<S>() + b * e * ND * ND, k_mu.data_ptr<S>() + b * nm * 4 * D * D,
+          diag.data_ptr<S>() + b * v.f * D);
+    });
+  });
+}
+
 }  // namespace
 
 torch::Tensor step_energy_value(const StepModel& model, const StepState& state) {
@@ -423,41 +444,24 @@ torch::Tensor step_energy_hvp(const StepModel& model, const std::vector<torch::T
                               const torch::Tensor& v_in) {
   const StepModel m = contiguous(model);
   torch::Tensor vin = v_in.contiguous();
-  const torch::Tensor &k_el = derivatives.at(1), &k_mu = derivatives.at(2), &diag = derivatives.at(3);
+  const torch::Tensor& diag = derivatives.at(3);
   if (vin.sizes() != diag.sizes() || vin.scalar_type() != diag.scalar_type() || !vin.device().is_cpu())
     throw std::invalid_argument("v must be a CPU tensor with the shape and dtype of the gradient");
-  const int64_t batch = vin.size(0), e = m.elements.size(0), nm = m.muscles.size(0);
   torch::Tensor out = torch::empty_like(vin);
-  dispatch(vin, [&](auto s, auto dim) {
-    using S = decltype(s);
-    constexpr int D = decltype(dim)::value;
-    constexpr int ND = (D + 1) * D;
-    View<S, D> v(m);
-    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b)
-        problem_hvp<S, D>(v, k_el.data_ptr<S>() + b * e * ND * ND, k_mu.data_ptr<S>() + b * nm * 4 * D * D,
-                          diag.data_ptr<S>() + b * v.f * D, vin.data_ptr<S>() + b * v.f * D,
-                          out.data_ptr<S>() + b * v.f * D);
-    });
+  for_each_problem(m, derivatives, [&](const auto& v, int64_t b, const auto* k_el, const auto* k_mu, const auto* d) {
+    using S = typename std::decay_t<decltype(v)>::scalar;
+    const int64_t offset = b * v.f * std::decay_t<decltype(v)>::dim;
+    problem_hvp(v, k_el, k_mu, d, vin.data_ptr<S>() + offset, out.data_ptr<S>() + offset);
   });
   return out;
 }
 
 torch::Tensor step_energy_hessian_diagonal(const StepModel& model, const std::vector<torch::Tensor>& derivatives) {
   const StepModel m = contiguous(model);
-  const torch::Tensor &k_el = derivatives.at(1), &k_mu = derivatives.at(2), &diag = derivatives.at(3);
-  const int64_t batch = diag.size(0), e = m.elements.size(0), nm = m.muscles.size(0);
-  torch::Tensor out = torch::empty_like(diag);
-  dispatch(diag, [&](auto s, auto dim) {
-    using S = decltype(s);
-    constexpr int D = decltype(dim)::value;
-    constexpr int ND = (D + 1) * D;
-    View<S, D> v(m);
-    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b)
-        problem_hessian_diagonal<S, D>(v, k_el.data_ptr<S>() + b * e * ND * ND, k_mu.data_ptr<S>() + b * nm * 4 * D * D,
-                                       diag.data_ptr<S>() + b * v.f * D, out.data_ptr<S>() + b * v.f * D);
-    });
+  torch::Tensor out = torch::empty_like(derivatives.at(3));
+  for_each_problem(m, derivatives, [&](const auto& v, int64_t b, const auto* k_el, const auto* k_mu, const auto* d) {
+    using S = typename std::decay_t<decltype(v)>::scalar;
+    problem_hessian_diagonal(v, k_el, k_mu, d, out.data_ptr<S>() + b * v.f * std::decay_t<decltype(v)>::dim);
   });
   return out;
 }
@@ -466,19 +470,9 @@ namespace {
 
 // One factor per problem of the batch (null where H is not positive definite), and their solves on rows.
 std::vector<std::shared_ptr<SparseFactor>> factor_problems(const StepModel& m, const std::vector<torch::Tensor>& blocks) {
-  const torch::Tensor &k_el = blocks.at(1), &k_mu = blocks.at(2), &diag = blocks.at(3);
-  const int64_t batch = diag.size(0), e = m.elements.size(0), nm = m.muscles.size(0);
-  std::vector<std::shared_ptr<SparseFactor>> factors(batch);
-  dispatch(diag, [&](auto s, auto dim) {
-    using S = decltype(s);
-    constexpr int D = decltype(dim)::value;
-    constexpr int ND = (D + 1) * D;
-    View<S, D> v(m);
-    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b)
-        factors[b] = problem_factor<S, D>(v, k_el.data_ptr<S>() + b * e * ND * ND,
-                                          k_mu.data_ptr<S>() + b * nm * 4 * D * D, diag.data_ptr<S>() + b * v.f * D);
-    });
+  std::vector<std::shared_ptr<SparseFactor>> factors(blocks.at(3).size(0));
+  for_each_problem(m, blocks, [&](const auto& v, int64_t b, const auto* k_el, const auto* k_mu, const auto* d) {
+    factors[b] = problem_factor(v, k_el, k_mu, d);
   });
   return factors;
 }
