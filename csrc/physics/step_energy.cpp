@@ -390,52 +390,55 @@ void for_each_problem(const StepModel& m, const std::vector<torch::Tensor>& bloc
 
 }  // namespace
 
-torch::Tensor step_energy_value(const StepModel& model, const StepState& state) {
-  check(model, state);
+namespace {
+
+// Calls f(view, b, y, x0, x0_free, x_hat, activation) with problem b's pointers into the (checked) state,
+// for every problem of the batch, in parallel.
+template <typename F>
+void for_each_state(const StepModel& model, const StepState& state, F&& f) {
   const StepModel m = contiguous(model);
   torch::Tensor y = state.y.contiguous(), x0 = state.x0.contiguous(), x0_free = state.x0_free.contiguous(),
                 x_hat = state.x_hat.contiguous();
   torch::Tensor act = m.muscles.size(0) ? state.activation.contiguous() : state.activation;
-  const int64_t batch = y.size(0);
-  torch::Tensor out = torch::empty({batch}, y.options());
   dispatch(y, [&](auto s, auto dim) {
     using S = decltype(s);
     constexpr int D = decltype(dim)::value;
     View<S, D> v(m);
-    const int64_t nm = v.nm;
-    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+    at::parallel_for(0, y.size(0), 1, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b)
-        out.data_ptr<S>()[b] = problem_energy<S, D>(v, y.data_ptr<S>() + b * v.f * D, x0.data_ptr<S>() + b * v.n * D,
-                                                    x0_free.data_ptr<S>() + b * v.f * D,
-                                                    x_hat.data_ptr<S>() + b * v.f * D,
-                                                    nm ? act.data_ptr<S>() + b * nm : nullptr);
+        f(v, b, y.data_ptr<S>() + b * v.f * D, x0.data_ptr<S>() + b * v.n * D, x0_free.data_ptr<S>() + b * v.f * D,
+          x_hat.data_ptr<S>() + b * v.f * D, v.nm ? act.data_ptr<S>() + b * v.nm : nullptr);
     });
+  });
+}
+
+}  // namespace
+
+torch::Tensor step_energy_value(const StepModel& model, const StepState& state) {
+  check(model, state);
+  torch::Tensor out = torch::empty({state.y.size(0)}, state.y.options());
+  for_each_state(model, state, [&](const auto& v, int64_t b, const auto* y, const auto* x0, const auto* x0_free,
+                                   const auto* x_hat, const auto* act) {
+    using S = typename std::decay_t<decltype(v)>::scalar;
+    out.data_ptr<S>()[b] = problem_energy(v, y, x0, x0_free, x_hat, act);
   });
   return out;
 }
 
 std::vector<torch::Tensor> step_energy_derivatives(const StepModel& model, const StepState& state) {
   check(model, state);
-  const StepModel m = contiguous(model);
-  torch::Tensor y = state.y.contiguous(), x0 = state.x0.contiguous(), x0_free = state.x0_free.contiguous(),
-                x_hat = state.x_hat.contiguous();
-  torch::Tensor act = m.muscles.size(0) ? state.activation.contiguous() : state.activation;
-  const int64_t batch = y.size(0), d = y.size(2), e = m.elements.size(0), nm = m.muscles.size(0);
-  torch::Tensor grad = torch::empty_like(y), diag = torch::empty_like(y);
+  const torch::Tensor& y = state.y;
+  const int64_t batch = y.size(0), d = y.size(-1), e = model.elements.size(0), nm = model.muscles.size(0);
+  torch::Tensor grad = torch::empty(y.sizes(), y.options()), diag = torch::empty(y.sizes(), y.options());
   torch::Tensor k_el = torch::empty({batch, e, (d + 1) * d, (d + 1) * d}, y.options());
   torch::Tensor k_mu = torch::empty({batch, nm, 2 * d, 2 * d}, y.options());
-  dispatch(y, [&](auto s, auto dim) {
-    using S = decltype(s);
-    constexpr int D = decltype(dim)::value;
-    constexpr int ND = (D + 1) * D;
-    View<S, D> v(m);
-    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b)
-        problem_derivatives<S, D>(v, y.data_ptr<S>() + b * v.f * D, x0.data_ptr<S>() + b * v.n * D,
-                                  x0_free.data_ptr<S>() + b * v.f * D, x_hat.data_ptr<S>() + b * v.f * D, nm ? act.data_ptr<S>() + b * nm : nullptr,
-                                  grad.data_ptr<S>() + b * v.f * D, k_el.data_ptr<S>() + b * e * ND * ND,
-                                  k_mu.data_ptr<S>() + b * nm * 4 * D * D, diag.data_ptr<S>() + b * v.f * D);
-    });
+  for_each_state(model, state, [&](const auto& v, int64_t b, const auto* y, const auto* x0, const auto* x0_free,
+                                   const auto* x_hat, const auto* act) {
+    using S = typename std::decay_t<decltype(v)>::scalar;
+    constexpr int D = std::decay_t<decltype(v)>::dim, ND = (D + 1) * D;
+    problem_derivatives(v, y, x0, x0_free, x_hat, act, grad.data_ptr<S>() + b * v.f * D,
+                        k_el.data_ptr<S>() + b * e * ND * ND, k_mu.data_ptr<S>() + b * nm * 4 * D * D,
+                        diag.data_ptr<S>() + b * v.f * D);
   });
   return {grad, k_el, k_mu, diag};
 }
