@@ -518,10 +518,16 @@ DirectEnergy step_direct_energy(const StepModel& model, const StepState& state, 
       return step_energy_hvp(*m, *blocks, v.view(shape)).view({shape[0], -1});
     };
     // Jacobi preconditioner: |diag H|, floored so that it stays positive definite where a diagonal entry
-    // vanishes or is negative (compressed elements, contact switching off).
-    torch::Tensor d = step_energy_hessian_diagonal(*m, *blocks).abs().view({shape[0], -1});
-    d = torch::max(d, 1e-8 * d.amax(1, true) + std::numeric_limits<double>::min());
-    auto precondition = [d](const torch::Tensor& r) { return r / d; };
+    // vanishes or is negative (compressed elements, contact switching off). Built on first use: with a
+    // factorization, CG (and so the preconditioner) is only a fallback.
+    auto d = std::make_shared<torch::Tensor>();
+    auto precondition = [m, blocks, shape, d](const torch::Tensor& r) {
+      if (!d->defined()) {
+        torch::Tensor diag = step_energy_hessian_diagonal(*m, *blocks).abs().view({shape[0], -1});
+        *d = torch::max(diag, 1e-8 * diag.amax(1, true) + std::numeric_limits<double>::min());
+      }
+      return r / *d;
+    };
     DirectDerivatives out;
     out.energy = step_energy_value(*m, s);
     out.grad = (*blocks)[0].view({shape[0], -1});
