@@ -226,15 +226,20 @@ class Simulator:
             raise ValueError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number, got {value!r}")
         return t
 
+    def _check_tensor(self, name, t):
+        """A tensor of the body's dtype and device, or a TypeError/ValueError naming what differs."""
+        body = self.body
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != body.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but the body has {body.dtype} (see SoftBody.to)")
+        if t.device != body.device:
+            raise ValueError(f"{name} is on {t.device} but the body is on {body.device}")
+
     def _check_state(self, x0, v0):
         body = self.body
         for name, t in (("x0", x0), ("v0", v0)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if t.dtype != body.dtype:
-                raise TypeError(f"{name} has dtype {t.dtype} but the body has {body.dtype} (see SoftBody.to)")
-            if t.device != body.device:
-                raise ValueError(f"{name} is on {t.device} but the body is on {body.device}")
+            self._check_tensor(name, t)
             if t.dim() not in (2, 3) or t.shape[-2:] != (body.num_vertices, body.dim):
                 raise ValueError(f"{name} must be (N, d) = {(body.num_vertices, body.dim)} or (B, N, d), "
                                  f"got shape {tuple(t.shape)}")
@@ -247,12 +252,7 @@ class Simulator:
         m = body.num_muscles
         if a is None:
             return torch.ones(m, dtype=body.dtype, device=body.device) if m else None
-        if not isinstance(a, torch.Tensor):
-            raise TypeError(f"activation must be a torch.Tensor, got {type(a).__name__}")
-        if a.dtype != body.dtype:
-            raise TypeError(f"activation has dtype {a.dtype} but the body has {body.dtype}")
-        if a.device != body.device:
-            raise ValueError(f"activation is on {a.device} but the body is on {body.device}")
+        self._check_tensor("activation", a)
         shapes = [(m,)] + ([(x0.shape[0], m)] if x0.dim() == 3 else [])
         if tuple(a.shape) not in shapes:
             raise ValueError(f"activation must have shape {' or '.join(map(str, shapes))} (one per muscle), "
