@@ -126,6 +126,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::gil_scoped_release no_gil;
         return diffsoft::step_energy_derivatives(model, {y, x0, x0_free, x_hat, activation});
       });
+  m.def(
+      "step_energy_param_grads",
+      [](const diffsoft::StepModel& model, const torch::Tensor& y, const torch::Tensor& x0, const torch::Tensor& x0_free,
+         const torch::Tensor& x_hat, const torch::Tensor& activation, const c10::optional<torch::Tensor>& weight,
+         const c10::optional<torch::Tensor>& dir) {
+        py::gil_scoped_release no_gil;
+        return diffsoft::step_energy_param_grads(model, {y, x0, x0_free, x_hat, activation},
+                                                 weight.value_or(torch::Tensor()), dir.value_or(torch::Tensor()));
+      },
+      py::arg("model"), py::arg("y"), py::arg("x0"), py::arg("x0_free"), py::arg("x_hat"), py::arg("activation"),
+      py::arg("weight") = py::none(), py::arg("dir") = py::none());
   m.def("step_energy_hvp", [](const diffsoft::StepModel& model, const std::vector<torch::Tensor>& derivatives,
                               const torch::Tensor& v) {
     py::gil_scoped_release no_gil;
@@ -137,12 +148,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "step_direct_energy",
       [](const diffsoft::StepModel& model, const torch::Tensor& x0, const torch::Tensor& x0_free,
-         const torch::Tensor& x_hat, const torch::Tensor& activation, bool factorize) {
-        return std::make_shared<diffsoft::DirectEnergy>(
-            diffsoft::step_direct_energy(model, {torch::Tensor(), x0, x0_free, x_hat, activation}, factorize));
+         const torch::Tensor& x_hat, const torch::Tensor& activation, bool factorize,
+         const std::vector<int64_t>& param_slots, const std::vector<std::vector<int64_t>>& param_shapes) {
+        return std::make_shared<diffsoft::DirectEnergy>(diffsoft::step_direct_energy(
+            model, {torch::Tensor(), x0, x0_free, x_hat, activation}, factorize, param_slots, param_shapes));
       },
       py::arg("model"), py::arg("x0"), py::arg("x0_free"), py::arg("x_hat"), py::arg("activation"),
-      py::arg("factorize") = false);
+      py::arg("factorize") = false, py::arg("param_slots") = std::vector<int64_t>(),
+      py::arg("param_shapes") = std::vector<std::vector<int64_t>>());
 
   m.def(
       "minimize",

@@ -36,9 +36,10 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
   // For a loss L(x*), dL/dtheta = dL/dx* . dx*/dtheta = -dL/dx* H^-1 d(grad_x E)/dtheta. With the adjoint
   // lambda solving H lambda = dL/dx* (H is symmetric):
   //     dL/dtheta = -lambda^T d(grad_x E)/dtheta = -d/dtheta [grad_x E(x*, theta) . lambda],
-  // one vector-Jacobian product through the graph of grad_x E. The adjoint system is solved by CG on the
-  // same Hessian-vector products as the forward; no Newton iteration is replayed, so the backward's memory
-  // does not depend on how many iterations the forward took.
+  // one vector-Jacobian product through the graph of grad_x E (or the direct energy's closed form). The
+  // adjoint system is solved like the forward's Newton systems (CG on the same Hessian-vector products, or a
+  // factorization); no Newton iteration is replayed, so the backward's memory does not depend on how many
+  // iterations the forward took.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
     auto problem = ctx->saved_data["problem"].toCapsule();
@@ -105,7 +106,11 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
       TORCH_WARN("diffsoft: adjoint solve failed: ", info.backward_message);
     }
 
-    std::vector<torch::Tensor> vjp = SecondOrderPoint(pb->energy, x_rows, pb->shape, params, opt.batched).mixed_vjp(cg.x, wrt);
+    const DirectEnergy* direct = pb->direct.get();
+    std::vector<torch::Tensor> vjp =
+        direct && direct->mixed_vjp
+            ? direct->mixed_vjp(x_rows, cg.x, wrt_index)
+            : SecondOrderPoint(pb->energy, x_rows, pb->shape, params, opt.batched).mixed_vjp(cg.x, wrt);
     for (size_t k = 0; k < wrt.size(); ++k) {
       if (vjp[k].defined()) grads[2 + wrt_index[k]] = -vjp[k];
     }

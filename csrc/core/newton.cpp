@@ -115,7 +115,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     torch::Tensor rhs = torch::where(active.unsqueeze(1), -g, torch::zeros_like(g));
     torch::Tensor eta = torch::clamp_max((g_norm / g0_norm.clamp_min(1e-300)).sqrt(), opt.cg_rtol);
     CGResult cg = solve_rows(point, rhs, eta * g_norm, cg_max_iter, /*truncate=*/true);
-    info.factorizations += point.factorizations;
+    if (point.factorizations) info.factorizations += point.factorizations();
     info.cg_iterations += cg.iterations;
     info.hvp_count += cg.iterations;
     // A row whose CG direction is numerically useless (no descent) falls back to steepest descent.

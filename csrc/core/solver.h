@@ -19,9 +19,9 @@ namespace diffsoft {
 using EnergyFn = std::function<torch::Tensor(const torch::Tensor& x, const std::vector<torch::Tensor>& params)>;
 
 // An optional fast path for energies that know their own derivatives (the built-in fused energies): value,
-// gradient and Hessian-vector products on (B, n) rows without autograd. The EnergyFn stays the reference:
-// it alone gives the derivatives with respect to the parameters (the backward's final product), so both
-// must describe the same energy at the same parameter values.
+// gradient and Hessian-vector products on (B, n) rows without autograd. The EnergyFn stays the reference
+// (both must describe the same energy at the same parameter values); it gives the derivatives with respect
+// to the parameters (the backward's final product) unless the DirectEnergy has mixed_vjp.
 using LinearOperator = std::function<torch::Tensor(const torch::Tensor&)>;  // (B, n) -> (B, n)
 
 struct DirectDerivatives {
@@ -32,11 +32,16 @@ struct DirectDerivatives {
   // Optional: H^-1 b by a factorization (a sparse direct solve), used instead of CG. Rows whose H is not
   // positive definite come back non-finite, and those rows fall back to (truncated) CG.
   LinearOperator solve;
-  int64_t factorizations = 0;  // how many factorizations making this point cost (for SolveInfo)
+  std::function<int64_t()> factorizations;  // optional: how many factorizations solve has made so far
 };
 struct DirectEnergy {
   std::function<torch::Tensor(const torch::Tensor& x_rows)> value;  // 0-dim, or (B,) per problem
   std::function<DirectDerivatives(const torch::Tensor& x_rows)> derivatives;
+  // Optional: d/dparams [grad_x E(x) . w] with x and w as (B, n) rows, for the params at the indices `wanted`
+  // (one tensor each, shaped like the param; undefined where it does not enter E), without autograd.
+  std::function<std::vector<torch::Tensor>(const torch::Tensor& x_rows, const torch::Tensor& w_rows,
+                                           const std::vector<size_t>& wanted)>
+      mixed_vjp;
 };
 
 // Thrown when a solve does not converge and the caller asked for errors rather than warnings.
@@ -71,7 +76,7 @@ struct SolveInfo {
   int64_t iterations = 0;
   int64_t cg_iterations = 0;
   int64_t hvp_count = 0;
-  int64_t factorizations = 0;      // sparse direct solves' factorizations (direct path with a solver)
+  int64_t factorizations = 0;      // factorizations of H made for Newton's steps (direct path with a solver)
   int64_t line_search_steps = 0;
   double energy = 0.0;
   double grad_norm = 0.0;          // max over problems of ||grad E(x*)||

@@ -1,10 +1,12 @@
 // Fused CPU kernels of the built-in step energy; see step_energy.h for the model and the shapes.
 #include "physics/step_energy.h"
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>
 
 #include <Eigen/Dense>
 #include <Eigen/SparseCholesky>
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -143,6 +145,21 @@ Eigen::Matrix<S, D * D, D * D> det_hessian(const Mat<S, D>& F) {
   return H;
 }
 
+// First Piola-Kirchhoff stress P = dpsi/dF and, if A is given, dP/dF over row-major vec F.
+template <typename S, int D>
+Mat<S, D> stress(int64_t material, const Mat<S, D>& F, S mu, S lam, Eigen::Matrix<S, D * D, D * D>* A = nullptr) {
+  S dpsi[4];
+  invariant_derivatives<S, D>(material, F, mu, lam, dpsi);
+  const Mat<S, D> C = cofactor<S, D>(F);
+  if (A) {
+    Eigen::Map<const Eigen::Matrix<S, D * D, 1>> f(F.data()), c(C.data());
+    *A = dpsi[3] * c * c.transpose() + dpsi[2] * det_hessian<S, D>(F);
+    A->diagonal().array() += 2 * dpsi[0];
+    if (dpsi[1] != 0) *A += 4 * dpsi[1] * f * f.transpose();
+  }
+  return 2 * dpsi[0] * F + dpsi[2] * C;
+}
+
 template <typename S, int D>
 S problem_energy(const View<S, D>& v, const S* y, const S* x0, const S* x0_free, const S* x_hat, const S* act) {
   const StepModel& m = v.m;
@@ -186,14 +203,8 @@ void problem_derivatives(const View<S, D>& v, const S* y, const S* x0, const S* 
   Eigen::Matrix<S, D + 1, D, Eigen::RowMajor> w;
   for (int64_t k = 0; k < v.e; ++k) {
     const Mat<S, D> F = v.deformation(y, x0, k, w);
-    S dpsi[4];
-    invariant_derivatives<S, D>(m.material, F, v.mu[k], v.lam[k], dpsi);
-    const Mat<S, D> C = cofactor<S, D>(F);
-    const Mat<S, D> P = 2 * dpsi[0] * F + dpsi[2] * C;
-    Eigen::Map<const Eigen::Matrix<S, D * D, 1>> f(F.data()), c(C.data());
-    Eigen::Matrix<S, D * D, D * D> A = dpsi[3] * c * c.transpose() + dpsi[2] * det_hessian<S, D>(F);
-    A.diagonal().array() += 2 * dpsi[0];
-    if (dpsi[1] != 0) A += 4 * dpsi[1] * f * f.transpose();
+    Eigen::Matrix<S, D * D, D * D> A;
+    const Mat<S, D> P = stress<S, D>(m.material, F, v.mu[k], v.lam[k], &A);
     const Eigen::Matrix<S, D + 1, D, Eigen::RowMajor> g = w * P.transpose();  // g(j, a) = dE/dx_ja
     for (int j = 0; j <= D; ++j) add_grad(v.elements[k * (D + 1) + j], g.row(j).transpose());
     // K[(j,a),(l,c)] = sum_{b,e} W_jb A[(a,b),(c,e)] W_le
@@ -240,6 +251,130 @@ void problem_derivatives(const View<S, D>& v, const S* y, const S* x0, const S* 
         gi(t) += wf * (yi(t) - xi0(t));
         di(t) += wf;
       }
+    }
+  }
+}
+
+// Where one problem's parameter derivatives go: pointers into the outputs of step_energy_param_grads, in the
+// order of StepParams.
+template <typename S>
+struct ParamOut {
+  S *x_hat, *x0, *x0_free, *mass, *dm_inv, *mu, *lam, *activation, *rest_length, *stiffness, *gravity, *contact,
+      *friction;
+};
+
+// Derivatives of one problem's energy with respect to its parameters: weight * dE/dtheta when dir is null
+// (first order), d/dtheta [grad_y E . dir] otherwise (the mixed second derivative of the adjoint's product).
+// The densities are linear in (mu, lam), so psi_mu = psi(F; 1, 0) and P_mu = P(F; 1, 0). With F = Ds Dm_inv:
+// dpsi/dDm_inv = Ds^T P, and for the mixed term, with dF = dDs Dm_inv the direction's deformation and
+// dP = dP/dF : dF, d/dDm_inv [P : dF] = Ds^T dP + dDs^T P; a fixed vertex j of the element (its x0) gets
+// P w_j, or dP w_j.
+template <typename S, int D>
+void problem_param_grads(const View<S, D>& v, const S* y, const S* x0, const S* x0_free, const S* x_hat,
+                         const S* act, const S* dir, S weight, const ParamOut<S>& o) {
+  const StepModel& m = v.m;
+  const bool mixed = dir != nullptr;
+  auto dir_at = [&](int64_t vertex) -> Vec<S, D> {
+    const int64_t s = v.slot[vertex];
+    return mixed && s >= 0 ? Vec<S, D>(Eigen::Map<const Vec<S, D>>(dir + s * D)) : Vec<S, D>::Zero();
+  };
+  auto add_fixed = [&](int64_t vertex, const Vec<S, D>& g) {
+    if (v.slot[vertex] < 0) Eigen::Map<Vec<S, D>>(o.x0 + vertex * D) += g;
+  };
+  Eigen::Matrix<S, D + 1, D, Eigen::RowMajor> w;
+  for (int64_t k = 0; k < v.e; ++k) {
+    const int64_t* el = v.elements + k * (D + 1);
+    const Mat<S, D> F = v.deformation(y, x0, k, w);
+    Mat<S, D> Ds, dDs;
+    for (int j = 1; j <= D; ++j) {
+      Ds.col(j - 1) = v.x(y, x0, el[j]) - v.x(y, x0, el[0]);
+      dDs.col(j - 1) = dir_at(el[j]) - dir_at(el[0]);
+    }
+    Eigen::Map<Mat<S, D>> dm(o.dm_inv + k * D * D);
+    if (!mixed) {
+      const Mat<S, D> P = stress<S, D>(m.material, F, v.mu[k], v.lam[k]);
+      o.mu[k] += weight * density<S, D>(m.material, F, 1, 0);
+      o.lam[k] += weight * density<S, D>(m.material, F, 0, 1);
+      dm += weight * Ds.transpose() * P;
+      for (int j = 0; j <= D; ++j) add_fixed(el[j], weight * P * w.row(j).transpose());
+      continue;
+    }
+    Mat<S, D> dF = Mat<S, D>::Zero();
+    for (int j = 0; j <= D; ++j) dF += dir_at(el[j]) * w.row(j);
+    Eigen::Matrix<S, D * D, D * D> A;
+    const Mat<S, D> P = stress<S, D>(m.material, F, v.mu[k], v.lam[k], &A);
+    Mat<S, D> dP;
+    Eigen::Map<Eigen::Matrix<S, D * D, 1>>(dP.data()) = A * Eigen::Map<const Eigen::Matrix<S, D * D, 1>>(dF.data());
+    o.mu[k] += stress<S, D>(m.material, F, 1, 0).cwiseProduct(dF).sum();
+    o.lam[k] += stress<S, D>(m.material, F, 0, 1).cwiseProduct(dF).sum();
+    dm += Ds.transpose() * dP + dDs.transpose() * P;
+    for (int j = 0; j <= D; ++j) add_fixed(el[j], dP * w.row(j).transpose());
+  }
+  // Muscles: E = k/2 s^2, s = l / t - 1, t = a l0; with u = delta / l, grad_delta E = (k s / t) u.
+  for (int64_t k = 0; k < v.nm; ++k) {
+    const int64_t i = v.muscles[2 * k], j = v.muscles[2 * k + 1];
+    const Vec<S, D> delta = v.x(y, x0, i) - v.x(y, x0, j);
+    const S length = std::sqrt(delta.squaredNorm() + S(1e-6)), a = act[k], l0 = v.rest_length[k];
+    const S t = a * l0, strain = length / t - 1, stiff = v.stiffness[k];
+    const Vec<S, D> u = delta / length;
+    if (!mixed) {
+      const S de_dt = -stiff * strain * length / (t * t);
+      o.activation[k] += weight * de_dt * l0;
+      o.rest_length[k] += weight * de_dt * a;
+      o.stiffness[k] += weight * S(0.5) * strain * strain;
+      const Vec<S, D> g = (weight * stiff * strain / t) * u;
+      add_fixed(i, g);
+      add_fixed(j, -g);
+      continue;
+    }
+    const Vec<S, D> dd = dir_at(i) - dir_at(j);
+    const S ud = u.dot(dd), dg_dt = stiff * ud * (-length / (t * t * t) - strain / (t * t));
+    o.activation[k] += dg_dt * l0;
+    o.rest_length[k] += dg_dt * a;
+    o.stiffness[k] += strain / t * ud;
+    const Mat<S, D> uu = u * u.transpose();
+    const Vec<S, D> kd = (stiff / (t * t)) * uu * dd + (stiff * strain / (t * length)) * (dd - uu * dd);
+    add_fixed(i, kd);
+    add_fixed(j, -kd);
+  }
+  const S h2 = S(m.h * m.h), g = S(m.gravity);
+  for (int64_t i = 0; i < v.n; ++i) {
+    const int64_t s = v.slot[i];
+    if (s < 0) continue;
+    Eigen::Map<const Vec<S, D>> yi(y + s * D), xh(x_hat + s * D), xi0(x0_free + s * D);
+    Eigen::Map<Vec<S, D>> gx_hat(o.x_hat + s * D), gx0(o.x0_free + s * D);
+    const S mass = v.mass[s];
+    // The per-vertex terms' parameter derivatives are linear in the "probe" p: p = weight * (y - x_hat) etc.
+    // for the first order, the direction for the mixed one.
+    const Vec<S, D> di = mixed ? Vec<S, D>(Eigen::Map<const Vec<S, D>>(dir + s * D)) : Vec<S, D>::Zero();
+    if (!mixed) {
+      gx_hat += -weight * mass * (yi - xh) / h2;
+      o.mass[s] += weight * (S(0.5) * (yi - xh).squaredNorm() / h2 + g * (yi(1) - xi0(1)));
+      gx0(1) += -weight * g * mass;
+      *o.gravity += weight * mass * (yi(1) - xi0(1));
+    } else {
+      gx_hat += -mass * di / h2;
+      o.mass[s] += (yi - xh).dot(di) / h2 + g * di(1);
+      *o.gravity += mass * di(1);
+    }
+    if (!m.has_ground) continue;
+    const S depth = std::min(yi(1) - S(m.ground), S(0));
+    const S base = std::max(S(m.eps) - (xi0(1) - S(m.ground)), S(0)), kf = S(m.friction);
+    S slip = 0, slip_dir = 0;  // |(y - x0)_t|^2 and (y - x0)_t . dir_t
+    for (int c = 0; c < D; c += 2) {
+      slip += (yi(c) - xi0(c)) * (yi(c) - xi0(c));
+      slip_dir += (yi(c) - xi0(c)) * di(c);
+    }
+    if (!mixed) {
+      *o.contact += weight * depth * depth;
+      *o.friction += weight * base * slip / h2;
+      for (int c = 0; c < D; c += 2) gx0(c) += -weight * 2 * kf * base * (yi(c) - xi0(c)) / h2;
+      if (base > 0) gx0(1) += -weight * kf * slip / h2;
+    } else {
+      *o.contact += 2 * depth * di(1);
+      *o.friction += 2 * base * slip_dir / h2;
+      for (int c = 0; c < D; c += 2) gx0(c) += -2 * kf * base * di(c) / h2;
+      if (base > 0) gx0(1) += -2 * kf * slip_dir / h2;
     }
   }
 }
@@ -291,16 +426,12 @@ void problem_hessian_diagonal(const View<S, D>& v, const S* k_el, const S* k_mu,
   for (int64_t k = 0; k < v.nm; ++k) add(v.muscles + 2 * k, 2, k_mu + k * 4 * D * D);
 }
 
-using SparseFactor = Eigen::SimplicialLDLT<Eigen::SparseMatrix<double>, Eigen::Lower, Eigen::AMDOrdering<int>>;
-
-// H of one problem as a sparse matrix (free degrees of freedom), from the blocks; its LDL^T factor, or null
-// where H is not positive definite (the solver then falls back to CG for this problem).
-template <typename S, int D>
-std::shared_ptr<SparseFactor> problem_factor(const View<S, D>& v, const S* k_el, const S* k_mu, const S* diag) {
+// Calls f(row, col, value) for every entry of one problem's H over its free degrees of freedom: the diagonal,
+// then the element and muscle blocks (entries shared by blocks come once per block).
+template <typename S, int D, typename F>
+void for_each_entry(const View<S, D>& v, const S* k_el, const S* k_mu, const S* diag, F&& f) {
   constexpr int ND = (D + 1) * D;
-  std::vector<Eigen::Triplet<double>> entries;
-  entries.reserve(v.f * D + v.e * ND * ND + v.nm * 4 * D * D);
-  for (int64_t i = 0; i < v.f * D; ++i) entries.emplace_back(i, i, double(diag[i]));
+  for (int64_t i = 0; i < v.f * D; ++i) f(i, i, double(diag[i]));
   auto add = [&](const int64_t* idx, int count, const S* block) {
     for (int j = 0; j < count; ++j) {
       const int64_t sj = v.slot[idx[j]];
@@ -309,17 +440,57 @@ std::shared_ptr<SparseFactor> problem_factor(const View<S, D>& v, const S* k_el,
         const int64_t sl = v.slot[idx[l]];
         if (sl < 0) continue;
         for (int a = 0; a < D; ++a)
-          for (int c = 0; c < D; ++c)
-            entries.emplace_back(sj * D + a, sl * D + c, double(block[(j * D + a) * (count * D) + l * D + c]));
+          for (int c = 0; c < D; ++c) f(sj * D + a, sl * D + c, double(block[(j * D + a) * (count * D) + l * D + c]));
       }
     }
   };
   for (int64_t k = 0; k < v.e; ++k) add(v.elements + k * (D + 1), D + 1, k_el + k * ND * ND);
   for (int64_t k = 0; k < v.nm; ++k) add(v.muscles + 2 * k, 2, k_mu + k * 4 * D * D);
-  Eigen::SparseMatrix<double> h(v.f * D, v.f * D);
+}
+
+// One problem's H, factored: H^-1 b.
+struct Factor {
+  virtual ~Factor() = default;
+  virtual Eigen::VectorXd solve(const Eigen::Ref<const Eigen::VectorXd>& b) const = 0;
+};
+
+// Up to this many unknowns a dense Cholesky factorization beats the sparse one (no ordering, no symbolic
+// analysis, no triplet sorting): measured on the creatures and small grids.
+constexpr int64_t kDenseMax = 200;
+
+struct DenseFactor : Factor {
+  Eigen::LLT<Eigen::MatrixXd, Eigen::Lower> llt;
+  Eigen::VectorXd solve(const Eigen::Ref<const Eigen::VectorXd>& b) const override { return llt.solve(b); }
+};
+
+struct SparseFactor : Factor {
+  Eigen::SimplicialLDLT<Eigen::SparseMatrix<double>, Eigen::Lower, Eigen::AMDOrdering<int>> ldlt;
+  Eigen::VectorXd solve(const Eigen::Ref<const Eigen::VectorXd>& b) const override { return ldlt.solve(b); }
+};
+
+// The factor of one problem's H, or null where H is not positive definite (the solver then falls back to CG
+// for this problem).
+template <typename S, int D>
+std::unique_ptr<Factor> problem_factor(const View<S, D>& v, const S* k_el, const S* k_mu, const S* diag) {
+  const int64_t n = v.f * D;
+  if (n <= kDenseMax) {
+    auto factor = std::make_unique<DenseFactor>();
+    Eigen::MatrixXd h = Eigen::MatrixXd::Zero(n, n);
+    for_each_entry(v, k_el, k_mu, diag, [&](int64_t i, int64_t j, double value) {
+      if (i >= j) h(i, j) += value;
+    });
+    factor->llt.compute(h);
+    if (factor->llt.info() != Eigen::Success) return nullptr;
+    return factor;
+  }
+  std::vector<Eigen::Triplet<double>> entries;
+  entries.reserve(n + v.e * (D + 1) * D * (D + 1) * D + v.nm * 4 * D * D);
+  for_each_entry(v, k_el, k_mu, diag, [&](int64_t i, int64_t j, double value) { entries.emplace_back(i, j, value); });
+  Eigen::SparseMatrix<double> h(n, n);
   h.setFromTriplets(entries.begin(), entries.end());
-  auto factor = std::make_shared<SparseFactor>(h);
-  if (factor->info() != Eigen::Success || !(factor->vectorD().minCoeff() > 0)) return nullptr;
+  auto factor = std::make_unique<SparseFactor>();
+  factor->ldlt.compute(h);
+  if (factor->ldlt.info() != Eigen::Success || !(factor->ldlt.vectorD().minCoeff() > 0)) return nullptr;
   return factor;
 }
 
@@ -443,6 +614,37 @@ std::vector<torch::Tensor> step_energy_derivatives(const StepModel& model, const
   return {grad, k_el, k_mu, diag};
 }
 
+std::vector<torch::Tensor> step_energy_param_grads(const StepModel& model, const StepState& state,
+                                                   const torch::Tensor& weight, const torch::Tensor& dir) {
+  check(model, state);
+  const torch::Tensor& y = state.y;
+  const bool mixed = dir.defined();
+  if (mixed && (dir.sizes() != y.sizes() || dir.scalar_type() != y.scalar_type() || !dir.device().is_cpu()))
+    throw std::invalid_argument("dir must be a CPU tensor with the shape and dtype of y");
+  if (!mixed && (weight.dim() != 1 || weight.size(0) != y.size(0) || weight.scalar_type() != y.scalar_type()))
+    throw std::invalid_argument("weight must be (B,), one weight per problem, in y's dtype");
+  const int64_t b = y.size(0), f = y.size(1), d = y.size(2), n = model.slot.size(0), e = model.elements.size(0),
+                nm = model.muscles.size(0);
+  auto zeros = [&](at::IntArrayRef shape) { return torch::zeros(shape, y.options()); };
+  std::vector<torch::Tensor> out = {zeros({b, f, d}), zeros({b, n, d}), zeros({b, f, d}), zeros({b, f}),
+                                    zeros({b, e, d, d}), zeros({b, e}), zeros({b, e}), zeros({b, nm}),
+                                    zeros({b, nm}), zeros({b, nm}), zeros({b}), zeros({b}), zeros({b})};
+  torch::Tensor w = mixed ? torch::Tensor() : weight.contiguous();
+  torch::Tensor dr = mixed ? dir.contiguous() : torch::Tensor();
+  for_each_state(model, state, [&](const auto& v, int64_t p, const auto* y, const auto* x0, const auto* x0_free,
+                                   const auto* x_hat, const auto* act) {
+    using S = typename std::decay_t<decltype(v)>::scalar;
+    auto slice = [&](int k, int64_t per_problem) { return out[k].data_ptr<S>() + p * per_problem; };
+    const int64_t D = std::decay_t<decltype(v)>::dim;
+    const ParamOut<S> o{slice(0, f * D), slice(1, n * D), slice(2, f * D), slice(3, f),  slice(4, e * D * D),
+                        slice(5, e),     slice(6, e),     slice(7, nm),    slice(8, nm), slice(9, nm),
+                        slice(10, 1),    slice(11, 1),    slice(12, 1)};
+    problem_param_grads(v, y, x0, x0_free, x_hat, act, mixed ? dr.data_ptr<S>() + p * f * D : nullptr,
+                        mixed ? S(1) : w.data_ptr<S>()[p], o);
+  });
+  return out;
+}
+
 torch::Tensor step_energy_hvp(const StepModel& model, const std::vector<torch::Tensor>& derivatives,
                               const torch::Tensor& v_in) {
   const StepModel m = contiguous(model);
@@ -471,48 +673,73 @@ torch::Tensor step_energy_hessian_diagonal(const StepModel& model, const std::ve
 
 namespace {
 
-// One factor per problem of the batch (null where H is not positive definite), and their solves on rows.
-std::vector<std::shared_ptr<SparseFactor>> factor_problems(const StepModel& m, const std::vector<torch::Tensor>& blocks) {
-  std::vector<std::shared_ptr<SparseFactor>> factors(blocks.at(3).size(0));
-  for_each_problem(m, blocks, [&](const auto& v, int64_t b, const auto* k_el, const auto* k_mu, const auto* d) {
-    factors[b] = problem_factor(v, k_el, k_mu, d);
-  });
-  return factors;
-}
+// The factors of a batch's Hessians, each made on the first solve whose right-hand side needs it: a problem
+// already converged (a zero right-hand side) is never factored, nor is Newton's last, converged point.
+class LazyFactors {
+ public:
+  LazyFactors(std::shared_ptr<const StepModel> m, std::shared_ptr<const std::vector<torch::Tensor>> blocks)
+      : m_(std::move(m)), blocks_(std::move(blocks)), factors_(blocks_->at(3).size(0)), made_(factors_.size()) {}
 
-torch::Tensor solve_problems(const std::vector<std::shared_ptr<SparseFactor>>& factors, const torch::Tensor& b_rows) {
-  torch::Tensor b = b_rows.to(torch::kFloat64).contiguous();
-  torch::Tensor x = torch::empty_like(b);
-  const int64_t n = b.size(1);
-  at::parallel_for(0, b.size(0), 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      Eigen::Map<Eigen::VectorXd> out(x.data_ptr<double>() + r * n, n);
-      if (factors[r])
-        out = factors[r]->solve(Eigen::Map<const Eigen::VectorXd>(b.data_ptr<double>() + r * n, n));
-      else
-        out.setConstant(std::numeric_limits<double>::quiet_NaN());
+  // H^-1 b on rows; NaN rows where H is not positive definite, zero rows for zero right-hand sides.
+  torch::Tensor solve(const torch::Tensor& b_rows) {
+    torch::Tensor b = b_rows.to(torch::kFloat64).contiguous();
+    const int64_t n = b.size(1);
+    std::vector<char> need(factors_.size());
+    for (size_t r = 0; r < factors_.size(); ++r) {
+      need[r] = !made_[r] && Eigen::Map<const Eigen::VectorXd>(b.data_ptr<double>() + r * n, n).any();
+      count_ += need[r];
     }
-  });
-  return x.to(b_rows.scalar_type());
-}
+    for_each_problem(*m_, *blocks_, [&](const auto& v, int64_t r, const auto* k_el, const auto* k_mu, const auto* d) {
+      if (!need[r]) return;
+      factors_[r] = problem_factor(v, k_el, k_mu, d);
+      made_[r] = true;
+    });
+    torch::Tensor x = torch::zeros_like(b);
+    at::parallel_for(0, b.size(0), 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        Eigen::Map<Eigen::VectorXd> out(x.data_ptr<double>() + r * n, n);
+        if (!made_[r]) continue;  // a zero right-hand side
+        if (factors_[r])
+          out = factors_[r]->solve(Eigen::Map<const Eigen::VectorXd>(b.data_ptr<double>() + r * n, n));
+        else
+          out.setConstant(std::numeric_limits<double>::quiet_NaN());
+      }
+    });
+    return x.to(b_rows.scalar_type());
+  }
+
+  int64_t count() const { return count_; }
+
+ private:
+  std::shared_ptr<const StepModel> m_;
+  std::shared_ptr<const std::vector<torch::Tensor>> blocks_;
+  std::vector<std::unique_ptr<Factor>> factors_;
+  std::vector<char> made_;
+  int64_t count_ = 0;
+};
 
 }  // namespace
 
-DirectEnergy step_direct_energy(const StepModel& model, const StepState& state, bool factorize) {
+DirectEnergy step_direct_energy(const StepModel& model, const StepState& state, bool factorize,
+                                const std::vector<int64_t>& param_slots,
+                                const std::vector<std::vector<int64_t>>& param_shapes) {
+  if (param_slots.size() != param_shapes.size() ||
+      std::any_of(param_slots.begin(), param_slots.end(), [](int64_t k) { return k < 0 || k >= kStepParams; }))
+    throw std::invalid_argument("param_slots must name step parameters (0 to 12), one per shape in param_shapes");
   auto m = std::make_shared<const StepModel>(contiguous(model));
   auto st = std::make_shared<const StepState>(
       StepState{torch::Tensor(), state.x0.contiguous(), state.x0_free.contiguous(), state.x_hat.contiguous(),
                 m->muscles.size(0) ? state.activation.contiguous() : state.activation});
   const std::vector<int64_t> shape = state.x0_free.sizes().vec();
-  auto at = [st, shape](const torch::Tensor& x_rows) {
+  auto state_at = [st, shape](const torch::Tensor& x_rows) {
     StepState s = *st;
     s.y = x_rows.view(shape);
     return s;
   };
   DirectEnergy direct;
-  direct.value = [m, at](const torch::Tensor& x_rows) { return step_energy_value(*m, at(x_rows)); };
-  direct.derivatives = [m, at, shape, factorize](const torch::Tensor& x_rows) {
-    const StepState s = at(x_rows);
+  direct.value = [m, state_at](const torch::Tensor& x_rows) { return step_energy_value(*m, state_at(x_rows)); };
+  direct.derivatives = [m, state_at, shape, factorize](const torch::Tensor& x_rows) {
+    const StepState s = state_at(x_rows);
     auto blocks = std::make_shared<const std::vector<torch::Tensor>>(step_energy_derivatives(*m, s));
     auto hvp = [m, blocks, shape](const torch::Tensor& v) {
       return step_energy_hvp(*m, *blocks, v.view(shape)).view({shape[0], -1});
@@ -534,12 +761,22 @@ DirectEnergy step_direct_energy(const StepModel& model, const StepState& state, 
     out.hvp = hvp;
     out.precondition = precondition;
     if (factorize) {
-      auto factors = std::make_shared<const std::vector<std::shared_ptr<SparseFactor>>>(factor_problems(*m, *blocks));
-      out.solve = [factors](const torch::Tensor& b) { return solve_problems(*factors, b); };
-      out.factorizations = shape[0];
+      auto factors = std::make_shared<LazyFactors>(m, blocks);
+      out.solve = [factors](const torch::Tensor& b) { return factors->solve(b); };
+      out.factorizations = [factors] { return factors->count(); };
     }
     return out;
   };
+  if (!param_slots.empty()) {
+    direct.mixed_vjp = [m, state_at, shape, param_slots, param_shapes](const torch::Tensor& x_rows,
+                                                                       const torch::Tensor& w_rows,
+                                                                       const std::vector<size_t>& wanted) {
+      std::vector<torch::Tensor> grads = step_energy_param_grads(*m, state_at(x_rows), {}, w_rows.view(shape));
+      std::vector<torch::Tensor> out;
+      for (size_t k : wanted) out.push_back(at::sum_to(grads[param_slots.at(k)], param_shapes.at(k)));
+      return out;
+    };
+  }
   return direct;
 }
 

@@ -48,6 +48,14 @@ torch::Tensor step_energy_value(const StepModel& model, const StepState& state);
 // Block rows and columns are ordered (vertex of the element, component).
 std::vector<torch::Tensor> step_energy_derivatives(const StepModel& model, const StepState& state);
 
+// Derivatives with respect to the parameters, in the order {x_hat (B, F, d), x0 (B, N, d), x0_free (B, F, d),
+// mass (B, F), Dm_inv (B, E, d, d), mu (B, E), lam (B, E), activation (B, M), rest_length (B, M),
+// stiffness (B, M), gravity (B,), contact_stiffness (B,), friction (B,)}, one slice per problem (the caller sums
+// shared parameters over the batch): weight_b dE_b/dtheta (first order, weight (B,)) when dir is undefined,
+// else d/dtheta [grad_y E_b . dir_b] (mixed, dir (B, F, d)), the parameter side of a Hessian-vector product.
+std::vector<torch::Tensor> step_energy_param_grads(const StepModel& model, const StepState& state,
+                                                   const torch::Tensor& weight, const torch::Tensor& dir);
+
 // H v from the blocks of step_energy_derivatives; v: (B, F, d).
 torch::Tensor step_energy_hvp(const StepModel& model, const std::vector<torch::Tensor>& derivatives,
                               const torch::Tensor& v);
@@ -55,10 +63,17 @@ torch::Tensor step_energy_hvp(const StepModel& model, const std::vector<torch::T
 // The diagonal of H, (B, F, d), from the blocks of step_energy_derivatives.
 torch::Tensor step_energy_hessian_diagonal(const StepModel& model, const std::vector<torch::Tensor>& derivatives);
 
+// The number of step parameters, in the order of step_energy_param_grads.
+constexpr int64_t kStepParams = 13;
+
 // The step energy as the solver's direct path (no autograd in Newton's loop), with a Jacobi preconditioner
-// and, with factorize, a sparse LDL^T factorization of each problem's Hessian (Eigen SimplicialLDLT, AMD
-// ordering) for Newton's steps and the adjoint solve: rows x (B, F*d) are the free positions; state.y is not
-// used.
-DirectEnergy step_direct_energy(const StepModel& model, const StepState& state, bool factorize = false);
+// and, with factorize, a factorization of each problem's Hessian (dense Cholesky for small problems, sparse
+// LDL^T with AMD ordering otherwise), made when a solve first needs it, for Newton's steps and the adjoint
+// solve: rows x (B, F*d) are the free positions; state.y is not used. With param_slots, it also gives the
+// backward's parameter product in closed form: the solver's k-th param is step parameter param_slots[k]
+// (in the order of step_energy_param_grads), of shape param_shapes[k] (its derivative is summed to it).
+DirectEnergy step_direct_energy(const StepModel& model, const StepState& state, bool factorize = false,
+                                const std::vector<int64_t>& param_slots = {},
+                                const std::vector<std::vector<int64_t>>& param_shapes = {});
 
 }  // namespace diffsoft

@@ -15,8 +15,9 @@ On CPU tensors the value, gradient, blocks and products come from fused C++ kern
 devices from the vectorised torch ops below, which are also the kernels' second oracle in the tests.
 
 Derivatives with respect to the parameters (masses, Lame parameters, rest shapes, activations, ...) are
-needed once per backward step, by the adjoint's vector-Jacobian product, not in Newton's inner loop; they
-are taken through the reference energy, so they are exact by construction.
+needed once per backward step, by the adjoint's vector-Jacobian product, not in Newton's inner loop; on CPU
+they come from the same kernels in closed form (first order, and the mixed ``d/dtheta [grad_y E . v]``), on
+other devices through the reference energy, which is also their oracle in the tests.
 
 Elasticity, for ``psi(I1, J)`` with ``I1 = tr F^T F`` and ``J = det F`` and ``C = dJ/dF`` (the cofactor):
 ``P = 2 psi_I1 F + psi_J C`` and
@@ -25,6 +26,7 @@ With ``F = Ds Dm^-1`` linear in the element's vertices, ``vec F = B x_e`` and th
 ``B^T (dP/dF) B``.
 """
 import math
+import types
 
 import torch
 
@@ -37,12 +39,16 @@ _MATERIAL_CODES = {"algovivo": 0, "neo_hookean": 1, "stable_neo_hookean": 2}
 def direct_energy(y, *params, factorize=True):
     """The step energy's autograd-free fast path for the solver (:func:`diffsoft.minimize`'s ``_direct``) on
     CPU, or None on other devices: the kernels' value, gradient, Hessian products and Jacobi preconditioner,
-    and with ``factorize`` a sparse LDL^T factorization per problem for Newton's steps and the adjoint solve.
+    with ``factorize`` a factorization per problem for Newton's steps and the adjoint solve, and the
+    backward's parameter derivatives.
     ``y`` only gives the shape; the parameters are taken as they are now."""
     if not _on_cpu(y):
         return None
     model, _, x0, x0_free, x_hat, act = _kernel_args(y, *params)
-    return _C.step_direct_energy(model, x0, x0_free, x_hat, act, factorize)
+    # The solver's params are the tensors among ours, in order; the kernel's parameter products follow our order.
+    slots = [k for k, p in enumerate(params[:-1]) if isinstance(p, torch.Tensor)]
+    shapes = [list(params[k].shape) for k in slots]
+    return _C.step_direct_energy(model, x0, x0_free, x_hat, act, factorize, slots, shapes)
 
 
 def step_energy(y, *params):
@@ -70,7 +76,12 @@ class StepEnergy(torch.autograd.Function):
         g = StepGradient.apply(y, *tensors, s) if ctx.needs_input_grad[0] else None
         param_grads = [None] * len(tensors)
         wanted = [i for i, t in enumerate(tensors) if ctx.needs_input_grad[1 + i]]
-        if wanted:
+        if wanted and _on_cpu(y):
+            # One autograd node, so that a double backward through these gradients (rare) still works.
+            grads = StepParamGradient.apply(y, grad_e, wanted, s, *tensors)
+            for i, grad in zip(wanted, grads):
+                param_grads[i] = grad
+        elif wanted:
             param_grads = _reference_param_grads(y, tensors, s, wanted, grad_e, order=1)
         return (None if g is None else grad_e[..., None, None] * g, *param_grads, None)
 
@@ -97,9 +108,59 @@ class StepGradient(torch.autograd.Function):
         hv = ctx.hessian.apply(v) if ctx.needs_input_grad[0] else None
         wanted = [i for i, t in enumerate(tensors) if ctx.needs_input_grad[1 + i]]
         param_grads = [None] * len(tensors)
-        if wanted:
+        if wanted and _on_cpu(y):
+            param_grads = _kernel_param_grads(y, tensors, ctx.static, wanted, dir=v)
+        elif wanted:
             param_grads = _reference_param_grads(y, tensors, ctx.static, wanted, v, order=2)
         return (hv, *param_grads, None)
+
+
+class StepParamGradient(torch.autograd.Function):
+    """``weight * dE/dtheta`` for the parameters at the indices ``wanted``, by the C++ kernel; its backward, only
+    needed to differentiate these gradients again, goes through the reference energy."""
+
+    @staticmethod
+    def forward(ctx, y, weight, wanted, s, *tensors):
+        ctx.save_for_backward(y, weight, *tensors)
+        ctx.wanted, ctx.static = wanted, s
+        grads = _kernel_param_grads(y, tensors, s, wanted, weight=weight)
+        return tuple(grads[i] for i in wanted)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *outs):
+        from .simulator import _step_energy
+
+        y, weight, *tensors = ctx.saved_tensors
+        with torch.enable_grad():
+            y_, w_ = y.detach().requires_grad_(), weight.detach().requires_grad_()
+            leaf = [isinstance(t, torch.Tensor) and t.is_floating_point() for t in tensors]
+            ts = [t.detach().requires_grad_() if is_leaf else t for t, is_leaf in zip(tensors, leaf)]
+            e = _step_energy(y_, *ts, ctx.static)
+            grads = torch.autograd.grad(e, [ts[i] for i in ctx.wanted], w_, create_graph=True, allow_unused=True)
+            pairs = [(g, o) for g, o in zip(grads, outs) if g is not None and g.requires_grad and o is not None]
+            inputs = [y_, w_] + [t for t, is_leaf in zip(ts, leaf) if is_leaf]
+            back = torch.autograd.grad([g for g, _ in pairs], inputs, [o for _, o in pairs], allow_unused=True) \
+                if pairs else [None] * len(inputs)
+        back = iter(back)
+        y_grad, w_grad = next(back), next(back)
+        return (y_grad, w_grad, None, None, *[next(back) if is_leaf else None for is_leaf in leaf])
+
+
+def _kernel_param_grads(y, tensors, s, wanted, weight=None, dir=None):
+    """The C++ kernel's parameter derivatives (see ``_C.step_energy_param_grads``) for the tensors at the indices
+    ``wanted``, summed to each tensor's shape (a parameter shared by a batch gets the sum over its problems):
+    ``weight . dE/dtheta`` (``weight`` shaped like the energy), or ``d/dtheta [grad_y E . dir]``."""
+    m, yb, x0, x0_free, x_hat, act = _kernel_args(y, *tensors, s)
+    if weight is not None:
+        weight = weight.detach().reshape(-1).expand(yb.shape[0]).contiguous()
+    if dir is not None:
+        dir = dir.detach().reshape(yb.shape).contiguous()
+    grads = _C.step_energy_param_grads(m, yb, x0, x0_free, x_hat, act, weight, dir)
+    out = [None] * len(tensors)
+    for i in wanted:
+        out[i] = grads[i].sum_to_size(tensors[i].shape)
+    return out
 
 
 def _reference_param_grads(y, tensors, s, wanted, weight, order):
@@ -129,27 +190,43 @@ def _on_cpu(y):
     return y.device.type == "cpu"
 
 
-def _kernel_args(y, x_hat, x0, x0_free, mass, Dm_inv, mu, lam, activation, rest_length, stiffness, gravity,
-                 contact_stiffness, friction, s):
-    """The C++ kernels' arguments: the model and batched ``(y, x0, x0_free, x_hat, activation)``, values only."""
+def with_model(s, mass, Dm_inv, mu, lam, rest_length, stiffness, gravity, contact_stiffness, friction):
+    """A copy of the static data ``s`` that carries the kernels' model for these parameter values, so that the
+    several kernel calls of one step (and of its backward) build it once."""
+    out = types.SimpleNamespace(**vars(s))
+    out.model = _model(s, mass, Dm_inv, mu, lam, rest_length, stiffness, gravity, contact_stiffness, friction)
+    return out
+
+
+def _model(s, mass, Dm_inv, mu, lam, rest_length, stiffness, gravity, contact_stiffness, friction):
     m = _C.StepModel()
     m.elements = s.elements
     m.muscles = s.muscles if s.muscles is not None else s.elements.new_zeros(0, 2)
     m.slot = s.slot
-    m.mass, m.Dm_inv = mass.detach(), Dm_inv.detach()
+    m.mass, m.Dm_inv = mass.detach().contiguous(), Dm_inv.detach().contiguous()
     num_elements = s.elements.shape[0]
-    m.mu, m.lam = mu.detach().expand(num_elements), lam.detach().expand(num_elements)
+    m.mu, m.lam = mu.detach().expand(num_elements).contiguous(), lam.detach().expand(num_elements).contiguous()
     if s.muscles is not None:
-        m.rest_length = rest_length.detach()
-        m.stiffness = stiffness.detach().expand(s.muscles.shape[0])
+        m.rest_length = rest_length.detach().contiguous()
+        m.stiffness = stiffness.detach().expand(s.muscles.shape[0]).contiguous()
     m.material = _MATERIAL_CODES[s.material]
     m.h, m.gravity, m.eps = s.h, float(gravity), s.eps
     m.has_ground = s.ground is not None
     if m.has_ground:
         m.ground, m.contact_stiffness, m.friction = s.ground, float(contact_stiffness), float(friction)
-    batched = y.dim() == 3
-    lift = (lambda t: t.detach()) if batched else (lambda t: t.detach().unsqueeze(0))
-    y, x0, x0_free, x_hat = lift(y), lift(x0), lift(x0_free), lift(x_hat)
+    return m
+
+
+def _kernel_args(y, x_hat, x0, x0_free, mass, Dm_inv, mu, lam, activation, rest_length, stiffness, gravity,
+                 contact_stiffness, friction, s):
+    """The C++ kernels' arguments: the model and batched ``(y, x0, x0_free, x_hat, activation)``, values only."""
+    m = getattr(s, "model", None)
+    if m is None:
+        m = _model(s, mass, Dm_inv, mu, lam, rest_length, stiffness, gravity, contact_stiffness, friction)
+    if y.dim() == 3:
+        y, x0, x0_free, x_hat = y.detach(), x0.detach(), x0_free.detach(), x_hat.detach()
+    else:
+        y, x0, x0_free, x_hat = y.detach()[None], x0.detach()[None], x0_free.detach()[None], x_hat.detach()[None]
     # One activation per creature, (B, M); a single (M,) activation is shared by the batch.
     act = activation.detach().expand(y.shape[0], -1) if s.muscles is not None else y.new_zeros(0)
     return m, y, x0, x0_free, x_hat, act

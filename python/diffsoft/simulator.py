@@ -16,7 +16,7 @@ import types
 import torch
 
 from ._minimize import minimize
-from .fused import direct_energy, step_energy
+from .fused import direct_energy, step_energy, with_model
 from .energies import (determinant, elastic_energy, friction_energy, gravity_energy, ground_contact_energy,
                        inertia_energy, muscle_energy)
 
@@ -151,8 +151,11 @@ class Simulator:
         if body.material != "algovivo":  # the densities are 1-homogeneous in (mu, lam): fold volumes in
             volume = 1.0 / (math.factorial(body.dim) * determinant(body.Dm_inv).abs())
             mu, lam = mu * volume, lam * volume
-        params = (x_hat, x0, x0_free, mass, body.Dm_inv, mu, lam, activation, body.muscle_rest_length,
-                  body.muscle_stiffness, self.gravity, self.contact_stiffness, self.friction, s)
+        materials = (mass, body.Dm_inv, mu, lam, body.muscle_rest_length, body.muscle_stiffness)
+        constants = (self.gravity, self.contact_stiffness, self.friction)
+        if self.fused and x0.device.type == "cpu":
+            s = with_model(s, *materials, *constants)
+        params = (x_hat, x0, x0_free, *materials[:4], activation, *materials[4:], *constants, s)
         energy = step_energy if self.fused else _step_energy
         with torch.no_grad():
             # Each problem starts from the lower-energy of the inertial prediction and x0. The prediction can

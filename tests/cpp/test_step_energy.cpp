@@ -1,5 +1,6 @@
-// The fused step-energy kernels: gradient and Hessian-vector products against central differences of the
-// kernel's own value, for each material in 2D and 3D; bad shapes and indices are refused.
+// The fused step-energy kernels: gradient, Hessian-vector products and parameter derivatives against central
+// differences of the kernel's own value and gradient, for each material in 2D and 3D; the direct path's
+// factorizations; bad shapes and indices are refused.
 #include <gtest/gtest.h>
 
 #include "physics/step_energy.h"
@@ -59,6 +60,27 @@ double total(const Problem& p, const Tensor& y) {
   return diffsoft::step_energy_value(p.model, s).sum().item<double>();
 }
 
+// p with step parameter k (in the order of step_energy_param_grads) moved by h * dir.
+Problem shifted(Problem p, int k, const Tensor& dir, double h) {
+  Tensor* tensors[] = {&p.state.x_hat, &p.state.x0,  &p.state.x0_free,    &p.model.mass,
+                       &p.model.Dm_inv, &p.model.mu, &p.model.lam,        &p.state.activation,
+                       &p.model.rest_length, &p.model.stiffness};
+  double* scalars[] = {&p.model.gravity, &p.model.contact_stiffness, &p.model.friction};
+  if (k < 10)
+    *tensors[k] = *tensors[k] + h * dir;
+  else
+    *scalars[k - 10] += h * dir.item<double>();
+  return p;
+}
+
+// A random direction for step parameter k: shaped like the parameter (per problem for the state's).
+Tensor direction(const Problem& p, int k) {
+  const Tensor* tensors[] = {&p.state.x_hat, &p.state.x0,  &p.state.x0_free,    &p.model.mass,
+                             &p.model.Dm_inv, &p.model.mu, &p.model.lam,        &p.state.activation,
+                             &p.model.rest_length, &p.model.stiffness};
+  return k < 10 ? torch::randn_like(*tensors[k]) : torch::randn({}, f64);
+}
+
 }  // namespace
 
 class StepEnergyKernel : public ::testing::TestWithParam<std::tuple<int, int64_t>> {};
@@ -85,6 +107,46 @@ TEST_P(StepEnergyKernel, GradientAndHessianProductsMatchCentralDifferences) {
   Tensor fd_hv = (diffsoft::step_energy_derivatives(p.model, plus)[0] -
                   diffsoft::step_energy_derivatives(p.model, minus)[0]) / (2 * h);
   EXPECT_TRUE(torch::allclose(hv, fd_hv, 1e-6, 1e-6)) << (hv - fd_hv).abs().max();
+}
+
+TEST_P(StepEnergyKernel, ParameterDerivativesMatchCentralDifferences) {
+  const auto [d, material] = GetParam();
+  Problem p = make(d, material);
+  const Tensor v = torch::randn_like(p.state.y);
+  auto grad_dot_v = [&](const Problem& q) {
+    return (diffsoft::step_energy_derivatives(q.model, q.state)[0] * v).sum().item<double>();
+  };
+  auto first = diffsoft::step_energy_param_grads(p.model, p.state, torch::ones({2}, f64), {});
+  auto mixed = diffsoft::step_energy_param_grads(p.model, p.state, {}, v);
+  ASSERT_EQ(first.size(), size_t(diffsoft::kStepParams));
+  const double h = 1e-6;
+  for (int k = 0; k < diffsoft::kStepParams; ++k) {
+    const Tensor dir = direction(p, k);
+    // Shared parameters get one derivative per problem: their sum is the total energy's.
+    const double fd1 = (total(shifted(p, k, dir, h), p.state.y) - total(shifted(p, k, dir, -h), p.state.y)) / (2 * h);
+    const double fd2 = (grad_dot_v(shifted(p, k, dir, h)) - grad_dot_v(shifted(p, k, dir, -h))) / (2 * h);
+    const double ours1 = (first[k] * dir).sum().item<double>(), ours2 = (mixed[k] * dir).sum().item<double>();
+    EXPECT_NEAR(ours1, fd1, 1e-6 * (1 + std::abs(fd1))) << "first order, parameter " << k;
+    EXPECT_NEAR(ours2, fd2, 1e-6 * (1 + std::abs(fd2))) << "mixed, parameter " << k;
+  }
+}
+
+TEST_P(StepEnergyKernel, DirectSolvesFactorOnlyWhatTheyNeed) {
+  const auto [d, material] = GetParam();
+  Problem p = make(d, material);
+  diffsoft::DirectEnergy direct = diffsoft::step_direct_energy(p.model, p.state, /*factorize=*/true);
+  const Tensor x = p.state.y.reshape({2, -1});
+  diffsoft::DirectDerivatives point = direct.derivatives(x);
+  EXPECT_EQ(point.factorizations(), 0);
+  Tensor b = torch::randn_like(x);
+  b[1].zero_();  // a converged problem: no factorization
+  Tensor sol = point.solve(b);
+  EXPECT_EQ(point.factorizations(), 1);
+  EXPECT_TRUE(sol[1].eq(0).all().item<bool>());
+  if (sol[0].isfinite().all().item<bool>())  // else H is not positive definite there, and CG takes over
+    EXPECT_TRUE(torch::allclose(point.hvp(sol), b, 1e-8, 1e-8)) << (point.hvp(sol) - b).abs().max();
+  point.solve(b);
+  EXPECT_EQ(point.factorizations(), 1);  // made once
 }
 
 INSTANTIATE_TEST_SUITE_P(Materials, StepEnergyKernel,
