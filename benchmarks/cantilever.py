@@ -167,7 +167,8 @@ def main():
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
     torch.set_num_threads(2)
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+          f"{torch.get_num_threads()} threads, "
           f"float64, solver={args.solver}, {FRAMES} frames, dt={DT}, DiffPD tolerance rel_tol={REL_TOL:g}")
     sizes = [("half", 4, args.repeat or 3)] + ([] if args.half_only else [("full", 8, args.repeat or 1)])
     rows = []
@@ -197,8 +198,9 @@ def main():
             speedup = (f + b) / ours
             met = speedup >= need
             verdicts.append(met)
-            row["against_diffpd"][method] = dict(forward_ratio=f / row["forward_s"], backward_ratio=b / row["backward_s"],
-                                                 total_ratio=speedup, target=need, met=met)
+            row["against_diffpd"][method] = dict(forward_ratio=f / row["forward_s"],
+                                                 backward_ratio=b / row["backward_s"], total_ratio=speedup,
+                                                 target=need, met=met)
             print(f"{row['problem']:<5} {method:<16} {f:>7.1f} {b:>6.1f} {f / row['forward_s']:>8.1f}x "
                   f"{b / row['backward_s']:>8.1f}x {speedup:>10.1f}x {need:>6.0f}x {'yes' if met else 'NO':>4}")
     print(f"all targets met: {all(verdicts)}")

@@ -135,7 +135,8 @@ def main():
         size = json.loads(size)
         return memory_child(kind, tuple(size) if kind == "box" else size, int(steps))
     torch.set_num_threads(2)
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+          f"{torch.get_num_threads()} threads, "
           f"float64")
     boxes = BOXES[:3] if args.quick else [b for b in BOXES if 6 * b[0] * b[1] * b[2] <= args.max_elements]
     grids = GRIDS[:3] if args.quick else GRIDS
@@ -158,8 +159,9 @@ def main():
                 sel = [r for r in rows if r["kind"] == kind and r["solver"] == solver]
                 if len(sel) >= 2:
                     d = [r["dofs"] for r in sel]
-                    print(f"{kind + ('es' if kind == 'box' else 's')}, {solver}: forward grows as dofs^{slope(d, [r['forward_ms'] for r in sel]):.2f}, "
-                          f"backward as dofs^{slope(d, [r['backward_ms'] for r in sel]):.2f} "
+                    fwd, bwd = slope(d, [r["forward_ms"] for r in sel]), slope(d, [r["backward_ms"] for r in sel])
+                    print(f"{kind + ('es' if kind == 'box' else 's')}, {solver}: forward grows as dofs^{fwd:.2f}, "
+                          f"backward as dofs^{bwd:.2f} "
                           f"({sel[0]['dofs']}..{sel[-1]['dofs']} dofs)")
     if not args.no_memory:
         T = args.steps
@@ -183,7 +185,8 @@ def main():
             sel = [m for m in mem_rows if m["kind"] == kind and m["peak_growth"] > 0]
             if len(sel) >= 2:
                 n = [m["steps"] * m["dofs"] for m in sel]
-                print(f"{kind + ('es' if kind == 'box' else 's')}: peak growth ~ (steps x dofs)^{slope(n, [m['peak_growth'] for m in sel]):.2f}, "
+                exponent = slope(n, [m["peak_growth"] for m in sel])
+                print(f"{kind + ('es' if kind == 'box' else 's')}: peak growth ~ (steps x dofs)^{exponent:.2f}, "
                       f"{min(m['peak_growth'] / k for m, k in zip(sel, n)):.0f}-"
                       f"{max(m['peak_growth'] / k for m, k in zip(sel, n)):.0f} bytes per step and dof")
     if args.json:
