@@ -164,9 +164,10 @@ def main():
     ap.add_argument("--half-only", action="store_true", help="only the 16 x 4 x 4 bar")
     ap.add_argument("--repeat", type=int, default=None, help="runs per size, best kept (default 3 half, 1 full)")
     ap.add_argument("--check", action="store_true", help="also check the gradient against finite differences")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2, as DiffPD's figures)")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} threads, "
           f"float64, solver={args.solver}, {FRAMES} frames, dt={DT}, DiffPD tolerance rel_tol={REL_TOL:g}")

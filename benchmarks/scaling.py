@@ -127,6 +127,7 @@ def main():
     ap.add_argument("--no-time", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--steps", type=int, default=100, help="rollout length for the memory table")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2, as DiffPD's figures)")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--memory-child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -134,7 +135,7 @@ def main():
         kind, size, steps = args.memory_child
         size = json.loads(size)
         return memory_child(kind, tuple(size) if kind == "box" else size, int(steps))
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} threads, "
           f"float64")
