@@ -38,6 +38,10 @@ x0, v0) and ``rtol = 1e-12`` so that atol governs. How fair this is:
 - DiffPD's published figures (forward and backward seconds for 25 frames, 2 threads, rel_tol 1e-4) were
   measured on the authors' machine, not this one: the ratios printed are across machines and only indicative.
 
+Noise: on a shared 2-core machine, 2-thread runs stall in torch's OpenMP regions whenever another process
+holds a core (the half bar's backward took 0.5 s on an idle machine, 3 s under load); ``--threads 1`` is
+steadier there and was no slower in our runs.
+
 ``--check`` verifies the gradient: on the half-resolution bar, 3 frames at diffsoft's default (tight)
 tolerances, the directional derivative ``grad . d`` along a random direction d of (x0, v0) against a
 central finite difference of the loss.
