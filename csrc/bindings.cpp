@@ -109,7 +109,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("friction", &diffsoft::StepModel::friction)
       .def_readwrite("ground", &diffsoft::StepModel::ground)
       .def_readwrite("eps", &diffsoft::StepModel::eps)
-      .def_readwrite("has_ground", &diffsoft::StepModel::has_ground);
+      .def_readwrite("has_ground", &diffsoft::StepModel::has_ground)
+      .def_readwrite("factor_cache", &diffsoft::StepModel::factor_cache);
+  py::class_<diffsoft::FactorCache, std::shared_ptr<diffsoft::FactorCache>>(
+      m, "FactorCache", "Symbolic factorizations shared by a model's steps (see step_energy.h).")
+      .def(py::init<>())
+      .def_readonly("analyses", &diffsoft::FactorCache::analyses);
+#ifdef DIFFSOFT_WITH_CHOLMOD
+  m.attr("HAS_CHOLMOD") = true;
+#else
+  m.attr("HAS_CHOLMOD") = false;
+#endif
   // The fused kernels are called from Python autograd Functions (diffsoft.fused), themselves called from the
   // C++ solver: plain C++ with no Python inside, so they drop the GIL for other threads.
   m.def(

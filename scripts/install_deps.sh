@@ -2,7 +2,8 @@
 # Installs Debian's packages that diffsoft builds and tests with (needs root; no PyPI on these machines).
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build ccache git
-      python3-torch libtorch-dev pybind11-dev libeigen3-dev googletest libgtest-dev
+      python3-torch libtorch-dev pybind11-dev libeigen3-dev googletest libgtest-dev libsuitesparse-dev
+      libopenblas0-pthread
       python3-pytest python3-numpy python3-matplotlib python3-pil python3-tqdm python3-scipy
       python3-venv python3-pip python3-setuptools python3-wheel python3-dev python3-meshio python3-hypothesis)
 missing=()

@@ -210,6 +210,7 @@ def _model(s, mass, Dm_inv, mu, lam, rest_length, stiffness, gravity, contact_st
         m.rest_length = rest_length.detach().contiguous()
         m.stiffness = stiffness.detach().expand(s.muscles.shape[0]).contiguous()
     m.material = _MATERIAL_CODES[s.material]
+    m.factor_cache = getattr(s, "factor_cache", None)
     m.h, m.gravity, m.eps = s.h, float(gravity), s.eps
     m.has_ground = s.ground is not None
     if m.has_ground:

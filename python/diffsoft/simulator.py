@@ -15,6 +15,7 @@ import types
 
 import torch
 
+from ._extension import _C
 from ._minimize import minimize
 from .fused import direct_energy, step_energy, with_model
 from .energies import (determinant, elastic_energy, friction_energy, gravity_energy, ground_contact_energy,
@@ -98,7 +99,7 @@ class Simulator:
         return types.SimpleNamespace(
             elements=body.elements, muscles=body.muscles if body.num_muscles else None, free=body.free,
             slot=slot, all_free=len(body.fixed) == 0, material=body.material, h=self.dt, ground=self.ground,
-            eps=self.friction_eps)
+            eps=self.friction_eps, factor_cache=_C.FactorCache())
 
     def _force_scale(self):
         """The body's weight plus the elastic force that would stretch every element by 100%: round-off in

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.autograd import gradcheck, gradgradcheck
 
+from diffsoft._extension import _C
 from diffsoft.body import SoftBody
 from diffsoft.creatures import biped, tetrapod
 from diffsoft.energies import determinant
@@ -161,8 +162,17 @@ def test_cpu_kernels_and_device_agnostic_torch_path_agree(dim, material, fixed):
     torch.testing.assert_close(hv, hv_torch, rtol=1e-11, atol=1e-11 * hv_torch.abs().max().item())
 
 
+def _block(dtype=f64):
+    """A 3D block of 1080 free unknowns, its x = 0 face clamped: large enough for the supernodal path."""
+    verts, tets = box(size=(0.5, 0.25, 0.25), resolution=(10, 5, 5), dtype=dtype)
+    body = SoftBody(verts, tets, density=1000.0, youngs_modulus=1e5, poisson_ratio=0.4,
+                    fixed=torch.nonzero(verts[:, 0] == 0).flatten())
+    return Simulator(body, dt=0.01, ground=None)
+
+
 @pytest.mark.parametrize("make", [lambda: biped(dtype=f64), lambda: tetrapod(dtype=f64),
-                                  lambda: _sim(2, "neo_hookean", fixed=[0, 3])], ids=["biped", "tetrapod", "fixed"])
+                                  lambda: _sim(2, "neo_hookean", fixed=[0, 3]), _block],
+                         ids=["biped", "tetrapod", "fixed", "block"])
 def test_sparse_direct_and_cg_solvers_agree(make):
     """solver="direct" (sparse LDL^T of each creature's Hessian, also for the adjoint) against "cg"."""
     results = []
@@ -209,3 +219,13 @@ def test_batched_step_gradients_for_every_parameter_match_the_plain_path(solver)
         grads.append(torch.autograd.grad((w * x1).sum() + (v1 * v1).sum(), [x0, v0, a] + leaves))
     for name, g, r in zip(["x0", "v0", "a", "mu", "lam", "mass", "Dm_inv", "l0", "k", "g", "kc", "kf"], *grads):
         torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-8 * r.abs().max().item(), msg=name)
+
+
+@pytest.mark.skipif(not _C.HAS_CHOLMOD, reason="diffsoft was built without CHOLMOD")
+def test_supernodal_factorizations_share_one_symbolic_analysis():
+    sim = _block()
+    x, v = sim.rest_state
+    for _ in range(3):
+        x, v, info = sim.step(x, v, return_info=True)
+        assert info.converged and info.factorizations > 0
+    assert sim._static.factor_cache.analyses == 1
