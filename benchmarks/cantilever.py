@@ -35,8 +35,9 @@ x0, v0) and ``rtol = 1e-12`` so that atol governs. How fair this is:
   force of scale 1e-4 N per vertex and a planar-collision PD energy on two tip vertices; none changes the
   size of the systems solved. Our adjoint solve is a direct solve to 1e-10 (DiffPD's backward uses its
   rel_tol), i.e. at least as accurate.
-- DiffPD's published figures (forward and backward seconds for 25 frames, 2 threads, rel_tol 1e-4) were
-  measured on the authors' machine, not this one: the ratios printed are across machines and only indicative.
+- DiffPD's figures (forward and backward seconds for 25 frames, 2 threads, rel_tol 1e-4) are the ones the
+  speed issue gives, measured on a machine of this project's kind (2 cores), not in this run: the ratios
+  compare this run's times with them, so load on this machine shows up in the ratios.
 
 Noise: on a shared 2-core machine, 2-thread runs stall in torch's OpenMP regions whenever another process
 holds a core (the half bar's backward took 0.5 s on an idle machine, 3 s under load); ``--threads 1`` is
