@@ -47,6 +47,8 @@ def make(kind, size, solver="auto", dtype=torch.float64):
     fixed = torch.nonzero(verts[:, 0] == 0).flatten()
     body = SoftBody(verts, elems, material="neo_hookean", density=1000.0, youngs_modulus=1e5, poisson_ratio=0.3,
                     fixed=fixed, dtype=dtype)
+    if solver == "kept":  # the direct solver, each backward on the forward's kept factor
+        return Simulator(body, dt=1 / 30, ground=None, keep_factors=True)
     return Simulator(body, dt=1 / 30, ground=None, solver=solver)
 
 
@@ -122,7 +124,8 @@ def memory(kind, size, steps):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes only")
-    ap.add_argument("--solver", default="auto", help="comma-separated: auto, direct, cg")
+    ap.add_argument("--solver", default="auto",
+                    help="comma-separated: auto, direct, cg, or kept (direct with keep_factors=True)")
     ap.add_argument("--max-elements", type=int, default=60000, help="skip 3D boxes with more tetrahedra")
     ap.add_argument("--no-time", action="store_true")
     ap.add_argument("--no-memory", action="store_true")

@@ -69,6 +69,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("ls_max_iter", &SolverOptions::ls_max_iter)
       .def_readwrite("batched", &SolverOptions::batched)
       .def_readwrite("raise_on_failure", &SolverOptions::raise_on_failure)
+      .def_readwrite("keep_factor", &SolverOptions::keep_factor)
       .def("check", &diffsoft::check_options);
 
   py::class_<SolveInfo, std::shared_ptr<SolveInfo>>(m, "SolveInfo")

@@ -15,6 +15,7 @@ struct Problem : torch::CustomClassHolder {
   std::vector<int64_t> shape;
   std::shared_ptr<SolveInfo> info;
   std::shared_ptr<const DirectEnergy> direct;
+  LinearOperator factor;  // with options.keep_factor: the solve of the forward's last factorization
 };
 
 class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
@@ -22,8 +23,9 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, c10::intrusive_ptr<Problem> problem,
                                const torch::Tensor& x0, at::TensorList params) {
     std::vector<torch::Tensor> ps(params.begin(), params.end());
-    torch::Tensor x_star =
-        newton_minimize(problem->energy, x0, ps, problem->options, *problem->info, problem->direct.get());
+    torch::Tensor x_star = newton_minimize(problem->energy, x0, ps, problem->options, *problem->info,
+                                           problem->direct.get(),
+                                           problem->options.keep_factor ? &problem->factor : nullptr);
     problem->shape = x_star.sizes().vec();
     ctx->saved_data["problem"] = c10::IValue::make_capsule(problem);
     ps.push_back(x_star);
@@ -73,6 +75,18 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
 
     torch::Tensor x_rows = x_star.detach().reshape({batch, n});
     DirectDerivatives point = derivatives_at(pb->energy, pb->direct.get(), x_rows, pb->shape, consts, opt.batched);
+    if (pb->factor) {
+      // The forward's last factor, made near x*, solves and preconditions instead of a fresh factorization.
+      // Rows where it failed (H not positive definite there) come back non-finite: they keep CG's own
+      // preconditioner.
+      LinearOperator kept = pb->factor, own = point.precondition;
+      point.solve = kept;
+      point.precondition = [kept, own](const torch::Tensor& r) {
+        torch::Tensor z = kept(r);
+        torch::Tensor ok = torch::isfinite(z).all(1, true);
+        return torch::where(ok, z, own ? own(r) : r);
+      };
+    }
     const int64_t max_iter = opt.backward_max_iter > 0 ? opt.backward_max_iter : 10 * n;
     torch::Tensor b_norm = dl_dx.square().sum(1).sqrt();
     torch::Tensor direct_rows;

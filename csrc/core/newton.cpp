@@ -43,7 +43,8 @@ void check_options(const SolverOptions& o) {
 }
 
 torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
-                              const SolverOptions& opt, SolveInfo& info, const DirectEnergy* direct) {
+                              const SolverOptions& opt, SolveInfo& info, const DirectEnergy* direct,
+                              LinearOperator* last_solve) {
   check_options(opt);
   if (!x0.is_floating_point()) throw std::invalid_argument("x0 must be a floating-point tensor");
   if (opt.batched && x0.dim() < 1) throw std::invalid_argument("batched=True needs x0 with a leading batch dimension");
@@ -116,6 +117,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     torch::Tensor eta = torch::clamp_max((g_norm / g0_norm.clamp_min(1e-300)).sqrt(), opt.cg_rtol);
     CGResult cg = solve_rows(point, rhs, eta * g_norm, cg_max_iter, /*truncate=*/true);
     if (point.factorizations) info.factorizations += point.factorizations();
+    if (last_solve && point.solve) *last_solve = point.solve;
     info.cg_iterations += cg.iterations;
     info.hvp_count += cg.iterations;
     // A row whose CG direction is numerically useless (no descent) falls back to steepest descent.

@@ -66,6 +66,11 @@ struct SolverOptions {
   double ls_c1 = 1e-4;
   double ls_shrink = 0.5;
   int64_t ls_max_iter = 30;
+  // Keep the forward's last factorization (direct path with a solver) for the backward, where it replaces a
+  // fresh factorization at x*: a back-substitution plus iterative refinement (and CG preconditioned by it)
+  // solves the adjoint system. Newton's last factor was made one step before x*, so a few refinements reach
+  // the tolerance. Costs the factor's memory until the backward has run.
+  bool keep_factor = false;
   bool batched = false;         // dim 0 of x indexes independent problems
   bool raise_on_failure = false;  // throw ConvergenceError instead of reporting it in SolveInfo
 };
@@ -126,8 +131,10 @@ CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& 
 // Newton's method with backtracking line search and truncated CG. Returns x* with x0's shape; fills info.
 // Throws std::invalid_argument for bad input (non-scalar or non-finite energy at x0, bad options), and
 // ConvergenceError when options.raise_on_failure and the solve failed.
+// last_solve, if given, receives the solve operator of Newton's last factorization (empty if none was made).
 torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
-                              const SolverOptions& options, SolveInfo& info, const DirectEnergy* direct = nullptr);
+                              const SolverOptions& options, SolveInfo& info, const DirectEnergy* direct = nullptr,
+                              LinearOperator* last_solve = nullptr);
 
 // x* = argmin_x energy(x, params) as a differentiable function of params (implicit function theorem).
 // info, if given, receives the forward's record, and the backward's when it runs.

@@ -25,6 +25,7 @@ def minimize(
     ls_max_iter=30,
     on_failure="warn",
     return_info=False,
+    keep_factor=False,
     _direct=None,
 ):
     """Minimize ``energy(x, *params)`` over ``x`` by Newton's method, matrix-free, in C++.
@@ -61,6 +62,10 @@ def minimize(
             (``diffsoft.ConvergenceError``, whose ``info`` attribute holds the record), for the forward and
             the backward alike.
         return_info: also return the :class:`SolveInfo` record.
+        keep_factor: with a direct energy that factors its Hessian (the simulator's ``solver="direct"``), keep
+            Newton's last factorization for the backward, which then solves the adjoint system by
+            back-substitution and iterative refinement with it instead of factoring again at ``x*``: a
+            cheaper backward for the memory of one factor per solve until its backward has run.
         _direct: internal, for diffsoft's built-in energies: a ``_C.DirectEnergy`` giving the same energy's
             value, gradient and Hessian products without autograd, used by Newton and the adjoint solve;
             ``energy`` still gives the derivatives with respect to ``params``.
@@ -82,7 +87,7 @@ def minimize(
     options = _options(
         batched=batched, rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol, cg_max_iter=cg_max_iter,
         backward_rtol=backward_rtol, backward_max_iter=backward_max_iter, ls_c1=ls_c1, ls_shrink=ls_shrink,
-        ls_max_iter=ls_max_iter, raise_on_failure=on_failure == "raise",
+        ls_max_iter=ls_max_iter, raise_on_failure=on_failure == "raise", keep_factor=bool(keep_factor),
     )
 
     tensor_slots = [i for i, p in enumerate(params) if isinstance(p, torch.Tensor)]
