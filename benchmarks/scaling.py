@@ -1,6 +1,7 @@
 """How one step's time and a rollout's memory grow with the problem's size: 3D boxes of tetrahedra, 2D grids.
 
-    .venv/bin/python benchmarks/scaling.py [--quick] [--solver auto,cg] [--no-memory] [--json FILE]
+    .venv/bin/python benchmarks/scaling.py [--quick] [--solver auto,kept,cg] [--no-memory] [--json FILE]
+    .venv/bin/python benchmarks/scaling.py --plot FILE.json FIGURE.png
 
 Time: a 3D neo-Hookean box (1 x 0.35 x 0.375 m, E = 1e5, nu = 0.3, density 1000, its x = 0 face clamped, under
 gravity, ``ground=None``, dt = 1/30), ``diffsoft.mesh.box`` with 6 tetrahedra per cube, from 432 up to 50,400
@@ -121,6 +122,47 @@ def memory(kind, size, steps):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def plot(json_path, png_path):
+    """Forward and backward step time against dofs per solver and body kind (log-log), and the rollout's
+    memory per step against dofs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(json_path) as f:
+        data = json.load(f)
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    styles = {"auto": "C0", "kept": "C2", "direct": "C0", "cg": "C3"}
+    for (kind, solver), group in _groups(data["time"], ("kind", "solver")).items():
+        d = [r["dofs"] for r in group]
+        marker = "o" if kind == "box" else "s"
+        label = f"{kind}, {solver}"
+        ax_t.loglog(d, [r["forward_ms"] for r in group], marker + "-", color=styles.get(solver), label=label + " fwd")
+        ax_t.loglog(d, [r["backward_ms"] for r in group], marker + ":", color=styles.get(solver), label=label + " bwd")
+    ax_t.set_xlabel("dofs")
+    ax_t.set_ylabel("one step, ms")
+    ax_t.legend(fontsize=6, ncol=2)
+    ax_t.grid(True, which="both", alpha=0.3)
+    for (kind,), group in _groups([m for m in data["memory"] if m["steps"] == 100], ("kind",)).items():
+        ax_m.loglog([m["dofs"] for m in group], [m["peak_growth"] / 2**20 for m in group],
+                    ("o" if kind == "box" else "s") + "-", label=f"{kind}: 100-step rollout + backward")
+    ax_m.set_xlabel("dofs")
+    ax_m.set_ylabel("peak memory added, MB")
+    ax_m.legend(fontsize=7)
+    ax_m.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    print(f"wrote {png_path}")
+
+
+def _groups(rows, keys):
+    out = {}
+    for r in rows:
+        out.setdefault(tuple(r[k] for k in keys), []).append(r)
+    return {k: sorted(v, key=lambda r: r["dofs"]) for k, v in out.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes only")
@@ -132,8 +174,12 @@ def main():
     ap.add_argument("--steps", type=int, default=100, help="rollout length for the memory table")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2, as DiffPD's figures)")
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"),
+                    help="only draw the figure (time and memory against dofs) from a --json file of an earlier run")
     ap.add_argument("--memory-child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.plot:
+        return plot(*args.plot)
     if args.memory_child:
         kind, size, steps = args.memory_child
         size = json.loads(size)

@@ -115,7 +115,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<diffsoft::FactorCache, std::shared_ptr<diffsoft::FactorCache>>(
       m, "FactorCache", "Symbolic factorizations shared by a model's steps (see step_energy.h).")
       .def(py::init<>())
-      .def_readonly("analyses", &diffsoft::FactorCache::analyses);
+      .def_readonly("analyses", &diffsoft::FactorCache::analyses)
+      .def(py::pickle([](const diffsoft::FactorCache&) { return py::tuple(); },  // copies start empty
+                      [](const py::tuple&) { return std::make_shared<diffsoft::FactorCache>(); }));
 #ifdef DIFFSOFT_WITH_CHOLMOD
   m.attr("HAS_CHOLMOD") = true;
 #else

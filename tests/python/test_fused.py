@@ -245,3 +245,15 @@ def test_backward_with_the_forwards_kept_factor_gives_the_same_gradient(make):
         assert info.backward_converged and info.backward_direct and info.backward_residual <= 1e-10
         grads.append(g)
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-8, atol=1e-10 * grads[0].abs().max().item())
+
+
+def test_a_copied_simulator_steps_with_its_own_factor_cache():
+    import copy
+    import pickle
+
+    sim = _block()
+    x, v = sim.rest_state
+    x1, _ = sim.step(x, v)
+    for other in (copy.deepcopy(sim), pickle.loads(pickle.dumps(sim))):
+        assert other._static.factor_cache is not sim._static.factor_cache
+        torch.testing.assert_close(other.step(x, v)[0], x1, rtol=0, atol=1e-12)
