@@ -118,11 +118,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readonly("analyses", &diffsoft::FactorCache::analyses)
       .def(py::pickle([](const diffsoft::FactorCache&) { return py::tuple(); },  // copies start empty
                       [](const py::tuple&) { return std::make_shared<diffsoft::FactorCache>(); }));
-#ifdef DIFFSOFT_WITH_CHOLMOD
-  m.attr("HAS_CHOLMOD") = true;
-#else
-  m.attr("HAS_CHOLMOD") = false;
-#endif
+  m.attr("HAS_CHOLMOD") = diffsoft::has_cholmod();
   // The fused kernels are called from Python autograd Functions (diffsoft.fused), themselves called from the
   // C++ solver: plain C++ with no Python inside, so they drop the GIL for other threads.
   m.def(
@@ -174,12 +170,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "minimize",
       [](py::function energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
          const SolverOptions& options, std::shared_ptr<SolveInfo> info,
-         std::shared_ptr<diffsoft::DirectEnergy> direct) {
+         std::shared_ptr<diffsoft::DirectEnergy> direct, const c10::optional<torch::Tensor>& sparsity) {
         EnergyFn fn = python_energy(std::move(energy));
         py::gil_scoped_release no_gil;
+        if (sparsity && !direct) {
+          direct = std::make_shared<diffsoft::DirectEnergy>(diffsoft::probed_energy(
+              fn, params, x0.sizes(), options.batched, *sparsity, std::make_shared<diffsoft::FactorCache>()));
+        }
         return diffsoft::implicit_minimize(fn, x0, params, options, info, direct);
       },
       py::arg("energy"), py::arg("x0"), py::arg("params"), py::arg("options"), py::arg("info"),
-      py::arg("direct") = nullptr,
+      py::arg("direct") = nullptr, py::arg("sparsity") = py::none(),
       "x* = argmin_x energy(x, *params), differentiable w.r.t. params by the implicit function theorem.");
 }

@@ -117,6 +117,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     torch::Tensor eta = torch::clamp_max((g_norm / g0_norm.clamp_min(1e-300)).sqrt(), opt.cg_rtol);
     CGResult cg = solve_rows(point, rhs, eta * g_norm, cg_max_iter, /*truncate=*/true);
     if (point.factorizations) info.factorizations += point.factorizations();
+    if (point.probes) info.hvp_count += point.probes();
     if (last_solve && point.solve) *last_solve = point.solve;
     info.cg_iterations += cg.iterations;
     info.hvp_count += cg.iterations;

@@ -33,6 +33,7 @@ struct DirectDerivatives {
   // positive definite come back non-finite, and those rows fall back to (truncated) CG.
   LinearOperator solve;
   std::function<int64_t()> factorizations;  // optional: how many factorizations solve has made so far
+  std::function<int64_t()> probes;          // optional: Hessian-vector products made outside CG so far
 };
 struct DirectEnergy {
   std::function<torch::Tensor(const torch::Tensor& x_rows)> value;  // 0-dim, or (B,) per problem
@@ -141,6 +142,17 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
 torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
                                 const SolverOptions& options, std::shared_ptr<SolveInfo> info = nullptr,
                                 std::shared_ptr<const DirectEnergy> direct = nullptr);
+
+// A user energy's direct path when its Hessian's sparsity is known: x is (N, d) per problem (batched: (B, N, d))
+// and the energy couples only vertices that share one of `elements` ((E, k) int64). The vertices get a
+// distance-2 colouring (no two of a colour share a neighbour), so d probes per colour, Hessian-vector products
+// by double backward, recover every nonzero of H; H is factored (core/factor.h) for Newton's steps and the
+// adjoint solve when a solve first needs it. Value, gradient, Hessian products and parameter derivatives
+// stay autograd's. A pattern that misses couplings makes a wrong factor, which the solver's measured
+// residuals and CG polish correct (slowly): the derivatives stay right.
+struct FactorCache;
+DirectEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Tensor>& params, at::IntArrayRef shape,
+                           bool batched, const torch::Tensor& elements, std::shared_ptr<FactorCache> cache = nullptr);
 
 // Value, gradient and Hessian products at x_rows: by the direct path if given, else by autograd.
 DirectDerivatives derivatives_at(const EnergyFn& energy, const DirectEnergy* direct, const torch::Tensor& x_rows,

@@ -5,10 +5,6 @@
 #include <ATen/Parallel.h>
 
 #include <Eigen/Dense>
-#include <Eigen/SparseCholesky>
-#ifdef DIFFSOFT_WITH_CHOLMOD
-#include <Eigen/CholmodSupport>
-#endif
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -451,122 +447,16 @@ void for_each_entry(const View<S, D>& v, const S* k_el, const S* k_mu, const S* 
   for (int64_t k = 0; k < v.nm; ++k) add(v.muscles + 2 * k, 2, k_mu + k * 4 * D * D);
 }
 
-// One problem's H, factored: H^-1 b.
-struct Factor {
-  virtual ~Factor() = default;
-  virtual Eigen::VectorXd solve(const Eigen::Ref<const Eigen::VectorXd>& b) const = 0;
-};
-
-// Up to this many unknowns a dense Cholesky factorization beats the sparse one (no ordering, no symbolic
-// analysis, no triplet sorting): 2.3x faster at 50 unknowns, even at about 100, 2x slower at 128 (2D grid
-// patterns, assembly included).
-constexpr int64_t kDenseMax = 100;
-
-struct DenseFactor : Factor {
-  Eigen::LLT<Eigen::MatrixXd, Eigen::Lower> llt;
-  Eigen::VectorXd solve(const Eigen::Ref<const Eigen::VectorXd>& b) const override { return llt.solve(b); }
-};
-
-struct SparseFactor : Factor {
-  Eigen::SimplicialLDLT<Eigen::SparseMatrix<double>, Eigen::Lower, Eigen::AMDOrdering<int>> ldlt;
-  Eigen::VectorXd solve(const Eigen::Ref<const Eigen::VectorXd>& b) const override { return ldlt.solve(b); }
-};
-
-#ifdef DIFFSOFT_WITH_CHOLMOD
-// Above this many unknowns, CHOLMOD's supernodal Cholesky (dense BLAS-3 kernels on supernodes) with a
-// symbolic analysis shared through the model's FactorCache: on 3D meshes its numeric factorization is 6x
-// (8k unknowns) to 30x (30k) faster than the simplicial LDL^T; below, the two are even.
-constexpr int64_t kSupernodalMin = 1000;
-
-// A CHOLMOD factor with its own workspace (cholmod_common), so that factors of a batch run in parallel.
-class CholmodFactor : public Factor {
- public:
-  CholmodFactor() {
-    cholmod_start(&common_);
-    common_.supernodal = CHOLMOD_SUPERNODAL;
-    common_.print = 0;
-  }
-  ~CholmodFactor() override {
-    if (factor_) cholmod_free_factor(&factor_, &common_);
-    cholmod_finish(&common_);
-  }
-  CholmodFactor(const CholmodFactor&) = delete;
-  CholmodFactor& operator=(const CholmodFactor&) = delete;
-
-  // Analyses the lower triangle `lower` (or copies the cached analysis of its pattern), then factors it;
-  // false where it is not positive definite.
-  bool factor(Eigen::SparseMatrix<double>& lower, FactorCache* cache) {
-    cholmod_sparse a = Eigen::viewAsCholmod(lower);
-    a.stype = -1;
-    std::shared_ptr<CholmodFactor> shared;
-    if (cache) {
-      std::lock_guard<std::mutex> lock(cache->mutex);
-      if (cache->symbolic && cache->n == lower.rows() && cache->nnz == lower.nonZeros()) {
-        shared = std::static_pointer_cast<CholmodFactor>(cache->symbolic);
-      } else {
-        shared = std::make_shared<CholmodFactor>();
-        shared->factor_ = cholmod_analyze(&a, &shared->common_);
-        if (!shared->factor_) return false;
-        cache->symbolic = shared, cache->n = lower.rows(), cache->nnz = lower.nonZeros();
-        ++cache->analyses;
-      }
-      factor_ = cholmod_copy_factor(shared->factor_, &common_);
-    } else {
-      factor_ = cholmod_analyze(&a, &common_);
-    }
-    return factor_ && cholmod_factorize(&a, factor_, &common_) && common_.status == CHOLMOD_OK &&
-           factor_->minor == factor_->n;
-  }
-
-  Eigen::VectorXd solve(const Eigen::Ref<const Eigen::VectorXd>& b) const override {
-    Eigen::VectorXd in = b, out(b.size());
-    cholmod_dense rhs = Eigen::viewAsCholmod(in);
-    cholmod_dense* x = cholmod_solve(CHOLMOD_A, factor_, &rhs, &common_);
-    if (!x) return Eigen::VectorXd::Constant(b.size(), std::numeric_limits<double>::quiet_NaN());
-    out = Eigen::Map<const Eigen::VectorXd>(static_cast<const double*>(x->x), b.size());
-    cholmod_free_dense(&x, &common_);
-    return out;
-  }
-
- private:
-  mutable cholmod_common common_;
-  cholmod_factor* factor_ = nullptr;
-};
-#endif
-
 // The factor of one problem's H, or null where H is not positive definite (the solver then falls back to CG
 // for this problem).
 template <typename S, int D>
 std::unique_ptr<Factor> problem_factor(const View<S, D>& v, const S* k_el, const S* k_mu, const S* diag) {
-  const int64_t n = v.f * D;
-  if (n <= kDenseMax) {
-    auto factor = std::make_unique<DenseFactor>();
-    Eigen::MatrixXd h = Eigen::MatrixXd::Zero(n, n);
-    for_each_entry(v, k_el, k_mu, diag, [&](int64_t i, int64_t j, double value) {
-      if (i >= j) h(i, j) += value;
-    });
-    factor->llt.compute(h);
-    if (factor->llt.info() != Eigen::Success) return nullptr;
-    return factor;
-  }
-  std::vector<Eigen::Triplet<double>> entries;
-  entries.reserve(n + v.e * (D + 1) * D * (D + 1) * D / 2 + v.nm * 2 * D * D);
+  std::vector<Eigen::Triplet<double>> lower;
+  lower.reserve(v.f * D + v.e * (D + 1) * D * ((D + 1) * D + 1) / 2 + v.nm * D * (2 * D + 1));
   for_each_entry(v, k_el, k_mu, diag, [&](int64_t i, int64_t j, double value) {
-    if (i >= j) entries.emplace_back(i, j, value);
+    if (i >= j) lower.emplace_back(i, j, value);
   });
-  Eigen::SparseMatrix<double> h(n, n);
-  h.setFromTriplets(entries.begin(), entries.end());
-#ifdef DIFFSOFT_WITH_CHOLMOD
-  if (n >= kSupernodalMin) {
-    auto factor = std::make_unique<CholmodFactor>();
-    if (!factor->factor(h, v.m.factor_cache.get())) return nullptr;
-    return factor;
-  }
-#endif
-  auto factor = std::make_unique<SparseFactor>();
-  factor->ldlt.compute(h);
-  if (factor->ldlt.info() != Eigen::Success || !(factor->ldlt.vectorD().minCoeff() > 0)) return nullptr;
-  return factor;
+  return factor_symmetric(v.f * D, lower, v.m.factor_cache.get());
 }
 
 StepModel contiguous(const StepModel& m) {
@@ -746,55 +636,6 @@ torch::Tensor step_energy_hessian_diagonal(const StepModel& model, const std::ve
   return out;
 }
 
-namespace {
-
-// The factors of a batch's Hessians, each made on the first solve whose right-hand side needs it: a problem
-// already converged (a zero right-hand side) is never factored, nor is Newton's last, converged point.
-class LazyFactors {
- public:
-  LazyFactors(std::shared_ptr<const StepModel> m, std::shared_ptr<const std::vector<torch::Tensor>> blocks)
-      : m_(std::move(m)), blocks_(std::move(blocks)), factors_(blocks_->at(3).size(0)), made_(factors_.size()) {}
-
-  // H^-1 b on rows; NaN rows where H is not positive definite, zero rows for zero right-hand sides.
-  torch::Tensor solve(const torch::Tensor& b_rows) {
-    torch::Tensor b = b_rows.to(torch::kFloat64).contiguous();
-    const int64_t n = b.size(1);
-    std::vector<char> need(factors_.size());
-    for (size_t r = 0; r < factors_.size(); ++r) {
-      need[r] = !made_[r] && Eigen::Map<const Eigen::VectorXd>(b.data_ptr<double>() + r * n, n).any();
-      count_ += need[r];
-    }
-    for_each_problem(*m_, *blocks_, [&](const auto& v, int64_t r, const auto* k_el, const auto* k_mu, const auto* d) {
-      if (!need[r]) return;
-      factors_[r] = problem_factor(v, k_el, k_mu, d);
-      made_[r] = true;
-    });
-    torch::Tensor x = torch::zeros_like(b);
-    at::parallel_for(0, b.size(0), 1, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        Eigen::Map<Eigen::VectorXd> out(x.data_ptr<double>() + r * n, n);
-        if (!made_[r]) continue;  // a zero right-hand side
-        if (factors_[r])
-          out = factors_[r]->solve(Eigen::Map<const Eigen::VectorXd>(b.data_ptr<double>() + r * n, n));
-        else
-          out.setConstant(std::numeric_limits<double>::quiet_NaN());
-      }
-    });
-    return x.to(b_rows.scalar_type());
-  }
-
-  int64_t count() const { return count_; }
-
- private:
-  std::shared_ptr<const StepModel> m_;
-  std::shared_ptr<const std::vector<torch::Tensor>> blocks_;
-  std::vector<std::unique_ptr<Factor>> factors_;
-  std::vector<char> made_;
-  int64_t count_ = 0;
-};
-
-}  // namespace
-
 DirectEnergy step_direct_energy(const StepModel& model, const StepState& state, bool factorize,
                                 const std::vector<int64_t>& param_slots,
                                 const std::vector<std::vector<int64_t>>& param_shapes) {
@@ -836,7 +677,13 @@ DirectEnergy step_direct_energy(const StepModel& model, const StepState& state, 
     out.hvp = hvp;
     out.precondition = precondition;
     if (factorize) {
-      auto factors = std::make_shared<LazyFactors>(m, blocks);
+      auto factors = std::make_shared<LazyFactors>(
+          shape[0], [m, blocks](const std::vector<char>& need, std::vector<std::unique_ptr<Factor>>& out) {
+            for_each_problem(*m, *blocks, [&](const auto& v, int64_t r, const auto* k_el, const auto* k_mu,
+                                              const auto* d) {
+              if (need[r]) out[r] = problem_factor(v, k_el, k_mu, d);
+            });
+          });
       out.solve = [factors](const torch::Tensor& b) { return factors->solve(b); };
       out.factorizations = [factors] { return factors->count(); };
     }

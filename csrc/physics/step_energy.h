@@ -14,22 +14,12 @@
 #include <torch/torch.h>
 
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "core/factor.h"
 #include "core/solver.h"
 
 namespace diffsoft {
-
-// Symbolic factorizations (fill-reducing ordering, supernodes) depend only on the Hessian's sparsity pattern,
-// the same at every step of a model: a FactorCache kept with the model (one per simulator) lets every sparse
-// factorization after the first skip them. Opaque; thread-safe.
-struct FactorCache {
-  std::mutex mutex;
-  std::shared_ptr<void> symbolic;  // the analysis, owned by the factorization back end that made it
-  int64_t n = -1, nnz = -1;        // the pattern it was made for
-  int64_t analyses = 0;            // how many were made (one per pattern, unless patterns alternate)
-};
 
 struct StepModel {
   torch::Tensor elements;    // (E, d+1) int64

@@ -180,3 +180,40 @@ TEST_F(Core, NonConvergenceIsReportedOrThrown) {
   EXPECT_THROW(diffsoft::newton_minimize(quartic, torch::full({4}, 5.0, f64), p, opt, info),
                diffsoft::ConvergenceError);
 }
+
+// A convex spring energy on a 5 x 4 grid of 2D vertices; its edges are the sparsity pattern.
+TEST(ProbedEnergy, RecoversAndFactorsTheHessianFromColouredProbes) {
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  std::vector<int64_t> edges;
+  for (int64_t j = 0; j < 4; ++j)
+    for (int64_t i = 0; i < 5; ++i) {
+      if (i + 1 < 5) edges.insert(edges.end(), {j * 5 + i, j * 5 + i + 1});
+      if (j + 1 < 4) edges.insert(edges.end(), {j * 5 + i, (j + 1) * 5 + i});
+    }
+  Tensor pattern = torch::tensor(edges, torch::kLong).view({-1, 2});
+  const EnergyFn springs = [pattern](const Tensor& x, const std::vector<Tensor>&) {
+    Tensor d = x.index_select(-2, pattern.select(1, 0)) - x.index_select(-2, pattern.select(1, 1));
+    Tensor s = d.square().sum(-1);
+    return (0.25 * s.square() + 0.5 * s).sum() + 0.5 * x.square().sum();
+  };
+  diffsoft::DirectEnergy direct = diffsoft::probed_energy(springs, {}, {20, 2}, false, pattern);
+  torch::manual_seed(3);
+  Tensor x = torch::randn({1, 40}, f64);
+  diffsoft::DirectDerivatives point = direct.derivatives(x);
+  Tensor b = torch::randn({1, 40}, f64);
+  Tensor sol = point.solve(b);
+  EXPECT_TRUE(torch::allclose(point.hvp(sol), b, 1e-9, 1e-9)) << (point.hvp(sol) - b).abs().max();
+  EXPECT_EQ(point.factorizations(), 1);
+  // A 4-neighbour grid needs at least 5 colours at distance 2 (a vertex and its four neighbours), times d.
+  EXPECT_GE(point.probes(), 10);
+  EXPECT_LT(point.probes(), 40);  // fewer than the 40 columns of H
+
+  diffsoft::SolverOptions opt;
+  diffsoft::SolveInfo info;
+  Tensor x_star = diffsoft::newton_minimize(springs, torch::randn({20, 2}, f64), {}, opt, info, &direct);
+  EXPECT_TRUE(info.converged) << info.message;
+  EXPECT_EQ(info.cg_iterations, 0);
+  EXPECT_GT(info.factorizations, 0);
+  EXPECT_THROW(diffsoft::probed_energy(springs, {}, {20, 2}, false, pattern + 20), std::invalid_argument);
+  EXPECT_THROW(diffsoft::probed_energy(springs, {}, {40}, false, pattern), std::invalid_argument);
+}

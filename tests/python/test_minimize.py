@@ -396,3 +396,65 @@ def test_import_under_another_torch_says_rebuild(monkeypatch):
         importlib.reload(importlib.import_module("diffsoft._extension"))
     monkeypatch.undo()
     importlib.reload(importlib.import_module("diffsoft._extension"))
+
+
+def _sheet(n=6):
+    """A neo-Hookean sheet's step energy written as a user energy (plain torch), and its triangles."""
+    from diffsoft.energies import elastic_energy
+
+    verts, tris = diffsoft.mesh.rectangle(width=1.0, height=0.5, nx=n - 1, ny=n // 2, dtype=torch.float64)
+    body = diffsoft.SoftBody(verts, tris, density=100.0, youngs_modulus=1e3, poisson_ratio=0.3)
+
+    def energy(x, x_hat, mu, pull):
+        inertia = 0.5 * (body.mass[:, None] * (x - x_hat) ** 2).sum((-2, -1)) / 0.01 ** 2
+        e = elastic_energy(x, body.elements, body.Dm_inv, mu, body.lam, body.material, body.rest_volume)
+        return inertia + e - pull * x[..., -1, 0]
+
+    return body, energy
+
+
+def test_sparsity_gives_the_same_minimiser_and_gradients_by_factorization():
+    body, energy = _sheet()
+    x_hat = (body.rest_positions * 1.05).requires_grad_()
+    mu = body.mu.clone().requires_grad_()
+    pull = torch.tensor(3.0, dtype=torch.float64, requires_grad=True)
+    out = []
+    for sparsity in (None, body.elements):
+        x, info = diffsoft.minimize(energy, body.rest_positions, x_hat, mu, pull, sparsity=sparsity, rtol=1e-11,
+                                    return_info=True, on_failure="raise")
+        w = torch.randn(x.shape, generator=torch.Generator().manual_seed(0), dtype=x.dtype)
+        grads = torch.autograd.grad((w * x).sum(), (x_hat, mu, pull))
+        out.append((x, grads, info))
+    (x0, g0, i0), (x1, g1, i1) = out
+    assert i0.cg_iterations > 0 and i0.factorizations == 0
+    assert i1.cg_iterations == 0 and i1.factorizations > 0 and i1.backward_direct
+    assert i1.iterations <= i0.iterations
+    torch.testing.assert_close(x1, x0, rtol=0, atol=1e-10)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9 * b.abs().max().item())
+
+
+def test_sparsity_batched_and_with_a_pattern_that_misses_couplings():
+    body, energy = _sheet()
+    x_hat = torch.stack([body.rest_positions * 1.05, body.rest_positions * 0.97]).requires_grad_()
+    mu, pull = body.mu, torch.tensor(3.0, dtype=torch.float64)
+    reference = diffsoft.minimize(energy, x_hat.detach(), x_hat, mu, pull, batched=True, rtol=1e-11)
+    (g_ref,) = torch.autograd.grad(reference.square().sum(), x_hat)
+    for pattern in (body.elements, body.elements[:, :2]):  # the second keeps one edge of each triangle
+        x, info = diffsoft.minimize(energy, x_hat.detach(), x_hat, mu, pull, batched=True, rtol=1e-11,
+                                    sparsity=pattern, return_info=True)
+        (g,) = torch.autograd.grad(x.square().sum(), x_hat)
+        assert info.converged
+        torch.testing.assert_close(x, reference, rtol=0, atol=1e-9)
+        torch.testing.assert_close(g, g_ref, rtol=1e-6, atol=1e-8)
+
+
+def test_bad_sparsity_is_refused_by_name():
+    body, energy = _sheet()
+    args = (body.rest_positions, body.rest_positions, body.mu, torch.tensor(1.0, dtype=torch.float64))
+    with pytest.raises(TypeError, match="sparsity must be an .E, k. int64"):
+        diffsoft.minimize(energy, *args, sparsity=body.elements.double())
+    with pytest.raises(ValueError, match="out of range"):
+        diffsoft.minimize(energy, *args, sparsity=body.elements + body.num_vertices)
+    with pytest.raises(ValueError, match="x0 must be .N, d."):
+        diffsoft.minimize(energy, args[0].reshape(-1), *args[1:], sparsity=body.elements)

@@ -1,0 +1,61 @@
+// Cholesky factorizations of sparse symmetric positive definite matrices, for Newton's steps and the
+// adjoint solve: dense for small systems, Eigen's simplicial LDL^T, or CHOLMOD's supernodal Cholesky (when
+// built with SuiteSparse) for large ones. Pure C++ (Eigen, optionally CHOLMOD).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <Eigen/Core>
+#include <Eigen/SparseCore>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace diffsoft {
+
+// Symbolic factorizations (fill-reducing ordering, supernodes) depend only on the sparsity pattern, the same
+// at every step of a model: a FactorCache kept with the model (one per simulator) lets every sparse
+// factorization after the first skip them. Opaque; thread-safe.
+struct FactorCache {
+  std::mutex mutex;
+  std::shared_ptr<void> symbolic;  // the analysis, owned by the factorization back end that made it
+  int64_t n = -1, nnz = -1;        // the pattern it was made for
+  int64_t analyses = 0;            // how many were made (one per pattern, unless patterns alternate)
+};
+
+// A factored matrix: A^-1 b.
+struct Factor {
+  virtual ~Factor() = default;
+  virtual Eigen::VectorXd solve(const Eigen::Ref<const Eigen::VectorXd>& b) const = 0;
+};
+
+// Factors the n x n symmetric matrix whose lower triangle (row >= col; duplicates are summed) is `lower`;
+// null where it is not positive definite. cache may be null.
+std::unique_ptr<Factor> factor_symmetric(int64_t n, const std::vector<Eigen::Triplet<double>>& lower,
+                                         FactorCache* cache = nullptr);
+
+bool has_cholmod();
+
+// The factors of a batch's matrices, one per row of the right-hand sides, each made on the first solve whose
+// right-hand side needs it: a problem already converged (a zero right-hand side) is never factored, nor is
+// Newton's last, converged point. make(need, factors) fills factors[r] (null: not positive definite) for
+// the rows r with need[r].
+class LazyFactors {
+ public:
+  using Maker = std::function<void(const std::vector<char>& need, std::vector<std::unique_ptr<Factor>>& factors)>;
+  LazyFactors(int64_t rows, Maker make) : make_(std::move(make)), factors_(rows), made_(rows) {}
+
+  // A^-1 b on (B, n) rows; NaN rows where A is not positive definite, zero rows for zero right-hand sides.
+  torch::Tensor solve(const torch::Tensor& b_rows);
+  int64_t count() const { return count_; }  // factorizations made so far
+
+ private:
+  Maker make_;
+  std::vector<std::unique_ptr<Factor>> factors_;
+  std::vector<char> made_;
+  int64_t count_ = 0;
+};
+
+}  // namespace diffsoft

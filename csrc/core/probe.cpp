@@ -1,0 +1,113 @@
+// A user energy's Hessian recovered by coloured probing, and factored: the direct path for energies written
+// in torch whose sparsity is known from a mesh. See probed_energy in solver.h.
+#include <algorithm>
+#include <stdexcept>
+
+#include "core/factor.h"
+#include "solver.h"
+
+namespace diffsoft {
+
+namespace {
+
+// Vertex i's neighbours (itself included): the vertices that share an element with it, sorted.
+std::vector<std::vector<int64_t>> neighbours(int64_t n, const torch::Tensor& elements) {
+  torch::Tensor el = elements.to(torch::kCPU, torch::kLong).contiguous();
+  const int64_t count = el.size(0), k = el.size(1);
+  const int64_t* idx = el.data_ptr<int64_t>();
+  std::vector<std::vector<int64_t>> out(n);
+  for (int64_t i = 0; i < n; ++i) out[i].push_back(i);
+  for (int64_t e = 0; e < count; ++e)
+    for (int64_t a = 0; a < k; ++a)
+      for (int64_t b = 0; b < k; ++b) out[idx[e * k + a]].push_back(idx[e * k + b]);
+  for (auto& nb : out) {
+    std::sort(nb.begin(), nb.end());
+    nb.erase(std::unique(nb.begin(), nb.end()), nb.end());
+  }
+  return out;
+}
+
+// Greedy distance-2 colouring: no two vertices of one colour share a neighbour, so that a probe summing the
+// unit vectors of one colour's vertices gives, in each row, at most one of them.
+std::vector<int64_t> colour(const std::vector<std::vector<int64_t>>& nb, int64_t& colours) {
+  const int64_t n = nb.size();
+  std::vector<int64_t> c(n, -1), seen;
+  colours = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    seen.assign(colours + 1, -1);
+    for (int64_t j : nb[i])
+      for (int64_t l : nb[j])
+        if (c[l] >= 0) seen[c[l]] = i;
+    int64_t pick = 0;
+    while (seen[pick] == i) ++pick;
+    c[i] = pick;
+    colours = std::max(colours, pick + 1);
+  }
+  return c;
+}
+
+}  // namespace
+
+DirectEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Tensor>& params, at::IntArrayRef shape,
+                           bool batched, const torch::Tensor& elements, std::shared_ptr<FactorCache> cache) {
+  if (shape.size() != (batched ? 3u : 2u))
+    throw std::invalid_argument("with a sparsity pattern, x must be (N, d), or (B, N, d) with batched=True");
+  const int64_t batch = batched ? shape[0] : 1, n_vertices = shape[shape.size() - 2], d = shape.back();
+  if (elements.dim() != 2 || elements.scalar_type() != torch::kLong)
+    throw std::invalid_argument("the sparsity pattern must be an (E, k) int64 tensor of vertex indices");
+  if (elements.numel() && (elements.min().item<int64_t>() < 0 || elements.max().item<int64_t>() >= n_vertices))
+    throw std::invalid_argument("a sparsity pattern's vertex index is out of range [0, " + std::to_string(n_vertices) +
+                                ")");
+  auto nb = std::make_shared<const std::vector<std::vector<int64_t>>>(neighbours(n_vertices, elements));
+  int64_t colours = 0;
+  auto c = std::make_shared<const std::vector<int64_t>>(colour(*nb, colours));
+  const torch::Tensor colour_of = torch::tensor(*c, torch::kLong).to(elements.device());
+  const std::vector<int64_t> full(shape.begin(), shape.end());
+  std::vector<torch::Tensor> consts;
+  for (const auto& p : params) consts.push_back(p.defined() ? p.detach() : p);
+
+  DirectEnergy direct;
+  direct.value = [energy, consts, full](const torch::Tensor& x_rows) {
+    torch::NoGradGuard no_grad;
+    return energy(x_rows.view(full), consts);
+  };
+  direct.derivatives = [=](const torch::Tensor& x_rows) {
+    auto point = std::make_shared<SecondOrderPoint>(energy, x_rows, full, consts, batched);
+    DirectDerivatives out;
+    out.energy = point->energy();
+    out.grad = point->grad();
+    out.hvp = [point](const torch::Tensor& v) { return point->hvp(v); };
+    auto probes = std::make_shared<int64_t>(0);
+    auto factors = std::make_shared<LazyFactors>(
+        batch, [=](const std::vector<char>& need, std::vector<std::unique_ptr<Factor>>& out) {
+          // Column (i, a) of H, for every vertex i of colour k, is in probe (k, a) at the rows of i's neighbours.
+          std::vector<torch::Tensor> hv;
+          for (int64_t k = 0; k < colours; ++k)
+            for (int64_t a = 0; a < d; ++a) {
+              torch::Tensor v = torch::zeros({batch, n_vertices, d}, x_rows.options());
+              v.select(2, a).copy_(colour_of.eq(k).to(x_rows.scalar_type()).expand({batch, n_vertices}));
+              hv.push_back(point->hvp(v.view({batch, -1})).to(torch::kFloat64).contiguous());
+              ++*probes;
+            }
+          for (int64_t r = 0; r < batch; ++r) {
+            if (!need[r]) continue;
+            std::vector<Eigen::Triplet<double>> lower;
+            for (int64_t j = 0; j < n_vertices; ++j)
+              for (int64_t i : (*nb)[j])
+                for (int64_t a = 0; a < d; ++a) {
+                  const double* col = hv[(*c)[i] * d + a].data_ptr<double>() + r * n_vertices * d;
+                  for (int64_t b = 0; b < d; ++b)
+                    if (j * d + b >= i * d + a) lower.emplace_back(j * d + b, i * d + a, col[j * d + b]);
+                }
+            out[r] = factor_symmetric(n_vertices * d, lower, cache.get());
+          }
+        });
+    out.solve = [factors](const torch::Tensor& b) { return factors->solve(b); };
+    out.factorizations = [factors] { return factors->count(); };
+    out.probes = [probes] { return *probes; };
+    return out;
+  };
+  return direct;
+}
+
+}  // namespace diffsoft
