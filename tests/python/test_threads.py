@@ -84,6 +84,35 @@ def test_threads_stepping_their_own_simulators_match_one_thread(run):
         assert_same(result, serial[s])
 
 
+_SHARED = {}
+
+
+def shared_block_run(seed, steps=2):
+    """Threads stepping ONE simulator whose Hessians go through CHOLMOD (over 1000 unknowns): its FactorCache's
+    symbolic analysis is shared by every thread's factorizations."""
+    if "sim" not in _SHARED:
+        v, t = box((0.5, 0.25, 0.25), (10, 5, 5), dtype=F64)
+        body = SoftBody(v, t, density=1000.0, youngs_modulus=1e5, poisson_ratio=0.4,
+                        fixed=torch.nonzero(v[:, 0] == 0).flatten())
+        _SHARED["sim"] = Simulator(body, dt=0.01, ground=None)
+    sim = _SHARED["sim"]
+    x, v = sim.rest_state
+    g = torch.Generator().manual_seed(seed)
+    v = (0.2 * torch.randn(v.shape, generator=g, dtype=F64)).requires_grad_()
+    xs, _ = sim.rollout(x, v, steps=steps)
+    xs[-1].square().sum().backward()
+    return xs.detach(), v.grad
+
+
+def test_threads_sharing_one_simulator_and_its_factor_cache_match_one_thread():
+    seeds = [0, 1, 2, 0]
+    serial = [shared_block_run(s) for s in seeds[:3]]
+    threaded = run_in_threads(shared_block_run, seeds)
+    for s, result in zip(seeds, threaded):
+        for u, w in zip(result, serial[s]):
+            torch.testing.assert_close(u, w, rtol=1e-9, atol=1e-12)
+
+
 def _failing_step(seed):
     """A step that cannot converge (max_iter=1 after a violent impact): warns in one thread, raises in another,
     while other threads step normally."""
