@@ -227,3 +227,32 @@ def test_a_diverging_problem_does_not_stop_the_others_in_a_batch():
     assert torch.isfinite(x).all()
     assert info.problem_converged == [True, False, True]
     assert check_solve(summed, x0, (k, c)) == "reported"
+
+
+@fuzz(25)
+@given(n=st.integers(1, 12), d=st.integers(1, 3), springs=st.integers(0, 30), drop=st.booleans(),
+       batched=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_fuzz_sparsity_pattern_matches_the_matrix_free_path(n, d, springs, drop, batched, seed):
+    """Random spring networks (convex: quadratic + quartic springs, and anchors) with their pattern, or with a
+    pattern missing some springs: the coloured-probe factorization gives the matrix-free path's x* and
+    gradients (a missing coupling only costs speed)."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = torch.randint(0, n, (springs, 2), generator=g)
+    pattern = pairs[: springs // 2] if drop else pairs
+    shape = ((2,) if batched else ()) + (n, d)
+    target = torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_()
+
+    def energy(x, target):
+        s = (x[..., pairs[:, 0], :] - x[..., pairs[:, 1], :]).square().sum(-1)
+        per = (0.5 * s + 0.25 * s * s).sum(-1) + 0.5 * (x - target).square().sum((-2, -1))
+        return per
+
+    out = []
+    for sparsity in (None, pattern):
+        x, info = diffsoft.minimize(energy, torch.zeros(shape, dtype=torch.float64), target, batched=batched,
+                                    sparsity=sparsity, rtol=1e-10, return_info=True, on_failure="raise")
+        assert torch.isfinite(x).all()
+        (grad,) = torch.autograd.grad(x.square().sum(), target)
+        out.append((x, grad))
+    torch.testing.assert_close(out[1][0], out[0][0], rtol=0, atol=1e-8)
+    torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-6, atol=1e-8)
