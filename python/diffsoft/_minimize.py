@@ -70,10 +70,11 @@ def minimize(
             exact steps and the adjoint solve is a back-substitution, instead of CG. Pays from a few hundred
             unknowns on. A pattern that misses couplings gives a wrong factor, which measured residuals and
             CG then correct: the answers and gradients stay right, only slower.
-        keep_factor: with a direct energy that factors its Hessian (the simulator's ``solver="direct"``), keep
-            Newton's last factorization for the backward, which then solves the adjoint system by
-            back-substitution and iterative refinement with it instead of factoring again at ``x*``: a
-            cheaper backward for the memory of one factor per solve until its backward has run.
+        keep_factor: with a factored Hessian (``sparsity``, or the simulator's direct solver), keep Newton's
+            last factorization for the backward, which then solves the adjoint system by back-substitution
+            and iterative refinement with it instead of factoring again at ``x*``: a cheaper backward, for the
+            memory of that factor and of what it was made from (the Hessian's blocks, or with ``sparsity``
+            the energy's autograd graph at Newton's last iterate) until the backward has run.
         _direct: internal, for diffsoft's built-in energies: a ``_C.DirectEnergy`` giving the same energy's
             value, gradient and Hessian products without autograd, used by Newton and the adjoint solve;
             ``energy`` still gives the derivatives with respect to ``params``.

@@ -56,7 +56,8 @@ class Simulator:
             Other devices, and ``fused=False`` (the paper's plain CG on double-backward products), use CG.
         keep_factors: with the direct solver, each step keeps Newton's last factorization for its backward,
             which then costs back-substitutions instead of a fresh factorization (2-3x cheaper on large
-            meshes), at the memory of one factor per step of a rollout until its backward has run.
+            meshes), at the memory of one factor (and the Hessian blocks it was made from) per step of a
+            rollout until its backward has run.
         max_iter, cg_rtol, cg_max_iter, backward_rtol, backward_max_iter, on_failure: passed to
             :func:`diffsoft.minimize`; all are kept in ``self.solver_options``, which may be edited.
 
