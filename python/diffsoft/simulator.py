@@ -55,7 +55,7 @@ class Simulator:
             Jacobi-preconditioned CG on the kernels' Hessian products; ``"auto"`` (default), direct on CPU.
             Other devices, and ``fused=False`` (the paper's plain CG on double-backward products), use CG.
         keep_factors: with the direct solver, each step keeps Newton's last factorization for its backward,
-            which then costs back-substitutions instead of a fresh factorization (2-3x cheaper on large
+            which then costs back-substitutions instead of a fresh factorization (about 4x cheaper on large
             meshes), at the memory of one factor (and the Hessian blocks it was made from) per step of a
             rollout until its backward has run.
         max_iter, cg_rtol, cg_max_iter, backward_rtol, backward_max_iter, on_failure: passed to
