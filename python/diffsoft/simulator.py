@@ -21,6 +21,8 @@ from .fused import direct_energy, step_energy, with_model
 from .energies import (determinant, elastic_energy, friction_energy, gravity_energy, ground_contact_energy,
                        inertia_energy, muscle_energy)
 
+_HAS_CHOLMOD = _C.HAS_CHOLMOD
+
 # algovivo's contact and friction constants per unit of its vertex mass: the defaults scale them to a body.
 ALGOVIVO_VERTEX_MASS = 6.0714287757873535
 _CONTACT_PER_MASS = 14000.0 / ALGOVIVO_VERTEX_MASS
@@ -50,9 +52,10 @@ class Simulator:
         fused: use the fused step energy (:mod:`diffsoft.fused`: closed-form gradient, Hessian-vector products
             from per-element blocks) instead of double backward through the plain-torch energy; the same
             values and derivatives, several times faster.
-        solver: how the fused step solves its Newton and adjoint systems (CPU): ``"direct"``, a sparse LDL^T
-            factorization of each creature's Hessian (CG where it is not positive definite); ``"cg"``,
-            Jacobi-preconditioned CG on the kernels' Hessian products; ``"auto"`` (default), direct on CPU.
+        solver: how the fused step solves its Newton and adjoint systems (CPU): ``"direct"``, a factorization
+            of each creature's Hessian (CG where it is not positive definite); ``"cg"``, Jacobi-preconditioned
+            CG on the kernels' Hessian products; ``"auto"`` (default), direct, except CG for 3D bodies of more
+            than 5000 unknowns when diffsoft was built without CHOLMOD.
             Other devices, and ``fused=False`` (the paper's plain CG on double-backward products), use CG.
         keep_factors: with the direct solver, each step keeps Newton's last factorization for its backward,
             which then costs back-substitutions instead of a fresh factorization (about 4x cheaper on large
@@ -106,6 +109,14 @@ class Simulator:
             elements=body.elements, muscles=body.muscles if body.num_muscles else None, free=body.free,
             slot=slot, all_free=len(body.fixed) == 0, material=body.material, h=self.dt, ground=self.ground,
             eps=self.friction_eps, factor_cache=_C.FactorCache())
+
+    def _factorizes(self):
+        """Whether the steps factor their Hessians: ``solver="direct"``, or ``"auto"`` unless the body is 3D,
+        large, and diffsoft was built without CHOLMOD (Eigen's simplicial factorization then loses to CG
+        above about 5000 unknowns in 3D; with CHOLMOD, or in 2D, factoring won at every size measured)."""
+        if self.solver != "auto":
+            return self.solver == "direct"
+        return _HAS_CHOLMOD or self.body.dim == 2 or len(self.body.free) * self.body.dim <= 5000
 
     def _force_scale(self):
         """The body's weight plus the elastic force that would stretch every element by 100%: round-off in
@@ -171,7 +182,7 @@ class Simulator:
             start = x0_free.detach()
             better = energy(x_hat.detach(), *params) <= energy(start, *params)
             guess = torch.where(better[..., None, None], x_hat.detach(), start)
-        direct = direct_energy(guess, *params, factorize=self.solver != "cg") if self.fused else None
+        direct = direct_energy(guess, *params, factorize=self._factorizes()) if self.fused else None
         y, info = minimize(energy, guess, *params, batched=batched, return_info=True, _direct=direct,
                            **self.solver_options)
         x1 = y if s.all_free else x0.index_copy(x0.dim() - 2, s.free, y)

@@ -257,3 +257,18 @@ def test_a_copied_simulator_steps_with_its_own_factor_cache():
     for other in (copy.deepcopy(sim), pickle.loads(pickle.dumps(sim))):
         assert other._static.factor_cache is not sim._static.factor_cache
         torch.testing.assert_close(other.step(x, v)[0], x1, rtol=0, atol=1e-12)
+
+
+def test_auto_solver_factors_unless_a_large_3d_body_lacks_cholmod(monkeypatch):
+    from diffsoft import simulator
+
+    verts, tets = box(size=(1.0, 0.5, 0.5), resolution=(20, 10, 10), dtype=f64)
+    big = Simulator(SoftBody(verts, tets, density=1e3, youngs_modulus=1e5, poisson_ratio=0.3), ground=None)
+    assert len(big.body.free) * 3 > 5000
+    assert big._factorizes() and _block()._factorizes() and biped(dtype=f64)._factorizes()
+    monkeypatch.setattr(simulator, "_HAS_CHOLMOD", False)
+    assert not big._factorizes() and _block()._factorizes() and biped(dtype=f64)._factorizes()
+    big.solver = "direct"
+    assert big._factorizes()
+    big.solver = "cg"
+    assert not big._factorizes()
