@@ -120,7 +120,8 @@ std::unique_ptr<Factor> factor_symmetric(int64_t n, const std::vector<Eigen::Tri
 }
 
 torch::Tensor LazyFactors::solve(const torch::Tensor& b_rows) {
-  torch::Tensor b = b_rows.to(torch::kFloat64).contiguous();
+  // Factors live on the CPU whatever the device of the right-hand sides.
+  torch::Tensor b = b_rows.to(torch::kCPU, torch::kFloat64).contiguous();
   const int64_t rows = b.size(0), n = b.size(1);
   std::vector<char> need(rows);
   bool any = false;
@@ -144,7 +145,7 @@ torch::Tensor LazyFactors::solve(const torch::Tensor& b_rows) {
         out.setConstant(std::numeric_limits<double>::quiet_NaN());
     }
   });
-  return x.to(b_rows.scalar_type());
+  return x.to(b_rows.options());
 }
 
 bool has_cholmod() {

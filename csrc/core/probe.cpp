@@ -61,7 +61,7 @@ DirectEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Tens
   auto nb = std::make_shared<const std::vector<std::vector<int64_t>>>(neighbours(n_vertices, elements));
   int64_t colours = 0;
   auto c = std::make_shared<const std::vector<int64_t>>(colour(*nb, colours));
-  const torch::Tensor colour_of = torch::tensor(*c, torch::kLong).to(elements.device());
+  const torch::Tensor colour_of = torch::tensor(*c, torch::kLong);
   const std::vector<int64_t> full(shape.begin(), shape.end());
   std::vector<torch::Tensor> consts;
   for (const auto& p : params) consts.push_back(p.defined() ? p.detach() : p);
@@ -85,8 +85,8 @@ DirectEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Tens
           for (int64_t k = 0; k < colours; ++k)
             for (int64_t a = 0; a < d; ++a) {
               torch::Tensor v = torch::zeros({batch, n_vertices, d}, x_rows.options());
-              v.select(2, a).copy_(colour_of.eq(k).to(x_rows.scalar_type()).expand({batch, n_vertices}));
-              hv.push_back(point->hvp(v.view({batch, -1})).to(torch::kFloat64).contiguous());
+              v.select(2, a).copy_(colour_of.eq(k).to(x_rows.options()).expand({batch, n_vertices}));
+              hv.push_back(point->hvp(v.view({batch, -1})).to(torch::kCPU, torch::kFloat64).contiguous());
               ++*probes;
             }
           for (int64_t r = 0; r < batch; ++r) {
