@@ -10,30 +10,18 @@
     .venv/bin/python benchmarks/long_runs.py [--creature quadruped] [--steps 10000] [--rollout-steps 1000]
 """
 import argparse
-import ctypes
-import gc
 import time
 import warnings
 
 import torch
 
+from diffsoft._memory import resident_bytes
 from diffsoft.training import FramePolicy, load_algovivo_policy, make_creature
-
-try:
-    _LIBC = ctypes.CDLL("libc.so.6")
-except OSError:
-    _LIBC = None
 
 
 def rss_mb():
-    gc.collect()
-    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
-        _LIBC.malloc_trim(0)
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    rss = resident_bytes()
+    return float("nan") if rss is None else rss / 2**20
 
 
 class StepLog:

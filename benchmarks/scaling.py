@@ -28,6 +28,7 @@ import time
 
 import torch
 
+from diffsoft._memory import status_bytes
 from diffsoft.body import SoftBody
 from diffsoft.mesh import box, rectangle
 from diffsoft.simulator import Simulator
@@ -85,11 +86,10 @@ def slope(xs, ys):
 
 
 def _status(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
+    value = status_bytes(field)
+    if value is None:
+        raise KeyError(field)
+    return value
 
 
 def memory_child(kind, size, steps):
@@ -192,7 +192,7 @@ def main():
     grids = GRIDS[:3] if args.quick else GRIDS
     rows, mem_rows = [], []
     if not args.no_time:
-        print(f"\none step from rest, best of 5 (small), 3, or 1 (above 20k tetrahedra)")
+        print("\none step from rest, best of 5 (small), 3, or 1 (above 20k tetrahedra)")
         print(f"{'problem':<15} {'solver':<6} {'dofs':>6} {'elements':>8} {'fwd ms':>9} {'bwd ms':>9} {'bwd/fwd':>7} "
               f"{'newton':>6} {'cg':>5} {'factor.':>7} {'conv':>5}")
         for solver in args.solver.split(","):

@@ -6,7 +6,6 @@ Two measures: the tensors the autograd graph keeps alive (saved-tensor hooks, ex
 process's resident memory (VmRSS after ``gc.collect()`` and ``malloc_trim``, coarse: the bounds below leave
 megabytes of allocator slack, far below what a leaked graph per step would cost).
 """
-import ctypes
 import gc
 import warnings
 import weakref
@@ -15,23 +14,15 @@ import pytest
 import torch
 
 from diffsoft import creatures
-
-try:
-    _LIBC = ctypes.CDLL("libc.so.6")
-except OSError:  # not glibc: RSS is measured without trimming the heap first
-    _LIBC = None
+from diffsoft._memory import resident_bytes
 
 
 def rss_bytes():
     """Resident memory after a garbage collection and returning free heap pages to the system."""
-    gc.collect()
-    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
-        _LIBC.malloc_trim(0)
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    pytest.skip("no VmRSS in /proc/self/status")
+    rss = resident_bytes()
+    if rss is None:
+        pytest.skip("no VmRSS in /proc/self/status")
+    return rss
 
 
 def _storage_key(t):
