@@ -16,7 +16,8 @@ import warnings
 import torch
 
 from diffsoft._memory import resident_bytes
-from diffsoft.training import FramePolicy, load_algovivo_policy, make_creature
+from diffsoft.creatures import make_creature
+from diffsoft.policy import FramePolicy, load_algovivo_policy
 
 
 def rss_mb():

@@ -2,7 +2,7 @@
 
 Both methods train the same policy shape on the same creature, observations, action bounds, reward and
 horizon, from several seeds. Both are measured the same way: the deterministic policy's distance along +x
-over the horizon, from rest (:func:`diffsoft.training.distance_walked`; PPO's mean action), against the
+over the horizon, from rest (:func:`diffsoft.policy.distance_walked`; PPO's mean action), against the
 number of simulated creature-steps used for training so far (evaluation rollouts are not counted, for
 either method). PPO's budget is ``--ppo-factor`` times the steps the differentiable method used.
 
@@ -18,7 +18,9 @@ import time
 
 import torch
 
-from diffsoft import ppo, training
+from diffsoft import cli, ppo, training
+from diffsoft.creatures import make_creature
+from diffsoft.policy import distance_walked
 
 
 def steps_to_target(history, target):
@@ -41,7 +43,7 @@ def run_differentiable(args, seed):
     t = time.perf_counter()
     policy, history = training.train(cfg, progress=not args.no_progress)
     wall = time.perf_counter() - t
-    final = training.distance_walked(training.make_creature(cfg.creature), policy, cfg.horizon)
+    final = distance_walked(make_creature(cfg.creature), policy, cfg.horizon)
     history.append({"eval_distance": final, "eval_sim_steps": history[-1]["sim_steps"]})
     return {"config": dataclasses.asdict(cfg), "history": history, "wall_seconds": wall,
             "train_seconds": history[-2]["seconds"], "sim_steps": history[-2]["sim_steps"]}
@@ -103,11 +105,11 @@ def main():
     p.add_argument("--creature", default="biped")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--target", type=float, default=0.2, help="distance along +x over the horizon")
-    p.add_argument("--horizon", type=int, default=training.QUICK["horizon"])
-    p.add_argument("--window", type=int, default=training.QUICK["window"])
-    p.add_argument("--batch", type=int, default=training.QUICK["batch"])
-    p.add_argument("--iterations", type=int, default=training.QUICK["iterations"])
-    p.add_argument("--lr", type=float, default=training.QUICK["lr"])
+    p.add_argument("--horizon", type=int, default=cli.QUICK["horizon"])
+    p.add_argument("--window", type=int, default=cli.QUICK["window"])
+    p.add_argument("--batch", type=int, default=cli.QUICK["batch"])
+    p.add_argument("--iterations", type=int, default=cli.QUICK["iterations"])
+    p.add_argument("--lr", type=float, default=cli.QUICK["lr"])
     p.add_argument("--ppo-factor", type=float, default=20.0, help="PPO's budget / the differentiable method's")
     p.add_argument("--ppo-envs", type=int, default=32)
     p.add_argument("--ppo-lr", type=float, default=3e-4)

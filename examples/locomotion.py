@@ -11,7 +11,7 @@ docs/training.md and ``--help``).
 """
 import sys
 
-from diffsoft.training import main
+from diffsoft.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

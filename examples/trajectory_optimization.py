@@ -13,7 +13,8 @@ import argparse
 import torch
 
 from diffsoft import render
-from diffsoft.training import center_of_mass_x, make_creature
+from diffsoft.creatures import make_creature
+from diffsoft.policy import center_of_mass_x
 
 
 def center_of_mass(sim, x):

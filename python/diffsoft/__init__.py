@@ -1,12 +1,13 @@
 """diffsoft: differentiable implicit soft-body physics for PyTorch."""
-from . import creatures, energies, mesh, ppo, render, training
+from . import creatures, energies, mesh, policy, ppo, render, training
 from ._extension import ConvergenceError, SolveInfo
 from ._minimize import minimize
 from .body import SoftBody
 from .creatures import load_algovivo, save_algovivo
 from .simulator import Simulator
-from .training import FramePolicy, TrainConfig, load_algovivo_policy, save_algovivo_policy, train
+from .policy import FramePolicy, load_algovivo_policy, save_algovivo_policy
+from .training import TrainConfig, train
 
 __all__ = ["minimize", "ConvergenceError", "SolveInfo", "SoftBody", "Simulator", "load_algovivo", "save_algovivo",
-           "creatures", "energies", "mesh", "render", "training", "ppo", "FramePolicy", "TrainConfig", "train",
+           "creatures", "energies", "mesh", "policy", "render", "training", "ppo", "FramePolicy", "TrainConfig", "train",
            "load_algovivo_policy", "save_algovivo_policy"]

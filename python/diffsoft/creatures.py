@@ -20,6 +20,7 @@ body in SI units. Each returns a :class:`~diffsoft.simulator.Simulator`; ``sim.r
 """
 import json
 import numbers
+import os
 
 import numpy as np
 import torch
@@ -190,6 +191,26 @@ def tetrapod(cell=0.1, density=1000.0, youngs_modulus=5e4, poisson_ratio=0.3, ma
                     poisson_ratio=poisson_ratio, muscles=muscles,
                     dtype=torch.get_default_dtype() if dtype is None else dtype)
     return Simulator(body, dt=1 / 30, gravity=9.8, ground=0.0)
+
+
+CREATURES = {"biped": biped, "quadruped": quadruped, "worm": worm,
+             "tetrapod": tetrapod}
+"""Procedural creatures by name; any other ``creature`` is read as a file (algovivo's or diffsoft's JSON)."""
+
+
+def make_creature(creature, dtype=torch.float32):
+    """A :class:`~diffsoft.simulator.Simulator` from a name in :data:`CREATURES` or a JSON file path (a file
+    with ``"format": "diffsoft.creature"`` is diffsoft's format, any other algovivo's)."""
+    if creature in CREATURES:
+        return CREATURES[creature](dtype=dtype)
+    if not os.path.isfile(creature):
+        raise ValueError(f"creature must be one of {sorted(CREATURES)} or a creature JSON file, got {creature!r}")
+    with open(creature) as f:
+        try:
+            is_ours = json.load(f).get("format") == FORMAT
+        except (json.JSONDecodeError, AttributeError):
+            is_ours = False
+    return load(creature, dtype=dtype) if is_ours else load_algovivo(creature, dtype=dtype)
 
 
 def _legged(mask, legs, leg_height, cell, dtype, hips=True):

@@ -1,13 +1,13 @@
 """Proximal policy optimisation (PPO) on the same locomotion task, with the simulator as a black box.
 
-The baseline for :mod:`diffsoft.training`: same creature, same observations (:func:`~diffsoft.training.observe`),
+The baseline for :mod:`diffsoft.training`: same creature, same observations (:func:`~diffsoft.policy.observe`),
 same action bounds (activation changes clamped to ``max_abs_da``, activations to ``[min_a, 1]``), same
 reward (the centre of mass's progress along +x, per step, so an episode's return is its distance), same
 episode length. Only the learning signal differs: sampled returns instead of the rollout's gradient; the
 simulator runs under ``torch.no_grad``.
 
 The policy is Gaussian, ``u ~ N(mu(obs), diag(sigma^2))``, with ``mu`` the same MLP as
-:class:`~diffsoft.training.FramePolicy` (``fc1 -> ReLU -> fc2 -> tanh``) on normalised observations (running
+:class:`~diffsoft.policy.FramePolicy` (``fc1 -> ReLU -> fc2 -> tanh``) on normalised observations (running
 mean and variance) and a state-independent learned ``log sigma``; the environment clamps ``u`` as it clamps
 the deterministic policy's output. PPO's clipped surrogate objective with generalised advantage estimation
 (GAE), a separate value MLP, advantage normalisation, and gradient-norm clipping (Schulman et al. 2017).
@@ -18,7 +18,8 @@ import time
 import torch
 from torch import nn
 
-from .training import FramePolicy, center_of_mass_x, make_creature, observe
+from .creatures import make_creature
+from .policy import FramePolicy, center_of_mass_x, observe
 
 
 @dataclasses.dataclass
@@ -79,7 +80,7 @@ class RunningNorm(nn.Module):
 
 
 class GaussianFramePolicy(nn.Module):
-    """The actor (a :class:`~diffsoft.training.FramePolicy`-shaped mean on normalised observations, and a
+    """The actor (a :class:`~diffsoft.policy.FramePolicy`-shaped mean on normalised observations, and a
     learned log standard deviation) and the critic (an MLP on the same normalised observations)."""
 
     def __init__(self, sim, cfg):
@@ -107,7 +108,7 @@ class GaussianFramePolicy(nn.Module):
 
 def evaluate(sim, model, steps):
     """Distance along +x of one creature running the mean action from rest (as
-    :func:`~diffsoft.training.distance_walked`)."""
+    :func:`~diffsoft.policy.distance_walked`)."""
     x, v = sim.rest_state
     x, v = x[None], v[None]
     a = torch.ones(1, sim.body.num_muscles, dtype=x.dtype)

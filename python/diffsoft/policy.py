@@ -1,0 +1,216 @@
+"""Locomotion policies: algovivo's neural frame policy, its file format, and rollouts that evaluate it.
+
+The policy is algovivo's (``NeuralFramePolicy``): an MLP ``fc1 -> ReLU -> fc2 -> tanh`` that reads every
+vertex's position (relative to a center vertex) and velocity, both rotated into a frame attached to the
+body, and outputs a change of each muscle's activation:
+
+    ``a_t = clamp(a_{t-1} + clamp(pi(obs(x_t, v_t)), -max_abs_da, max_abs_da), min_a, 1)``,
+    ``(x_{t+1}, v_{t+1}) = sim.step(x_t, v_t, a_t)``,  ``a_{-1} = 1`` (relaxed).
+
+Both trainers use it: :mod:`diffsoft.training` (gradients through the simulator) and :mod:`diffsoft.ppo`.
+"""
+import json
+
+import torch
+from torch import nn
+
+POLICY_KEYS = ("fc1", "fc2", "min_a", "max_abs_da", "center_vertex_id", "forward_vertex_id")
+
+
+def frame_vertices(sim):
+    """``(center_vertex_id, forward_vertex_id)`` for a body facing +x: the vertex nearest the rest pose's
+    centroid, and the vertex nearest the point at the body's front (max x) level with that center."""
+    x = sim.body.rest_positions.detach()
+    center = int((x - x.mean(0)).norm(dim=1).argmin())
+    front = x[center].clone()
+    front[0] = x[:, 0].max()
+    forward = int((x - front).norm(dim=1).argmin())
+    if forward == center:
+        raise ValueError("the body is too small to pick distinct center and forward vertices")
+    return center, forward
+
+
+def body_frame(x, center_vertex_id, forward_vertex_id):
+    """The frame attached to the body, as algovivo's ``frame_projection`` defines it in 2D.
+
+    Args:
+        x: ``(B, N, d)`` positions.
+
+    Returns:
+        ``origin (B, d)`` (the center vertex) and ``R (B, d, d)`` whose rows are the frame's axes: the unit
+        vector from the center to the forward vertex, then (2D) its counterclockwise normal, or (3D) the
+        world's up (+y) made orthogonal to it and their cross product.
+    """
+    origin = x[:, center_vertex_id]
+    e1 = x[:, forward_vertex_id] - origin
+    e1 = e1 / e1.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    if x.shape[-1] == 2:
+        e2 = torch.stack([-e1[:, 1], e1[:, 0]], dim=-1)
+        return origin, torch.stack([e1, e2], dim=1)
+    up = torch.zeros_like(e1)
+    up[:, 1] = 1.0
+    e2 = up - (up * e1).sum(-1, keepdim=True) * e1
+    e2 = e2 / e2.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    return origin, torch.stack([e1, e2, torch.cross(e1, e2, dim=-1)], dim=1)
+
+
+def observe(x, v, center_vertex_id, forward_vertex_id):
+    """algovivo's policy input: ``(B, 2 N d)``, every vertex's position relative to the center vertex in the
+    body frame (vertex-major, ``[p0x, p0y, p1x, ...]``), then every vertex's velocity in that frame.
+    x, v: ``(B, N, d)``."""
+    origin, R = body_frame(x, center_vertex_id, forward_vertex_id)
+    p = (x - origin[:, None]) @ R.transpose(1, 2)
+    u = v @ R.transpose(1, 2)
+    return torch.cat([p.flatten(1), u.flatten(1)], dim=1)
+
+
+class FramePolicy(nn.Module):
+    """algovivo's neural frame policy: ``da = tanh(fc2(relu(fc1(obs))))`` on :func:`observe`'s input.
+
+    Args:
+        num_vertices, num_muscles, dim: the body's sizes (``fc1`` takes ``2 * dim * num_vertices`` inputs).
+        center_vertex_id, forward_vertex_id: the body frame (see :func:`body_frame`).
+        hidden: the hidden layer's width (algovivo: 32).
+        min_a, max_abs_da: activations are kept in ``[min_a, 1]``; each step changes them by at most
+            ``max_abs_da``.
+    """
+
+    def __init__(self, num_vertices, num_muscles, dim, center_vertex_id, forward_vertex_id, hidden=32,
+                 min_a=0.25, max_abs_da=0.3):
+        super().__init__()
+        if not 0 < min_a < 1:
+            raise ValueError(f"min_a must be in (0, 1), got {min_a!r}")
+        if not max_abs_da > 0:
+            raise ValueError(f"max_abs_da must be positive, got {max_abs_da!r}")
+        for name, i in (("center_vertex_id", center_vertex_id), ("forward_vertex_id", forward_vertex_id)):
+            if not (isinstance(i, int) and 0 <= i < num_vertices):
+                raise ValueError(f"{name} must be a vertex index in [0, {num_vertices}), got {i!r}")
+        if center_vertex_id == forward_vertex_id:
+            raise ValueError("center_vertex_id and forward_vertex_id must differ (they define the frame)")
+        self.num_vertices, self.num_muscles, self.dim = num_vertices, num_muscles, dim
+        self.center_vertex_id, self.forward_vertex_id = center_vertex_id, forward_vertex_id
+        self.min_a, self.max_abs_da = float(min_a), float(max_abs_da)
+        self.fc1 = nn.Linear(2 * dim * num_vertices, hidden)
+        self.fc2 = nn.Linear(hidden, num_muscles)
+
+    @classmethod
+    def for_simulator(cls, sim, **kw):
+        """A policy sized for ``sim``'s body, with :func:`frame_vertices` unless given."""
+        b = sim.body
+        if "center_vertex_id" not in kw or "forward_vertex_id" not in kw:
+            kw["center_vertex_id"], kw["forward_vertex_id"] = frame_vertices(sim)
+        return cls(b.num_vertices, b.num_muscles, b.dim, **kw).to(b.dtype)
+
+    def forward(self, x, v):
+        """The raw activation change ``tanh(...)``: ``(B, M)`` from x, v ``(B, N, d)``."""
+        obs = observe(x, v, self.center_vertex_id, self.forward_vertex_id)
+        return torch.tanh(self.fc2(torch.relu(self.fc1(obs))))
+
+    def act(self, x, v, a, noise=None):
+        """The next activation ``(B, M)`` from the previous one ``a`` (B, M); ``noise`` (B, M) is added to
+        the activation change before clamping (exploration, as algovivo's stochastic policy does)."""
+        return self.update(a, self(x, v), noise)
+
+    def update(self, a, da, noise=None, straight_through=False):
+        """``clamp(a + clamp(da + noise, -max_abs_da, max_abs_da), min_a, 1)``: (B, M) each.
+
+        ``straight_through``: the same values, but the clamps pass gradients as if they were not there (see
+        :class:`TrainConfig`)."""
+        if noise is not None:
+            da = da + noise
+        clamp = _straight_through_clamp if straight_through else torch.clamp
+        return clamp(a + clamp(da, -self.max_abs_da, self.max_abs_da), self.min_a, 1.0)
+
+
+def _straight_through_clamp(x, lo, hi):
+    """``clamp(x, lo, hi)`` in the forward pass, the identity in the backward pass."""
+    return x + (x.clamp(lo, hi) - x).detach()
+
+
+def save_algovivo_policy(policy, path):
+    """Writes ``policy`` in algovivo's policy JSON: ``fc1`` and ``fc2`` as ``{"weight": [[...]] (out, in),
+    "bias": [...]}``, ``min_a``, ``max_abs_da``, ``center_vertex_id``, ``forward_vertex_id``; and
+    ``space_dim`` (algovivo ignores it; 3 marks a 3D policy, which algovivo cannot run)."""
+    data = {name: {"weight": getattr(policy, name).weight.detach().cpu().double().tolist(),
+                   "bias": getattr(policy, name).bias.detach().cpu().double().tolist()} for name in ("fc1", "fc2")}
+    data.update(min_a=policy.min_a, max_abs_da=policy.max_abs_da, center_vertex_id=policy.center_vertex_id,
+                forward_vertex_id=policy.forward_vertex_id, space_dim=policy.dim)
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+def load_algovivo_policy(path, dtype=torch.float32):
+    """Reads a policy in algovivo's JSON (see :func:`save_algovivo_policy`) into a :class:`FramePolicy`.
+    Sizes come from the weights: ``fc1.weight`` is ``(hidden, 2 d N)``, ``fc2.weight`` ``(M, hidden)``; a
+    malformed file raises ValueError naming the key."""
+    with open(path) as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+    missing = [k for k in POLICY_KEYS if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise ValueError(f"{path}: missing key '{missing[0]}' (an algovivo policy has {', '.join(POLICY_KEYS)})")
+    layers = {}
+    for name in ("fc1", "fc2"):
+        try:
+            w = torch.tensor(data[name]["weight"], dtype=torch.float64)
+            b = torch.tensor(data[name]["bias"], dtype=torch.float64)
+        except (TypeError, KeyError, ValueError):
+            raise ValueError(f"{path}: key '{name}' must be {{'weight': [[...]], 'bias': [...]}}") from None
+        if w.dim() != 2 or b.shape != (w.shape[0],):
+            raise ValueError(f"{path}: key '{name}' must have weight (out, in) and bias (out,), got "
+                             f"{tuple(w.shape)} and {tuple(b.shape)}")
+        layers[name] = (w, b)
+    (w1, b1), (w2, b2) = layers["fc1"], layers["fc2"]
+    if w2.shape[1] != w1.shape[0]:
+        raise ValueError(f"{path}: fc2 takes {w2.shape[1]} inputs but fc1 has {w1.shape[0]} outputs")
+    dim = int(data.get("space_dim", 2))
+    if dim not in (2, 3) or w1.shape[1] % (2 * dim):
+        raise ValueError(f"{path}: fc1 takes {w1.shape[1]} inputs, not 2 * space_dim * num_vertices "
+                         f"with space_dim {dim}")
+    policy = FramePolicy(w1.shape[1] // (2 * dim), w2.shape[0], dim, data["center_vertex_id"],
+                         data["forward_vertex_id"], hidden=w1.shape[0], min_a=data["min_a"],
+                         max_abs_da=data["max_abs_da"])
+    with torch.no_grad():
+        for name, (w, b) in layers.items():
+            getattr(policy, name).weight.copy_(w)
+            getattr(policy, name).bias.copy_(b)
+    return policy.to(dtype)
+
+
+def center_of_mass_x(sim, x):
+    """The mass-weighted mean of the vertices' x coordinates: ``(..., N, d)`` -> ``(...)``."""
+    m = sim.body.mass
+    return (x[..., 0] * m).sum(-1) / m.sum()
+
+
+def run_policy(sim, policy, steps, batch=None, a0=None, noise=None):
+    """A rollout of ``policy`` from the rest pose, without gradients.
+
+    Args:
+        batch: number of creatures (default 1); a0: ``(B, M)`` initial activations (default relaxed, 1);
+        noise: ``(T, B, M)`` added to the activation changes, or None.
+
+    Returns:
+        ``xs (T + 1, B, N, d)``, ``activations (T, B, M)``.
+    """
+    b = 1 if batch is None else batch
+    x, v = sim.rest_state
+    x, v = x.expand(b, -1, -1).clone(), v.expand(b, -1, -1).clone()
+    a = torch.ones(b, sim.body.num_muscles, dtype=x.dtype) if a0 is None else a0
+    xs, acts = [x], []
+    with torch.no_grad():
+        for t in range(steps):
+            a = policy.act(x, v, a, None if noise is None else noise[t])
+            x, v = sim.step(x, v, a)
+            xs.append(x)
+            acts.append(a)
+    return torch.stack(xs), torch.stack(acts)
+
+
+def distance_walked(sim, policy, steps):
+    """How far the centre of mass of one creature moves along +x in ``steps`` steps of the deterministic
+    policy from the rest pose (relaxed muscles)."""
+    xs, _ = run_policy(sim, policy, steps)
+    return (center_of_mass_x(sim, xs[-1]) - center_of_mass_x(sim, xs[0])).item()

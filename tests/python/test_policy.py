@@ -1,0 +1,93 @@
+"""The frame policy: observations in the body frame, activation bounds, algovivo's policy JSON."""
+import json
+import math
+
+import pytest
+import torch
+
+from diffsoft import creatures
+from diffsoft.policy import (POLICY_KEYS, FramePolicy, frame_vertices, load_algovivo_policy, observe, run_policy,
+                             save_algovivo_policy)
+
+F64 = torch.float64
+
+
+def _rotation(theta, dim):
+    c, s = math.cos(theta), math.sin(theta)
+    if dim == 2:
+        return torch.tensor([[c, -s], [s, c]], dtype=F64)
+    return torch.tensor([[c, 0, s], [0, 1, 0], [-s, 0, c]], dtype=F64)  # about the up axis
+
+
+@pytest.mark.parametrize("make", [creatures.biped, creatures.tetrapod])
+def test_observation_is_in_the_body_frame(make):
+    sim = make(dtype=F64)
+    center, forward = frame_vertices(sim)
+    torch.manual_seed(0)
+    x = sim.rest_state[0][None] + 0.01 * torch.randn(2, sim.body.num_vertices, sim.body.dim, dtype=F64)
+    v = torch.randn_like(x)
+    obs = observe(x, v, center, forward)
+    assert obs.shape == (2, 2 * x.shape[1] * x.shape[2])
+    R = _rotation(0.7, sim.body.dim)
+    moved = observe(x @ R.T + torch.tensor([3.0, 0.0, 1.0][:sim.body.dim], dtype=F64), v @ R.T,
+                             center, forward)
+    torch.testing.assert_close(moved, obs)
+    p = obs[:, :obs.shape[1] // 2].reshape(x.shape)
+    assert torch.allclose(p[:, center], torch.zeros_like(p[:, center]))
+    assert (p[:, forward, 0] > 0).all() and torch.allclose(p[:, forward, 1:], torch.zeros_like(p[:, forward, 1:]))
+
+
+def test_observation_matches_algovivo_frame_projection():
+    # algovivo's frame_projection, written out for one vertex: a = (f - c)/|f - c|, b = (-a_y, a_x).
+    x = torch.tensor([[[1.0, 1.0], [2.0, 2.0], [1.0, 3.0]]], dtype=F64)
+    v = torch.tensor([[[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]]], dtype=F64)
+    obs = observe(x, v, 0, 1)
+    r = 1 / math.sqrt(2)
+    expected_p = [0, 0, 2 * r, 0, 2 * r, 2 * r]  # (1,3)-(1,1) = (0,2): a.p = 2r, b.p = 2r
+    expected_v = [r, r, r, -r, 4 * r, 0]
+    torch.testing.assert_close(obs[0], torch.tensor(expected_p + expected_v, dtype=F64))
+
+
+def test_activations_stay_in_bounds_and_change_by_at_most_max_abs_da():
+    sim = creatures.biped(dtype=F64)
+    policy = FramePolicy.for_simulator(sim, min_a=0.4, max_abs_da=0.2)
+    x, v = sim.rest_state
+    x, v = x.expand(5, -1, -1), torch.randn(5, *x.shape, dtype=F64)
+    a = torch.rand(5, sim.body.num_muscles, dtype=F64) * 0.6 + 0.4
+    a1 = policy.act(x, v, a, noise=torch.randn_like(a))
+    assert (a1 >= 0.4).all() and (a1 <= 1).all() and ((a1 - a).abs() <= 0.2 + 1e-12).all()
+
+
+def test_algovivo_policy_round_trip(tmp_path):
+    sim = creatures.biped(dtype=F64)
+    policy = FramePolicy.for_simulator(sim, hidden=8)
+    path = str(tmp_path / "policy.json")
+    save_algovivo_policy(policy, path)
+    data = json.load(open(path))
+    assert set(POLICY_KEYS) <= set(data)
+    assert len(data["fc1"]["weight"]) == 8 and len(data["fc1"]["weight"][0]) == 4 * sim.body.num_vertices
+    loaded = load_algovivo_policy(path, dtype=F64)
+    x, v = sim.rest_state
+    x, v = x[None] + 0.02 * torch.randn(3, *x.shape, dtype=F64), torch.randn(3, *x.shape, dtype=F64)
+    a = torch.full((3, sim.body.num_muscles), 0.8, dtype=F64)
+    assert torch.equal(loaded.act(x, v, a), policy.act(x, v, a))
+    assert (loaded.center_vertex_id, loaded.forward_vertex_id) == (policy.center_vertex_id, policy.forward_vertex_id)
+
+
+def test_hand_written_algovivo_policy_loads_and_runs(tmp_path):
+    # The format as algovivo's NeuralFramePolicy.loadData reads it (no space_dim key), for a 3-vertex body.
+    sim = creatures.algovivo_simulator([[0, 0], [1, 0], [0, 1]], [[0, 1, 2]], [[1, 2]], dtype=F64)
+    data = {"fc1": {"weight": [[0.1] * 12, [-0.1] * 12], "bias": [0.0, 0.5]},
+            "fc2": {"weight": [[1.0, -2.0]], "bias": [0.1]},
+            "min_a": 0.3, "max_abs_da": 0.25, "center_vertex_id": 0, "forward_vertex_id": 1}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    policy = load_algovivo_policy(str(path), dtype=F64)
+    xs, acts = run_policy(sim, policy, 3)
+    # At rest: obs is (0,0, 1,0, 0,1, 0...) so fc1 = (0.2, 0.3), fc2 = 0.2 - 0.6 + 0.1, da = tanh(-0.3).
+    assert acts[0, 0, 0].item() == pytest.approx(1 + max(math.tanh(-0.3), -0.25))
+    bad = dict(data)
+    del bad["min_a"]
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="missing key 'min_a'"):
+        load_algovivo_policy(str(path))
