@@ -1,5 +1,5 @@
 """The reliability table of docs/reliability.md: a larger seeded fuzz campaign over the same cases and checks
-as tests/python/test_fuzz_{simulator,minimize}.py, counting instead of stopping at the first failure.
+as tests/python/test_fuzz_{simulator,minimize}.py (from :mod:`diffsoft.fuzzing`), counting instead of stopping at the first failure.
 
 Each case is classified as: converged (every step met its gradient tolerance, confirmed on the reference
 residual); reported failure correctly (some step did not converge and said so: info.converged False with a
@@ -11,7 +11,6 @@ a silent failure). The goal for the last column is zero; its cases are printed.
 """
 import argparse
 import collections
-import os
 import sys
 import time
 import traceback
@@ -19,9 +18,7 @@ import traceback
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
-from test_fuzz_minimize import check_solve, make_problem, problems  # noqa: E402
-from test_fuzz_simulator import cases, check_steps, make_case  # noqa: E402
+from diffsoft.fuzzing import cases, check_solve, check_steps, make_case, make_problem, problems
 
 COLUMNS = ("tried", "converged", "reported failure correctly", "crashed or non-finite")
 

@@ -14,9 +14,10 @@ import torch
 from baseline import newton_cg
 from diffsoft.body import SoftBody
 from diffsoft.creatures import biped, quadruped
-from diffsoft.energies import determinant
+from diffsoft.energies import reference_step_energy
 from diffsoft.mesh import rectangle
-from diffsoft.simulator import Simulator, _step_energy
+from diffsoft.simulator import Simulator
+from diffsoft.step import StepParams
 
 
 def cantilever(n, dtype):
@@ -29,17 +30,10 @@ def cantilever(n, dtype):
 
 
 def step_params(sim, x0, v0, a):
-    """The step energy's arguments exactly as Simulator.step builds them (for the baseline)."""
-    body, s, h = sim.body, sim._static, sim.dt
-    x0f = x0 if s.all_free else x0[..., s.free, :]
-    v0f = v0 if s.all_free else v0[..., s.free, :]
-    mass = body.mass if s.all_free else body.mass[s.free]
-    mu, lam = body.mu, body.lam
-    if body.material != "algovivo":
-        vol = 1.0 / (math.factorial(body.dim) * determinant(body.Dm_inv).abs())
-        mu, lam = mu * vol, lam * vol
-    return (x0f + h * v0f, x0, x0f, mass, body.Dm_inv, mu, lam, a, body.muscle_rest_length, body.muscle_stiffness,
-            sim.gravity, sim.contact_stiffness, sim.friction, s), x0f
+    """The step energy's arguments exactly as Simulator.step builds them (for the baseline), and the free
+    vertices' start positions."""
+    params, top = sim.step_problem(x0, v0, a)
+    return (*params, top), params.x0_free
 
 
 def activation(sim, batch=None):
@@ -82,10 +76,10 @@ def measure(name, sim, repeat, batch=None):
         rtol = opts["rtol"] or (1e-8 if x.dtype == torch.float64 else 1e-4)
         t0 = time.perf_counter()
         if batch:  # the paper's loop steps creatures one by one
-            stats = [newton_cg(lambda y, *p: _step_energy(y, *p), x0f[i], _slice(params, i), rtol, atol)[1]
+            stats = [newton_cg(lambda y, *p: reference_step_energy(y, *p), x0f[i], _slice(params, i), rtol, atol)[1]
                      for i in range(batch)]
         else:
-            stats = [newton_cg(_step_energy, x0f, params, rtol, atol)[1]]
+            stats = [newton_cg(reference_step_energy, x0f, params, rtol, atol)[1]]
         return time.perf_counter() - t0, stats
 
     ours()  # warm up
@@ -109,12 +103,14 @@ def measure(name, sim, repeat, batch=None):
                 creature_steps_per_s=creatures / fwd)
 
 
+# The step parameters that carry a batch dimension (an activation may also be shared by the batch).
+_PER_PROBLEM = {"x_hat": 3, "x0": 3, "x0_free": 3, "activation": 2}
+
+
 def _slice(params, i):
-    out = []
-    for k, p in enumerate(params):
-        batched = isinstance(p, torch.Tensor) and k in (0, 1, 2, 7) and p.dim() >= 2
-        out.append(p[i] if batched else p)
-    return tuple(out)
+    """Problem i's step energy arguments from a batch's."""
+    named = zip(StepParams._fields + ("topology",), params)
+    return tuple(p[i] if isinstance(p, torch.Tensor) and p.dim() == _PER_PROBLEM.get(k) else p for k, p in named)
 
 
 def main():

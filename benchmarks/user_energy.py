@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/user_energy.py [--sizes 10 20 40]
 
-The energy is the simulator's plain-torch step energy (``diffsoft.simulator._step_energy``) on the clamped
+The energy is the simulator's plain-torch step energy (``diffsoft.energies.reference_step_energy``) on the clamped
 neo-Hookean sheets of ``step_speed.py``, given to ``minimize`` as any user energy would be: autograd gives
 its gradient and Hessian-vector products, nothing is fused. The sparsity pattern is the triangles' vertex
 pairs among the free vertices. One step from rest, forward and backward (the gradient of ``|x1|^2`` with
@@ -16,14 +16,14 @@ import time
 import torch
 
 import diffsoft
-from diffsoft.simulator import _step_energy
+from diffsoft.energies import reference_step_energy
 from step_speed import cantilever, step_params
 
 
 def free_pairs(sim):
     """(P, 2) pairs of free-vertex slots that share an element: the step energy's Hessian sparsity over y."""
-    s = sim._static
-    slots = s.slot[s.elements]  # (E, 3)
+    top = sim.topology
+    slots = top.free_index[top.elements]  # (E, 3)
     k = slots.shape[1]
     pairs = torch.stack([slots[:, [a for a in range(k) for _ in range(k)]],
                          slots[:, [b for _ in range(k) for b in range(k)]]], -1).reshape(-1, 2)
@@ -40,7 +40,7 @@ def run(sim, sparsity, repeat=3):
     best = (math.inf, math.inf, None)
     for _ in range(repeat):
         t0 = time.perf_counter()
-        y, info = diffsoft.minimize(_step_energy, x0f, *params, sparsity=sparsity, return_info=True, **opts)
+        y, info = diffsoft.minimize(reference_step_energy, x0f, *params, sparsity=sparsity, return_info=True, **opts)
         t1 = time.perf_counter()
         torch.autograd.grad(y.square().sum(), x_hat)
         t2 = time.perf_counter()

@@ -13,7 +13,10 @@ import math
 
 import torch
 
-MATERIALS = ("algovivo", "neo_hookean", "stable_neo_hookean")
+from .step import Material, unpack
+
+MATERIALS = tuple(m.value for m in Material)
+"""The elastic materials' names (see :class:`diffsoft.step.Material`)."""
 
 
 def deformation_gradient(x, elements, Dm_inv):
@@ -106,9 +109,9 @@ def stable_neo_hookean_density(F, mu, lam):
 
 
 _DENSITIES = {
-    "algovivo": algovivo_density,
-    "neo_hookean": neo_hookean_density,
-    "stable_neo_hookean": stable_neo_hookean_density,
+    Material.ALGOVIVO: algovivo_density,
+    Material.NEO_HOOKEAN: neo_hookean_density,
+    Material.STABLE_NEO_HOOKEAN: stable_neo_hookean_density,
 }
 
 
@@ -125,8 +128,8 @@ def elastic_energy(x, elements, Dm_inv, mu, lam, material="neo_hookean", weight=
         ``x.shape[:-2]``.
     """
     try:
-        density = _DENSITIES[material]
-    except KeyError:
+        density = _DENSITIES[Material(material)]
+    except ValueError:
         raise ValueError(f"material must be one of {MATERIALS}, got {material!r}") from None
     psi = density(deformation_gradient(x, elements, Dm_inv), mu, lam)
     return (psi if weight is None else weight * psi).sum(-1)
@@ -193,3 +196,30 @@ def friction_energy(x, x0, h, stiffness, ground=0.0, eps=0.01):
     if x.shape[-1] == 3:
         tangential = tangential + slip[..., 2] ** 2
     return (weight * tangential).sum(-1)
+
+
+def reference_step_energy(y, *args):
+    """The backward-Euler step's objective divided by ``h^2``, in plain torch: the reference of the fused
+    kernels (:mod:`diffsoft.fused`) and the oracle of their tests.
+
+    Args:
+        y: the free vertices' positions, ``(F, d)`` or ``(B, F, d)``.
+        *args: the step's :class:`~diffsoft.step.StepParams` fields, then its
+            :class:`~diffsoft.step.StepTopology`; ``mu, lam`` arrive with the elements' weights folded in.
+
+    Returns:
+        ``y.shape[:-2]``: one energy per problem of a batch (so that each gets its own line search), a 0-dim
+        tensor for a single problem.
+    """
+    p, top = unpack(args)
+    x = top.full_positions(y, p.x0)
+    e = elastic_energy(x, top.elements, p.Dm_inv, p.mu, p.lam, top.material)
+    # Gravity relative to the start of the step: the same minimiser and derivatives, but an objective near 0
+    # whose changes the line search can still resolve in floating point close to the solution.
+    e = e + inertia_energy(y, p.x_hat, p.mass) / (top.h * top.h) + gravity_energy(y - p.x0_free, p.mass, p.gravity)
+    if top.muscles is not None:
+        e = e + muscle_energy(x, top.muscles, p.activation, p.muscle_rest_length, p.muscle_stiffness)
+    if top.ground is not None:
+        e = e + ground_contact_energy(y, p.contact_stiffness, top.ground)
+        e = e + friction_energy(y, p.x0_free, top.h, p.friction, top.ground, top.friction_eps)
+    return e

@@ -1,6 +1,6 @@
 """The backward-Euler step energy as one autograd node with analytic derivatives.
 
-The plain-torch step energy (:func:`diffsoft.simulator._step_energy`) is the reference and the oracle of the
+The plain-torch step energy (:func:`diffsoft.energies.reference_step_energy`) is the reference and the oracle of the
 tests. Differentiated by double backward, each Hessian-vector product walks its autograd graph of about a
 hundred small nodes; Newton-CG makes several per Newton iteration. Here:
 
@@ -25,93 +25,91 @@ Elasticity, for ``psi(I1, J)`` with ``I1 = tr F^T F`` and ``J = det F`` and ``C 
 With ``F = Ds Dm^-1`` linear in the element's vertices, ``vec F = B x_e`` and the element's block is
 ``B^T (dP/dF) B``.
 """
-import math
-import types
+import dataclasses
 
 import torch
 
 from ._extension import _C
-from .energies import deformation_gradient, determinant
+from .energies import deformation_gradient, determinant, reference_step_energy
+from .step import Material, StepParams, unpack
 
-_MATERIAL_CODES = {"algovivo": 0, "neo_hookean": 1, "stable_neo_hookean": 2}
 
-
-def direct_energy(y, *params, factorize=True):
-    """The step energy's autograd-free fast path for the solver (:func:`diffsoft.minimize`'s ``_direct``) on
+def analytic_energy(y, *args, factorize=True):
+    """The step energy's autograd-free path for the solver (:func:`diffsoft.minimize`'s ``_analytic``) on
     CPU, or None on other devices: the kernels' value, gradient, Hessian products and Jacobi preconditioner,
     with ``factorize`` a factorization per problem for Newton's steps and the adjoint solve, and the
-    backward's parameter derivatives.
-    ``y`` only gives the shape; the parameters are taken as they are now."""
+    backward's parameter derivatives. ``args`` are a step energy's (:mod:`diffsoft.step`); ``y`` only gives
+    the shape; the parameters are taken as they are now."""
     if not _on_cpu(y):
         return None
-    model, _, x0, x0_free, x_hat, act = _kernel_args(y, *params)
-    # The solver's params are the tensors among ours, in order; the kernel's parameter products follow our order.
-    slots = [k for k, p in enumerate(params[:-1]) if isinstance(p, torch.Tensor)]
-    shapes = [list(params[k].shape) for k in slots]
-    return _C.step_direct_energy(model, x0, x0_free, x_hat, act, factorize, slots, shapes)
+    p, top = unpack(args)
+    model, _, x0, x0_free, x_hat, act = _kernel_args(y, p, top)
+    # The solver's params are the tensors among ours, in order: which parameter each is, and its shape (the
+    # kernels' derivative is summed to it).
+    which = [k for k, t in enumerate(p) if isinstance(t, torch.Tensor)]
+    shapes = [list(p[k].shape) for k in which]
+    return _C.step_direct_energy(model, x0, x0_free, x_hat, act, factorize, which, shapes)
 
 
-def step_energy(y, *params):
-    """The fused step energy: same arguments and value (one energy per problem of a batch) as the reference
-    ``_step_energy``."""
-    return StepEnergy.apply(y, *params)
+def step_energy(y, *args):
+    """The fused step energy: the arguments (:mod:`diffsoft.step`) and value (one energy per problem of a
+    batch) of :func:`~diffsoft.energies.reference_step_energy`."""
+    return StepEnergy.apply(y, *args)
 
 
 class StepEnergy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, y, *params):
-        from .simulator import _step_energy
-
-        ctx.save_for_backward(y, *params[:-1])
-        ctx.static = params[-1]
+    def forward(ctx, y, *args):
+        ctx.save_for_backward(y, *args[:-1])
+        ctx.topology = args[-1]
         if _on_cpu(y):
-            value = _C.step_energy_value(*_kernel_args(y, *params))
+            value = _C.step_energy_value(*_kernel_args(y, *unpack(args)))
             return value if y.dim() == 3 else value[0]
-        return _step_energy(y, *params)
+        return reference_step_energy(y, *args)
 
     @staticmethod
     def backward(ctx, grad_e):
         y, *tensors = ctx.saved_tensors
-        s = ctx.static
-        g = StepGradient.apply(y, *tensors, s) if ctx.needs_input_grad[0] else None
-        param_grads = [None] * len(tensors)
-        wanted = [i for i, t in enumerate(tensors) if ctx.needs_input_grad[1 + i]]
+        p, top = StepParams(*tensors), ctx.topology
+        g = StepGradient.apply(y, *p, top) if ctx.needs_input_grad[0] else None
+        param_grads = [None] * len(p)
+        wanted = [i for i in range(len(p)) if ctx.needs_input_grad[1 + i]]
         if wanted and _on_cpu(y):
             # One autograd node, so that a double backward through these gradients (rare) still works.
-            grads = StepParamGradient.apply(y, grad_e, wanted, s, *tensors)
+            grads = StepParamGradient.apply(y, grad_e, wanted, top, *p)
             for i, grad in zip(wanted, grads):
                 param_grads[i] = grad
         elif wanted:
-            param_grads = _reference_param_grads(y, tensors, s, wanted, grad_e, order=1)
+            param_grads = _reference_param_grads(y, p, top, wanted, grad_e, order=1)
         return (None if g is None else grad_e[..., None, None] * g, *param_grads, None)
 
 
 class StepGradient(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, y, *params):
-        s = params[-1]
-        tensors = params[:-1]
+    def forward(ctx, y, *args):
+        p, top = unpack(args)
         if _on_cpu(y):
-            args = _kernel_args(y, *tensors, s)
-            derivatives = _C.step_energy_derivatives(*args)
-            grad, hessian = derivatives[0].view_as(y), KernelHessian(args[0], derivatives)
+            kernel_args = _kernel_args(y, p, top)
+            derivatives = _C.step_energy_derivatives(*kernel_args)
+            grad, hessian = derivatives[0].view_as(y), KernelHessian(kernel_args[0], derivatives)
         else:
-            grad, hessian = _gradient_and_hessian(y, *tensors, s)
-        ctx.save_for_backward(y, *tensors)
-        ctx.static, ctx.hessian = s, hessian
+            grad, hessian = _gradient_and_hessian(y, p, top)
+        ctx.save_for_backward(y, *p)
+        ctx.topology, ctx.hessian = top, hessian
         return grad
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, v):
         y, *tensors = ctx.saved_tensors
+        p = StepParams(*tensors)
         hv = ctx.hessian.apply(v) if ctx.needs_input_grad[0] else None
-        wanted = [i for i, t in enumerate(tensors) if ctx.needs_input_grad[1 + i]]
-        param_grads = [None] * len(tensors)
+        wanted = [i for i in range(len(p)) if ctx.needs_input_grad[1 + i]]
+        param_grads = [None] * len(p)
         if wanted and _on_cpu(y):
-            param_grads = _kernel_param_grads(y, tensors, ctx.static, wanted, dir=v)
+            param_grads = _kernel_param_grads(y, p, ctx.topology, wanted, dir=v)
         elif wanted:
-            param_grads = _reference_param_grads(y, tensors, ctx.static, wanted, v, order=2)
+            param_grads = _reference_param_grads(y, p, ctx.topology, wanted, v, order=2)
         return (hv, *param_grads, None)
 
 
@@ -120,23 +118,21 @@ class StepParamGradient(torch.autograd.Function):
     needed to differentiate these gradients again, goes through the reference energy."""
 
     @staticmethod
-    def forward(ctx, y, weight, wanted, s, *tensors):
+    def forward(ctx, y, weight, wanted, top, *tensors):
         ctx.save_for_backward(y, weight, *tensors)
-        ctx.wanted, ctx.static = wanted, s
-        grads = _kernel_param_grads(y, tensors, s, wanted, weight=weight)
+        ctx.wanted, ctx.topology = wanted, top
+        grads = _kernel_param_grads(y, StepParams(*tensors), top, wanted, weight=weight)
         return tuple(grads[i] for i in wanted)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *outs):
-        from .simulator import _step_energy
-
         y, weight, *tensors = ctx.saved_tensors
         with torch.enable_grad():
             y_, w_ = y.detach().requires_grad_(), weight.detach().requires_grad_()
             leaf = [isinstance(t, torch.Tensor) and t.is_floating_point() for t in tensors]
             ts = [t.detach().requires_grad_() if is_leaf else t for t, is_leaf in zip(tensors, leaf)]
-            e = _step_energy(y_, *ts, ctx.static)
+            e = reference_step_energy(y_, *ts, ctx.topology)
             grads = torch.autograd.grad(e, [ts[i] for i in ctx.wanted], w_, create_graph=True, allow_unused=True)
             pairs = [(g, o) for g, o in zip(grads, outs) if g is not None and g.requires_grad and o is not None]
             inputs = [y_, w_] + [t for t, is_leaf in zip(ts, leaf) if is_leaf]
@@ -147,40 +143,39 @@ class StepParamGradient(torch.autograd.Function):
         return (y_grad, w_grad, None, None, *[next(back) if is_leaf else None for is_leaf in leaf])
 
 
-def _kernel_param_grads(y, tensors, s, wanted, weight=None, dir=None):
-    """The C++ kernel's parameter derivatives (see ``_C.step_energy_param_grads``) for the tensors at the indices
-    ``wanted``, summed to each tensor's shape (a parameter shared by a batch gets the sum over its problems):
-    ``weight . dE/dtheta`` (``weight`` shaped like the energy), or ``d/dtheta [grad_y E . dir]``."""
-    m, yb, x0, x0_free, x_hat, act = _kernel_args(y, *tensors, s)
+def _kernel_param_grads(y, p, top, wanted, weight=None, dir=None):
+    """The C++ kernel's parameter derivatives (see ``_C.step_energy_param_grads``) for the parameters at the
+    indices ``wanted`` of :class:`~diffsoft.step.StepParams`, summed to each one's shape (a parameter shared by
+    a batch gets the sum over its problems): ``weight . dE/dtheta`` (``weight`` shaped like the energy), or
+    ``d/dtheta [grad_y E . dir]``."""
+    m, yb, x0, x0_free, x_hat, act = _kernel_args(y, p, top)
     if weight is not None:
         weight = weight.detach().reshape(-1).expand(yb.shape[0]).contiguous()
     if dir is not None:
         dir = dir.detach().reshape(yb.shape).contiguous()
     grads = _C.step_energy_param_grads(m, yb, x0, x0_free, x_hat, act, weight, dir)
-    out = [None] * len(tensors)
+    out = [None] * len(p)
     for i in wanted:
-        out[i] = grads[i].sum_to_size(tensors[i].shape)
+        out[i] = grads[i].sum_to_size(p[i].shape)
     return out
 
 
-def _reference_param_grads(y, tensors, s, wanted, weight, order):
-    """Through the reference energy, for the tensors at the indices ``wanted``: ``weight . d/dtheta E``
+def _reference_param_grads(y, p, top, wanted, weight, order):
+    """Through the reference energy, for the parameters at the indices ``wanted``: ``weight . d/dtheta E``
     (order 1, ``weight`` shaped like the energy; differentiable again when grad mode is on, as in a double
     backward), or ``d/dtheta [grad_y E . weight]`` (order 2)."""
-    from .simulator import _step_energy
-
     create_graph = torch.is_grad_enabled()
     with torch.enable_grad():
         if order == 1:
-            e = _step_energy(y, *tensors, s)
-            grads = torch.autograd.grad(e, [tensors[i] for i in wanted], weight, allow_unused=True,
+            e = reference_step_energy(y, *p, top)
+            grads = torch.autograd.grad(e, [p[i] for i in wanted], weight, allow_unused=True,
                                         create_graph=create_graph)
         else:
             y_ = y.detach().requires_grad_()
-            ts = [t if t is None else t.detach().requires_grad_(i in wanted) for i, t in enumerate(tensors)]
-            (g_y,) = torch.autograd.grad(_step_energy(y_, *ts, s).sum(), y_, create_graph=True)
+            ts = [t if t is None else t.detach().requires_grad_(i in wanted) for i, t in enumerate(p)]
+            (g_y,) = torch.autograd.grad(reference_step_energy(y_, *ts, top).sum(), y_, create_graph=True)
             grads = torch.autograd.grad(g_y, [ts[i] for i in wanted], weight, allow_unused=True)
-    out = [None] * len(tensors)
+    out = [None] * len(p)
     for i, g in zip(wanted, grads):
         out[i] = g
     return out
@@ -190,46 +185,41 @@ def _on_cpu(y):
     return y.device.type == "cpu"
 
 
-def with_model(s, mass, Dm_inv, mu, lam, rest_length, stiffness, gravity, contact_stiffness, friction):
-    """A copy of the static data ``s`` that carries the kernels' model for these parameter values, so that the
-    several kernel calls of one step (and of its backward) build it once."""
-    out = types.SimpleNamespace(**vars(s))
-    out.model = _model(s, mass, Dm_inv, mu, lam, rest_length, stiffness, gravity, contact_stiffness, friction)
-    return out
+def with_kernel_model(top, p):
+    """A copy of the topology ``top`` that carries the kernels' model for the parameter values ``p``, so that
+    the several kernel calls of one step (and of its backward) build it once."""
+    return dataclasses.replace(top, kernel_model=_kernel_model(top, p))
 
 
-def _model(s, mass, Dm_inv, mu, lam, rest_length, stiffness, gravity, contact_stiffness, friction):
+def _kernel_model(top, p):
     m = _C.StepModel()
-    m.elements = s.elements
-    m.muscles = s.muscles if s.muscles is not None else s.elements.new_zeros(0, 2)
-    m.slot = s.slot
-    m.mass, m.Dm_inv = mass.detach().contiguous(), Dm_inv.detach().contiguous()
-    num_elements = s.elements.shape[0]
-    m.mu, m.lam = mu.detach().expand(num_elements).contiguous(), lam.detach().expand(num_elements).contiguous()
-    if s.muscles is not None:
-        m.rest_length = rest_length.detach().contiguous()
-        m.stiffness = stiffness.detach().expand(s.muscles.shape[0]).contiguous()
-    m.material = _MATERIAL_CODES[s.material]
-    m.factor_cache = getattr(s, "factor_cache", None)
-    m.h, m.gravity, m.eps = s.h, float(gravity), s.eps
-    m.has_ground = s.ground is not None
+    m.elements = top.elements
+    m.muscles = top.muscles if top.muscles is not None else top.elements.new_zeros(0, 2)
+    m.slot = top.free_index
+    m.mass, m.Dm_inv = p.mass.detach().contiguous(), p.Dm_inv.detach().contiguous()
+    num_elements = top.elements.shape[0]
+    m.mu = p.mu.detach().expand(num_elements).contiguous()
+    m.lam = p.lam.detach().expand(num_elements).contiguous()
+    if top.muscles is not None:
+        m.rest_length = p.muscle_rest_length.detach().contiguous()
+        m.stiffness = p.muscle_stiffness.detach().expand(top.muscles.shape[0]).contiguous()
+    m.material = top.material.code
+    m.factor_cache = top.factor_cache
+    m.h, m.gravity, m.eps = top.h, float(p.gravity), top.friction_eps
+    m.has_ground = top.ground is not None
     if m.has_ground:
-        m.ground, m.contact_stiffness, m.friction = s.ground, float(contact_stiffness), float(friction)
+        m.ground, m.contact_stiffness, m.friction = top.ground, float(p.contact_stiffness), float(p.friction)
     return m
 
 
-def _kernel_args(y, x_hat, x0, x0_free, mass, Dm_inv, mu, lam, activation, rest_length, stiffness, gravity,
-                 contact_stiffness, friction, s):
+def _kernel_args(y, p, top):
     """The C++ kernels' arguments: the model and batched ``(y, x0, x0_free, x_hat, activation)``, values only."""
-    m = getattr(s, "model", None)
-    if m is None:
-        m = _model(s, mass, Dm_inv, mu, lam, rest_length, stiffness, gravity, contact_stiffness, friction)
-    if y.dim() == 3:
-        y, x0, x0_free, x_hat = y.detach(), x0.detach(), x0_free.detach(), x_hat.detach()
-    else:
-        y, x0, x0_free, x_hat = y.detach()[None], x0.detach()[None], x0_free.detach()[None], x_hat.detach()[None]
+    m = top.kernel_model if top.kernel_model is not None else _kernel_model(top, p)
+    y, x0, x0_free, x_hat = y.detach(), p.x0.detach(), p.x0_free.detach(), p.x_hat.detach()
+    if y.dim() == 2:
+        y, x0, x0_free, x_hat = y[None], x0[None], x0_free[None], x_hat[None]
     # One activation per creature, (B, M); a single (M,) activation is shared by the batch.
-    act = activation.detach().expand(y.shape[0], -1) if s.muscles is not None else y.new_zeros(0)
+    act = p.activation.detach().expand(y.shape[0], -1) if top.muscles is not None else y.new_zeros(0)
     return m, y, x0, x0_free, x_hat, act
 
 
@@ -271,42 +261,43 @@ class BlockHessian:
         return out[0] if squeeze else out
 
 
-def _gradient_and_hessian(y, x_hat, x0, x0_free, mass, Dm_inv, mu, lam, activation, rest_length, stiffness,
-                          gravity, contact_stiffness, friction, s):
+def _gradient_and_hessian(y, p, top):
+    """The gradient and a :class:`BlockHessian` in vectorised torch ops (the path on non-CPU devices)."""
     squeeze = y.dim() == 2
+    x_hat, x0, x0_free, activation = p.x_hat, p.x0, p.x0_free, p.activation
     if squeeze:
         y, x_hat, x0, x0_free = (t.unsqueeze(0) for t in (y, x_hat, x0, x0_free))
         if activation is not None:
             activation = activation.unsqueeze(0)
     b, _, d = y.shape
-    x = y if s.all_free else x0.index_copy(1, s.free, y)
+    x = top.full_positions(y, x0)
     grad = torch.zeros_like(x)
     blocks = []
 
-    k_el, g_el = _elastic_blocks(x, s.elements, Dm_inv, mu, lam, s.material)
-    grad.index_add_(1, s.elements.reshape(-1), g_el.reshape(b, -1, d))
-    blocks.append((s.elements, k_el))
-    if s.muscles is not None:
-        k_mu, g_mu = _muscle_blocks(x, s.muscles, activation, rest_length, stiffness)
-        grad.index_add_(1, s.muscles.reshape(-1), g_mu.reshape(b, -1, d))
-        blocks.append((s.muscles, k_mu))
-    grad = grad if s.all_free else grad[:, s.free]
+    k_el, g_el = _elastic_blocks(x, top.elements, p.Dm_inv, p.mu, p.lam, top.material)
+    grad.index_add_(1, top.elements.reshape(-1), g_el.reshape(b, -1, d))
+    blocks.append((top.elements, k_el))
+    if top.muscles is not None:
+        k_mu, g_mu = _muscle_blocks(x, top.muscles, activation, p.muscle_rest_length, p.muscle_stiffness)
+        grad.index_add_(1, top.muscles.reshape(-1), g_mu.reshape(b, -1, d))
+        blocks.append((top.muscles, k_mu))
+    grad = grad if top.all_free else grad[:, top.free]
 
-    h2 = s.h * s.h
-    m = mass[:, None]
+    h2 = top.h * top.h
+    m = p.mass[:, None]
     grad = grad + m * (y - x_hat) / h2
-    grad[..., 1] = grad[..., 1] + mass * gravity
+    grad[..., 1] = grad[..., 1] + p.mass * p.gravity
     diag = (m / h2).expand_as(y).clone()
-    if s.ground is not None:
-        depth = torch.clamp(y[..., 1] - s.ground, max=0.0)
-        grad[..., 1] = grad[..., 1] + 2 * contact_stiffness * depth
-        diag[..., 1] = diag[..., 1] + 2 * contact_stiffness * (depth < 0).to(y.dtype)
-        w = 2 * friction * torch.clamp(s.eps - (x0_free[..., 1] - s.ground), min=0.0) / h2
+    if top.ground is not None:
+        depth = torch.clamp(y[..., 1] - top.ground, max=0.0)
+        grad[..., 1] = grad[..., 1] + 2 * p.contact_stiffness * depth
+        diag[..., 1] = diag[..., 1] + 2 * p.contact_stiffness * (depth < 0).to(y.dtype)
+        w = 2 * p.friction * torch.clamp(top.friction_eps - (x0_free[..., 1] - top.ground), min=0.0) / h2
         tangential = [0] if d == 2 else [0, 2]
         for c in tangential:
             grad[..., c] = grad[..., c] + w * (y[..., c] - x0_free[..., c])
             diag[..., c] = diag[..., c] + w
-    hessian = BlockHessian(s.free, s.all_free, x.shape[1], blocks, diag)
+    hessian = BlockHessian(top.free, top.all_free, x.shape[1], blocks, diag)
     return (grad[0] if squeeze else grad), hessian
 
 
@@ -338,15 +329,15 @@ def _elastic_blocks(x, elements, Dm_inv, mu, lam, material):
 
 def _invariant_derivatives(material, i1, J, mu, lam, d):
     """``psi_I1, psi_I1I1 (None if 0), psi_J, psi_JJ`` of each material, ``mu, lam`` weights folded in."""
-    if material == "algovivo":
+    if material == Material.ALGOVIVO:
         dj = J - 1
         q, dq = dj - 0.5 * dj * dj, 1 - dj
         return 0.5 * mu + 0 * J, None, (lam * q - mu) * dq, mu - lam * q + lam * dq * dq
-    if material == "neo_hookean":
+    if material == Material.NEO_HOOKEAN:
         Jc = torch.where(J > 0, J, torch.ones_like(J))
         log_j = torch.log(Jc)
         return 0.5 * mu + 0 * J, None, (lam * log_j - mu) / Jc, (mu + lam - lam * log_j) / (Jc * Jc)
-    if material == "stable_neo_hookean":
+    if material == Material.STABLE_NEO_HOOKEAN:
         mu_s = (d + 1) / d * mu
         lam_s = lam + (d * (d + 1) - 2) / (d * (d + 1)) * mu
         beta = mu / lam_s

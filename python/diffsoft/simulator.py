@@ -11,15 +11,15 @@ solver's tolerances are force tolerances (see :class:`Simulator`). Scaling chang
 nor Newton's steps, nor the implicit gradients.
 """
 import math
-import types
 
 import torch
 
 from ._extension import _C
 from ._minimize import minimize
-from .fused import direct_energy, step_energy, with_model
-from .energies import (determinant, elastic_energy, friction_energy, gravity_energy, ground_contact_energy,
-                       inertia_energy, muscle_energy)
+from .energies import (determinant, elastic_energy, gravity_energy, ground_contact_energy, muscle_energy,
+                       reference_step_energy)
+from .fused import analytic_energy, step_energy, with_kernel_model
+from .step import Material, StepParams, StepTopology
 
 _HAS_CHOLMOD = _C.HAS_CHOLMOD
 
@@ -98,17 +98,17 @@ class Simulator:
                                    cg_max_iter=cg_max_iter, backward_rtol=backward_rtol,
                                    backward_max_iter=backward_max_iter, on_failure=on_failure,
                                    keep_factor=keep_factors)
-        self._static = self._static_data()
+        self.topology = self._topology()
 
-    def _static_data(self):
-        """What the step energy needs besides tensors that may require grad: indices and constants."""
+    def _topology(self):
+        """The step's :class:`~diffsoft.step.StepTopology`, with a new factorization cache."""
         body = self.body
-        slot = torch.full((body.num_vertices,), -1, dtype=torch.long, device=body.device)
-        slot[body.free] = torch.arange(len(body.free), device=body.device)
-        return types.SimpleNamespace(
+        free_index = torch.full((body.num_vertices,), -1, dtype=torch.long, device=body.device)
+        free_index[body.free] = torch.arange(len(body.free), device=body.device)
+        return StepTopology(
             elements=body.elements, muscles=body.muscles if body.num_muscles else None, free=body.free,
-            slot=slot, all_free=len(body.fixed) == 0, material=body.material, h=self.dt, ground=self.ground,
-            eps=self.friction_eps, factor_cache=_C.FactorCache())
+            free_index=free_index, all_free=len(body.fixed) == 0, material=Material(body.material), h=self.dt,
+            ground=self.ground, friction_eps=self.friction_eps, factor_cache=_C.FactorCache())
 
     def _factorizes(self):
         """Whether the steps factor their Hessians: ``solver="direct"``, or ``"auto"`` unless the body is 3D,
@@ -135,7 +135,7 @@ class Simulator:
         for name in ("gravity", "contact_stiffness", "friction"):
             setattr(out, name, getattr(self, name).detach().to(device=device, dtype=dtype))
         out.solver_options = dict(self.solver_options)
-        out._static = out._static_data()
+        out.topology = out._topology()
         return out
 
     @property
@@ -159,35 +159,44 @@ class Simulator:
             keep their ``x0`` positions.
         """
         batched = self._check_state(x0, v0)
-        activation = self._check_activation(activation, x0)
-        body, s, h = self.body, self._static, self.dt
-        x0_free = x0 if s.all_free else x0[..., s.free, :]
-        v0_free = v0 if s.all_free else v0[..., s.free, :]
-        x_hat = x0_free + h * v0_free
-        mass = body.mass if s.all_free else body.mass[s.free]
-        mu, lam = body.mu, body.lam
-        if body.material != "algovivo":  # the densities are 1-homogeneous in (mu, lam): fold volumes in
-            volume = 1.0 / (math.factorial(body.dim) * determinant(body.Dm_inv).abs())
-            mu, lam = mu * volume, lam * volume
-        materials = (mass, body.Dm_inv, mu, lam, body.muscle_rest_length, body.muscle_stiffness)
-        constants = (self.gravity, self.contact_stiffness, self.friction)
+        params, top = self.step_problem(x0, v0, self._check_activation(activation, x0))
         if self.fused and x0.device.type == "cpu":
-            s = with_model(s, *materials, *constants)
-        params = (x_hat, x0, x0_free, *materials[:4], activation, *materials[4:], *constants, s)
-        energy = step_energy if self.fused else _step_energy
+            top = with_kernel_model(top, params)
+        energy = step_energy if self.fused else reference_step_energy
         with torch.no_grad():
             # Each problem starts from the lower-energy of the inertial prediction and x0. The prediction can
             # leave the energy's domain (an inverted neo-Hookean element) or overflow it (a large dt, fast
             # vertices, float32); x0, a valid state, cannot, and NaN or inf at the prediction selects x0.
-            start = x0_free.detach()
-            better = energy(x_hat.detach(), *params) <= energy(start, *params)
-            guess = torch.where(better[..., None, None], x_hat.detach(), start)
-        direct = direct_energy(guess, *params, factorize=self._factorizes()) if self.fused else None
-        y, info = minimize(energy, guess, *params, batched=batched, return_info=True, _direct=direct,
+            x_hat, start = params.x_hat.detach(), params.x0_free.detach()
+            better = energy(x_hat, *params, top) <= energy(start, *params, top)
+            guess = torch.where(better[..., None, None], x_hat, start)
+        analytic = analytic_energy(guess, *params, top, factorize=self._factorizes()) if self.fused else None
+        y, info = minimize(energy, guess, *params, top, batched=batched, return_info=True, _analytic=analytic,
                            **self.solver_options)
-        x1 = y if s.all_free else x0.index_copy(x0.dim() - 2, s.free, y)
-        v1 = (x1 - x0) / h
+        x1 = top.full_positions(y, x0)
+        v1 = (x1 - x0) / self.dt
         return (x1, v1, info) if return_info else (x1, v1)
+
+    def step_problem(self, x0, v0, activation):
+        """The step from ``(x0, v0)`` under ``activation`` as the problem the solver minimises:
+        ``(StepParams, StepTopology)`` (:mod:`diffsoft.step`), the parameters differentiable with respect to
+        ``x0``, ``v0``, ``activation``, the body's fields and the simulator's constants. No checks: these are
+        :meth:`step`'s, which calls this with a checked state (``activation`` None when the body has no
+        muscles)."""
+        body, top, h = self.body, self.topology, self.dt
+        x0_free = x0 if top.all_free else x0[..., top.free, :]
+        v0_free = v0 if top.all_free else v0[..., top.free, :]
+        mu, lam = body.mu, body.lam
+        if body.material != Material.ALGOVIVO:  # the densities are 1-homogeneous in (mu, lam): fold volumes in
+            volume = 1.0 / (math.factorial(body.dim) * determinant(body.Dm_inv).abs())
+            mu, lam = mu * volume, lam * volume
+        params = StepParams(
+            x_hat=x0_free + h * v0_free, x0=x0, x0_free=x0_free,
+            mass=body.mass if top.all_free else body.mass[top.free], Dm_inv=body.Dm_inv, mu=mu, lam=lam,
+            activation=activation, muscle_rest_length=body.muscle_rest_length,
+            muscle_stiffness=body.muscle_stiffness, gravity=self.gravity,
+            contact_stiffness=self.contact_stiffness, friction=self.friction)
+        return params, top
 
     def rollout(self, x0, v0, activations=None, steps=None, controller=None):
         """``steps`` steps from ``(x0, v0)``; the graph keeps one state per step, not the solver's iterations.
@@ -286,20 +295,3 @@ class Simulator:
             raise ValueError(f"activation must be in (0, 1] (1 is relaxed), got {bad:g}")
         return a
 
-
-def _step_energy(y, x_hat, x0, x0_free, mass, Dm_inv, mu, lam, activation, rest_length, stiffness, gravity,
-                 contact_stiffness, friction, s):
-    """The step's objective divided by h^2; ``y`` holds the free vertices, ``(F, d)`` or ``(B, F, d)``.
-    ``mu, lam`` arrive with the elements' weights folded in. Returns ``y.shape[:-2]``: one energy per problem of
-    a batch (so that each gets its own line search), a 0-dim tensor for a single problem."""
-    x = y if s.all_free else x0.index_copy(x0.dim() - 2, s.free, y)
-    e = elastic_energy(x, s.elements, Dm_inv, mu, lam, s.material)
-    # Gravity relative to the start of the step: the same minimiser and derivatives, but an objective near 0
-    # whose changes the line search can still resolve in floating point close to the solution.
-    e = e + inertia_energy(y, x_hat, mass) / (s.h * s.h) + gravity_energy(y - x0_free, mass, gravity)
-    if s.muscles is not None:
-        e = e + muscle_energy(x, s.muscles, activation, rest_length, stiffness)
-    if s.ground is not None:
-        e = e + ground_contact_energy(y, contact_stiffness, s.ground)
-        e = e + friction_energy(y, x0_free, s.h, friction, s.ground, s.eps)
-    return e

@@ -1,7 +1,5 @@
 """The fused step energy against its plain-torch reference: values, gradients, Hessian-vector products,
 parameter derivatives (gradcheck and gradgradcheck in float64), and whole simulator steps."""
-import math
-
 import pytest
 import torch
 from torch.autograd import gradcheck, gradgradcheck
@@ -9,10 +7,11 @@ from torch.autograd import gradcheck, gradgradcheck
 from diffsoft._extension import _C
 from diffsoft.body import SoftBody
 from diffsoft.creatures import biped, tetrapod
-from diffsoft.energies import determinant
+from diffsoft.energies import reference_step_energy
 from diffsoft.fused import step_energy
 from diffsoft.mesh import box, rectangle
-from diffsoft.simulator import Simulator, _step_energy
+from diffsoft.simulator import Simulator
+from diffsoft.step import StepParams
 
 f64 = torch.float64
 
@@ -30,17 +29,9 @@ def _sim(dim, material, fixed=None):
 
 
 def _params(sim, x0, v0, activation):
-    """The step energy's arguments, as Simulator.step builds them."""
-    body, s = sim.body, sim._static
-    x0_free = x0 if s.all_free else x0[..., s.free, :]
-    v0_free = v0 if s.all_free else v0[..., s.free, :]
-    mu, lam = body.mu, body.lam
-    if body.material != "algovivo":
-        volume = 1.0 / (math.factorial(body.dim) * determinant(body.Dm_inv).abs())
-        mu, lam = mu * volume, lam * volume
-    mass = body.mass if s.all_free else body.mass[s.free]
-    return [x0_free + sim.dt * v0_free, x0, x0_free, mass, body.Dm_inv, mu, lam, activation,
-            body.muscle_rest_length, body.muscle_stiffness, sim.gravity, sim.contact_stiffness, sim.friction, s]
+    """The step energy's arguments (:mod:`diffsoft.step`), as Simulator.step builds them."""
+    params, top = sim.step_problem(x0, v0, activation)
+    return [*params, top]
 
 
 def _state(sim, batch, seed):
@@ -51,8 +42,9 @@ def _state(sim, batch, seed):
     x0[..., 1] -= 0.005  # some vertices below the ground: contact and friction are active
     v0 = 0.3 * torch.randn(shape, generator=g, dtype=f64)
     a = 0.6 + 0.4 * torch.rand(((batch,) if batch else ()) + (sim.body.num_muscles,), generator=g, dtype=f64)
-    y = (x0 if sim._static.all_free else x0[..., sim._static.free, :]) + 0.005 * torch.randn(
-        shape[:-2] + (len(sim._static.free), sim.body.dim), generator=g, dtype=f64)
+    top = sim.topology
+    y = (x0 if top.all_free else x0[..., top.free, :]) + 0.005 * torch.randn(
+        shape[:-2] + (len(top.free), sim.body.dim), generator=g, dtype=f64)
     return x0, v0, a, y
 
 
@@ -69,7 +61,7 @@ def test_value_gradient_and_hvp_match_the_reference(dim, material, fixed, batch)
     y = y.requires_grad_()
     v = torch.randn_like(y)
     results = []
-    for energy in (_step_energy, step_energy):
+    for energy in (reference_step_energy, step_energy):
         e = energy(y, *params)
         assert e.shape == y.shape[:-2]  # one energy per problem
         (g,) = torch.autograd.grad(e.sum(), y, create_graph=True)
@@ -91,19 +83,20 @@ def test_parameter_derivatives_match_the_reference(dim, material, fixed, batch):
     sim = _sim(dim, material, fixed)
     x0, v0, a, y = _state(sim, batch, seed=11)
     params = _params(sim, x0, v0, a)
-    tensors = [p.detach().clone().requires_grad_() for p in params[:-1]]
-    s = params[-1]
+    tensors = StepParams(*[p.detach().clone().requires_grad_() for p in params[:-1]])
+    top = params[-1]
     wanted = list(range(len(tensors)))
     weight = torch.rand(y.shape[:-2], dtype=f64) + 0.5
     direction = torch.randn_like(y)
     for order, probe in ((1, dict(weight=weight)), (2, dict(dir=direction))):
-        ours = fused._kernel_param_grads(y, tensors, s, wanted, **probe)
-        reference = fused._reference_param_grads(y, tensors, s, wanted, weight if order == 1 else direction, order)
+        ours = fused._kernel_param_grads(y, tensors, top, wanted, **probe)
+        reference = fused._reference_param_grads(y, tensors, top, wanted, weight if order == 1 else direction, order)
         for i, (g, r) in enumerate(zip(ours, reference)):
             assert g.shape == tensors[i].shape, (order, i)
             r = torch.zeros_like(g) if r is None else r  # e.g. x0's free vertices do not enter
             scale = max(r.abs().max().item(), 1e-12)
-            torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10 * scale, msg=f"order {order}, parameter {i}")
+            torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10 * scale,
+                                       msg=f"order {order}, parameter {StepParams._fields[i]}")
 
 
 @pytest.mark.parametrize("dim,material,fixed", CASES[:4])
@@ -152,9 +145,10 @@ def test_cpu_kernels_and_device_agnostic_torch_path_agree(dim, material, fixed):
     sim = _sim(dim, material, fixed)
     x0, v0, a, y = _state(sim, 2, seed=7)
     params = _params(sim, x0, v0, a)
-    args = fused._kernel_args(y, *params)
+    p, top = StepParams(*params[:-1]), params[-1]
+    args = fused._kernel_args(y, p, top)
     derivatives = fused._C.step_energy_derivatives(*args)
-    grad_torch, hessian_torch = fused._gradient_and_hessian(y, *params)
+    grad_torch, hessian_torch = fused._gradient_and_hessian(y, p, top)
     v = torch.randn_like(y)
     torch.testing.assert_close(derivatives[0], grad_torch, rtol=1e-11, atol=1e-11 * grad_torch.abs().max().item())
     hv = fused.KernelHessian(args[0], derivatives).apply(v)
@@ -228,7 +222,7 @@ def test_supernodal_factorizations_share_one_symbolic_analysis():
     for _ in range(3):
         x, v, info = sim.step(x, v, return_info=True)
         assert info.converged and info.factorizations > 0
-    assert sim._static.factor_cache.analyses == 1
+    assert sim.topology.factor_cache.analyses == 1
 
 
 @pytest.mark.parametrize("make", [lambda: biped(dtype=f64), _block], ids=["biped", "block"])
@@ -255,7 +249,7 @@ def test_a_copied_simulator_steps_with_its_own_factor_cache():
     x, v = sim.rest_state
     x1, _ = sim.step(x, v)
     for other in (copy.deepcopy(sim), pickle.loads(pickle.dumps(sim))):
-        assert other._static.factor_cache is not sim._static.factor_cache
+        assert other.topology.factor_cache is not sim.topology.factor_cache
         torch.testing.assert_close(other.step(x, v)[0], x1, rtol=0, atol=1e-12)
 
 

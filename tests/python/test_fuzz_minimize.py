@@ -7,138 +7,18 @@ it did not (a RuntimeWarning and ``info.converged`` False; ``ConvergenceError`` 
 ``x*`` is finite; the per-problem flags of a batch are right; implicit gradients are finite and, at strict
 minima of small problems, match central differences of re-solved problems.
 
-``check_solve`` is shared with ``benchmarks/fuzz_report.py``.
+The energies, ``problems`` and ``check_solve`` live in :mod:`diffsoft.fuzzing`, shared with
+``benchmarks/fuzz_report.py``.
 """
-import re
 import warnings
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, assume, event, given, settings
+from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 import diffsoft
-
-_FUZZ = settings(derandomize=True, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-
-
-def fuzz(max_examples):
-    """Seeded (derandomized), no deadline, a bounded number of examples, no shrinking."""
-    return settings(_FUZZ, max_examples=max_examples)
-
-
-# --- energies: energy(x, b, k, scale, D) with x (..., n), summed over everything ------------------------------
-# b (..., n) is a linear load, k a positive 0-dim stiffness; scale (0-dim) multiplies the energy and D (n,)
-# scales the coordinates (badly scaled problems); a family's own constants ride in the closure.
-
-def quartic_family(n, g):
-    q, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
-    a = q @ torch.diag(10.0 ** (3 * torch.rand(n, generator=g, dtype=torch.float64))) @ q.T
-
-    def energy(y, k):
-        return 0.5 * torch.einsum("...i,ij,...j->...", y, a.to(y.dtype), y).sum() + 0.25 * k * (y ** 4).sum()
-    return energy, True
-
-
-def double_well_family(n, g):
-    def energy(y, k):
-        coupling = 0.5 * ((y[..., 1:] - y[..., :-1]) ** 2).sum() if n > 1 else 0.0
-        return k * ((y * y - 1) ** 2).sum() + coupling
-    return energy, False
-
-
-def rosenbrock_family(n, g):
-    def energy(y, k):
-        if n == 1:
-            return k * (1 - y * y).square().sum() + (y - 1).square().sum()
-        return (k * (y[..., 1:] - y[..., :-1] ** 2) ** 2).sum() + ((1 - y[..., :-1]) ** 2).sum() + \
-            (y[..., -1:] ** 2).sum()
-    return energy, False
-
-
-def log_sum_exp_family(n, g):
-    w = torch.randn(2 * n, n, generator=g, dtype=torch.float64)
-    c = torch.randn(2 * n, generator=g, dtype=torch.float64)
-
-    def energy(y, k):
-        return torch.logsumexp(y @ w.to(y.dtype).T + c.to(y.dtype), -1).sum() + 0.5 * k * (y * y).sum()
-    return energy, True
-
-
-def unbounded_family(n, g):
-    """No minimum: every solve must fail, and say so, with finite iterates."""
-    def energy(y, k):
-        return -0.5 * k * (y * y).sum() - torch.cosh(y).sum()
-    return energy, False
-
-
-FAMILIES = {"quartic": quartic_family, "double_well": double_well_family, "rosenbrock": rosenbrock_family,
-            "log_sum_exp": log_sum_exp_family, "unbounded": unbounded_family}
-
-
-def make_problem(family, n, batch, coordinate_decades, energy_decades, x0_scale, seed, dtype=torch.float64):
-    """``(energy, x0, (b, k, scale, D), convex)`` from plain parameters."""
-    g = torch.Generator().manual_seed(seed)
-    f, convex = FAMILIES[family](n, g)
-    shape = (n,) if batch is None else (batch, n)
-    b = torch.randn(shape, generator=g, dtype=torch.float64)
-    k = 10.0 ** (2 * torch.rand((), generator=g, dtype=torch.float64) - 1)
-    scale = torch.tensor(10.0 ** energy_decades, dtype=torch.float64)
-    D = 10.0 ** (coordinate_decades * (2 * torch.rand(n, generator=g, dtype=torch.float64) - 1))
-    x0 = x0_scale * torch.randn(shape, generator=g, dtype=torch.float64) / D
-
-    def energy(x, b, k, scale, D):
-        y = D * x
-        return scale * (f(y, k) - (b * y).sum())
-    return energy, x0.to(dtype), tuple(t.to(dtype) for t in (b, k, scale, D)), convex
-
-
-def problem_grad_norms(energy, x, params):
-    """Per-problem ``|grad_x E|`` by autograd: ``(B,)`` (``(1,)`` unbatched)."""
-    x = x.detach().requires_grad_()
-    with torch.enable_grad():
-        (gx,) = torch.autograd.grad(energy(x, *params), x)
-    return gx.reshape(-1, x.shape[-1]).norm(dim=-1) if x.dim() == 2 else gx.norm().reshape(1)
-
-
-def check_solve(energy, x0, params, **options):
-    """One ``minimize`` with ``on_failure="warn"``; checks the properties, replays a failure with
-    ``on_failure="raise"``. Returns ``"converged"`` or ``"reported"``; violations raise AssertionError."""
-    batched = x0.dim() == 2
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        x, info = diffsoft.minimize(energy, x0, *params, batched=batched, return_info=True, **options)
-    failures = [w for w in caught if issubclass(w.category, RuntimeWarning) and "converge" in str(w.message)]
-    assert torch.isfinite(x).all(), f"non-finite x* ({info.message})"
-    rtol = options.get("rtol") or (1e-8 if x0.dtype == torch.float64 else 1e-4)
-    threshold = (rtol * problem_grad_norms(energy, x0, params)).clamp_min(options.get("atol", 0.0))
-    g = problem_grad_norms(energy, x, params)
-    # The solver's own gradient and autograd's are the same computation; allow a little for reduction order.
-    met = g <= threshold * (1 + 1e-6)
-    flags = torch.tensor(info.problem_converged)
-    assert len(flags) == len(g)
-    assert (flags <= met).all(), f"problems {torch.nonzero(flags & ~met).flatten().tolist()} claim convergence"
-    assert info.converged == bool(flags.all())
-    if info.converged:
-        assert not failures, f"converged but warned: {failures[0].message}"
-        return "converged"
-    assert failures, f"did not converge and said nothing ({info.message})"
-    assert info.message and info.message != "converged"
-    if batched:  # the message names every failed problem (the first 10)
-        failed = set(torch.nonzero(~flags).flatten().tolist())
-        named = {int(i) for group in re.findall(r"problem\(s\) ([\d, ]+)", info.message)
-                 for i in group.replace(",", " ").split()}
-        assert failed <= named or len(failed) > 10, f"{sorted(failed)} not all named in {info.message!r}"
-    with pytest.raises(diffsoft.ConvergenceError):
-        diffsoft.minimize(energy, x0, *params, batched=batched, **{**options, "on_failure": "raise"})
-    return "reported"
-
-
-problems = st.fixed_dictionaries(dict(
-    family=st.sampled_from(sorted(FAMILIES)), n=st.integers(1, 30), batch=st.one_of(st.none(), st.integers(1, 5)),
-    coordinate_decades=st.floats(0.0, 2.0), energy_decades=st.floats(-6.0, 6.0), x0_scale=st.floats(0.0, 10.0),
-    seed=st.integers(0, 2**16)))
+from diffsoft.fuzzing import check_solve, fuzz, make_problem, problems
 
 
 @fuzz(120)

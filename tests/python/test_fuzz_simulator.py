@@ -6,166 +6,18 @@ plain-torch reference energy) or it says it did not (``info.converged`` False wi
 ``diffsoft.ConvergenceError`` under ``on_failure="raise"``); positions and velocities are finite; no element of
 a ``"neo_hookean"`` body is inverted. On small cases the implicit gradients match central differences.
 
-``check_steps`` is shared with ``benchmarks/fuzz_report.py``, which runs a larger campaign of the same cases.
+The cases and ``check_steps`` live in :mod:`diffsoft.fuzzing`, shared with ``benchmarks/fuzz_report.py``, which
+runs a larger campaign of the same cases.
 """
-import math
-import re
 import warnings
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, assume, event, given, settings
+from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 import diffsoft
-from diffsoft.body import SoftBody
-from diffsoft.energies import MATERIALS, deformation_gradient, determinant
-from diffsoft.mesh import box, rectangle
-from diffsoft.simulator import Simulator, _step_energy
-
-# No shrinking: a failing example is printed as found (shrinking a slow simulation can take many minutes).
-_FUZZ = settings(derandomize=True, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-
-
-def fuzz(max_examples):
-    """Seeded (derandomized), no deadline, a bounded number of examples."""
-    return settings(_FUZZ, max_examples=max_examples)
-
-
-# --- cases -----------------------------------------------------------------------------------------------
-
-def make_mesh(dim, cells, size, dtype):
-    """``cells = 0``: a single triangle or tetrahedron; else a rectangle/box of ``cells`` (per axis) cells."""
-    if cells == (0,) * len(cells):
-        v = torch.cat([torch.zeros(1, dim), torch.eye(dim)]).to(dtype) * size
-        return v, torch.arange(dim + 1).reshape(1, -1)
-    if dim == 2:
-        return rectangle(size * cells[0], size * cells[1], cells[0], cells[1], dtype=dtype)
-    return box(tuple(size * c for c in cells), cells, dtype=dtype)
-
-
-def make_case(dim, cells, size, material, youngs_modulus, poisson_ratio, density, dt, muscles, activation,
-              height, impact, spin, noise, seed, dtype=torch.float64, fixed=None, **solver):
-    """A simulator and a starting state ``(sim, x0, v0, activation)`` from plain parameters (hypothesis draws
-    them here; the fuzz report draws them from a seeded RNG).
-
-    ``size``: cell edge (m); ``muscles``: vertex-pair seeds, reduced modulo the vertex count; ``height``: the
-    lowest vertex's height above the ground in cell sizes (negative: starting inside it); ``impact``: the
-    downward speed (m/s); ``spin``: the scale (1/s) of a random velocity field relative to the size;
-    ``noise``: a random displacement of the vertices in cell sizes (small enough to invert nothing).
-    """
-    v, t = make_mesh(dim, cells, size, dtype)
-    n = len(v)
-    pairs = sorted({tuple(sorted((a % n, b % n))) for a, b in muscles if a % n != b % n})
-    body = SoftBody(v, t, material=material, density=density, youngs_modulus=youngs_modulus,
-                    poisson_ratio=poisson_ratio, muscles=pairs or None, fixed=fixed, dtype=dtype)
-    sim = Simulator(body, dt=dt, **solver)
-    g = torch.Generator().manual_seed(seed)
-    x0 = v + noise * size * (torch.rand(v.shape, generator=g, dtype=dtype) - 0.5)
-    x0[:, 1] += height * size - x0[:, 1].min()
-    v0 = spin * size * torch.randn(v.shape, generator=g, dtype=dtype)
-    v0[:, 1] -= impact
-    a = torch.full((len(pairs),), activation, dtype=dtype) if pairs else None
-    return sim, x0, v0, a
-
-
-cells_2d = st.one_of(st.just((0, 0)), st.tuples(st.integers(1, 4), st.integers(1, 3)))
-cells_3d = st.one_of(st.just((0, 0, 0)), st.tuples(st.integers(1, 2), st.integers(1, 2), st.integers(1, 2)))
-log_uniform = lambda lo, hi: st.floats(math.log10(lo), math.log10(hi)).map(lambda e: 10.0 ** e)  # noqa: E731
-
-
-@st.composite
-def cases(draw, dt_range=(1e-4, 1.0), stiffness=(1e1, 1e7), impact=30.0):
-    dim = draw(st.sampled_from([2, 3]))
-    return dict(
-        dim=dim, cells=draw(cells_2d if dim == 2 else cells_3d), size=draw(log_uniform(0.02, 1.0)),
-        material=draw(st.sampled_from(MATERIALS)), youngs_modulus=draw(log_uniform(*stiffness)),
-        poisson_ratio=draw(st.floats(0.0, 0.45)), density=draw(log_uniform(10.0, 3000.0)),
-        dt=draw(log_uniform(*dt_range)),
-        muscles=draw(st.lists(st.tuples(st.integers(0, 63), st.integers(0, 63)), max_size=3)),
-        activation=draw(st.floats(0.3, 1.0)), height=draw(st.floats(-0.05, 5.0)),
-        impact=draw(st.one_of(st.just(0.0), st.floats(0.0, impact))), spin=draw(log_uniform(1e-3, 10.0)),
-        noise=draw(st.floats(0.0, 0.1)), seed=draw(st.integers(0, 2**16)))
-
-
-# --- the properties ----------------------------------------------------------------------------------------
-
-def residual_norm(sim, x0, v0, a, x1):
-    """``max over problems |grad E(x1)|`` of the step's objective, by autograd on the plain-torch reference
-    energy in float64 (whatever the simulator's dtype): an oracle independent of the fused derivatives the
-    solver uses and of float32 round-off."""
-    f64 = torch.float64
-    sim = sim.to(dtype=f64)
-    x0, v0, x1 = x0.to(f64), v0.to(f64), x1.to(f64)
-    a = None if a is None else a.to(f64)
-    body, s, h = sim.body, sim._static, sim.dt
-    x0_free, v0_free = x0[..., s.free, :], v0[..., s.free, :]
-    volume = 1.0 / (math.factorial(body.dim) * determinant(body.Dm_inv).abs())
-    mu, lam = (body.mu, body.lam) if body.material == "algovivo" else (body.mu * volume, body.lam * volume)
-    if a is None and body.num_muscles:
-        a = torch.ones(body.num_muscles, dtype=f64)
-    y = x1[..., s.free, :].detach().requires_grad_()
-    with torch.enable_grad():
-        e = _step_energy(y, x0_free + h * v0_free, x0, x0_free, body.mass[s.free], body.Dm_inv, mu, lam, a,
-                         body.muscle_rest_length, body.muscle_stiffness, sim.gravity, sim.contact_stiffness,
-                         sim.friction, s)
-        (g,) = torch.autograd.grad(e.sum(), y)
-    return g.flatten(-2).norm(dim=-1).max().item()
-
-
-def min_det_f(sim, x):
-    return determinant(deformation_gradient(x, sim.body.elements, sim.body.Dm_inv)).min().item()
-
-
-def check_steps(sim, x0, v0, a, steps):
-    """Runs ``steps`` steps with ``on_failure="warn"`` and checks the properties of each; a step that did not
-    converge is replayed with ``on_failure="raise"``, which must raise ConvergenceError.
-
-    Returns one outcome per step: ``"converged"`` or ``"reported"`` (failure reported correctly). Violations
-    raise AssertionError, so a crash, a non-finite value, an inverted element, a converged claim that the
-    reference residual contradicts, or a silent failure all fail the caller.
-    """
-    sim.solver_options["on_failure"] = "warn"
-    rtol = sim.solver_options["rtol"] or (1e-8 if sim.body.dtype == torch.float64 else 1e-4)
-    eps = torch.finfo(sim.body.dtype).eps
-    outcomes = []
-    x, v = x0, v0
-    for t in range(steps):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            x1, v1, info = sim.step(x, v, a, return_info=True)
-        failures = [w for w in caught if issubclass(w.category, RuntimeWarning) and "converge" in str(w.message)]
-        assert torch.isfinite(x1).all() and torch.isfinite(v1).all(), f"step {t}: non-finite state ({info.message})"
-        if sim.body.material == "neo_hookean":
-            assert min_det_f(sim, x1) > 0, f"step {t}: an element inverted"
-        assert len(info.problem_converged) == (x.shape[0] if x.dim() == 3 else 1)
-        if info.converged:
-            assert not failures, f"step {t}: converged but warned: {failures[0].message}"
-            assert all(info.problem_converged)
-            tol = max(sim.solver_options["atol"], rtol * info.grad_norm_initial)
-            # The reference and fused gradients agree to round-off in the force terms they sum.
-            slack = 1e3 * eps * (sim._force_scale() + info.grad_norm_initial)
-            assert residual_norm(sim, x, v, a, x1) <= 1.01 * tol + slack, f"step {t}: claims convergence"
-            outcomes.append("converged")
-        else:
-            assert failures, f"step {t}: did not converge, and said nothing ({info.message})"
-            assert info.message and info.message != "converged"
-            assert not all(info.problem_converged)
-            if x.dim() == 3:  # a batch: the message names the creatures that failed
-                failed = {i for i, ok in enumerate(info.problem_converged) if not ok}
-                named = {int(i) for group in re.findall(r"problem\(s\) ([\d, ]+)", info.message)
-                         for i in group.replace(",", " ").split()}
-                assert failed <= named or len(failed) > 10, f"step {t}: {sorted(failed)} not in {info.message!r}"
-            sim.solver_options["on_failure"] = "raise"
-            try:
-                with pytest.raises(diffsoft.ConvergenceError, match=re.escape(info.message[:40])):
-                    sim.step(x, v, a)
-            finally:
-                sim.solver_options["on_failure"] = "warn"
-            outcomes.append("reported")
-        x, v = x1.detach(), v1.detach()
-    return outcomes
+from diffsoft.fuzzing import cases, check_steps, fuzz, make_case
 
 
 @fuzz(60)

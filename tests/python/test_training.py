@@ -2,7 +2,6 @@
 cases: a few steps of the biped)."""
 import dataclasses
 import json
-import math
 import os
 import subprocess
 import sys
