@@ -1,5 +1,6 @@
 """Creatures, algovivo's file format and constants, and diffsoft's own format."""
 import json
+import pathlib
 import math
 
 import pytest
@@ -9,7 +10,8 @@ from diffsoft import creatures
 from diffsoft.body import SoftBody
 from diffsoft.simulator import Simulator
 
-F64 = torch.float64
+from conftest import F64
+
 
 
 def _algovivo_objective(x, x0, v0, a, data):
@@ -53,7 +55,7 @@ def test_algovivo_round_trip_and_constants(tmp_path):
     sim = creatures.biped(dtype=F64)
     path = str(tmp_path / "biped.json")
     creatures.save_algovivo(sim, path)
-    data = json.load(open(path))
+    data = json.loads(pathlib.Path(path).read_text())
     assert set(data) == {"pos", "triangles", "rsi", "muscles", "l0"}
     assert len(data["rsi"][0]) == 2 and len(data["rsi"][0][0]) == 2
     loaded = creatures.load_algovivo(path, dtype=F64)

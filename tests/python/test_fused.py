@@ -13,15 +13,16 @@ from diffsoft.mesh import box, rectangle
 from diffsoft.simulator import Simulator
 from diffsoft.step import StepParams
 
-f64 = torch.float64
+from conftest import F64
+
 
 
 def _sim(dim, material, fixed=None):
     if dim == 2:
-        verts, elements = rectangle(width=0.4, height=0.2, nx=3, ny=2, dtype=f64)
+        verts, elements = rectangle(width=0.4, height=0.2, nx=3, ny=2, dtype=F64)
         muscles = [[0, 5], [1, 4]]
     else:
-        verts, elements = box(size=(0.4, 0.2, 0.2), resolution=(2, 1, 1), dtype=f64)
+        verts, elements = box(size=(0.4, 0.2, 0.2), resolution=(2, 1, 1), dtype=F64)
         muscles = [[0, 7], [1, 6]]
     body = SoftBody(verts, elements, material=material, density=1000.0, youngs_modulus=1e4, poisson_ratio=0.3,
                     fixed=fixed, muscles=muscles)
@@ -38,13 +39,13 @@ def _state(sim, batch, seed):
     g = torch.Generator().manual_seed(seed)
     x, _ = sim.rest_state
     shape = ((batch,) if batch else ()) + tuple(x.shape)
-    x0 = x + 0.01 * torch.randn(shape, generator=g, dtype=f64)
+    x0 = x + 0.01 * torch.randn(shape, generator=g, dtype=F64)
     x0[..., 1] -= 0.005  # some vertices below the ground: contact and friction are active
-    v0 = 0.3 * torch.randn(shape, generator=g, dtype=f64)
-    a = 0.6 + 0.4 * torch.rand(((batch,) if batch else ()) + (sim.body.num_muscles,), generator=g, dtype=f64)
+    v0 = 0.3 * torch.randn(shape, generator=g, dtype=F64)
+    a = 0.6 + 0.4 * torch.rand(((batch,) if batch else ()) + (sim.body.num_muscles,), generator=g, dtype=F64)
     top = sim.topology
     y = (x0 if top.all_free else x0[..., top.free, :]) + 0.005 * torch.randn(
-        shape[:-2] + (len(top.free), sim.body.dim), generator=g, dtype=f64)
+        shape[:-2] + (len(top.free), sim.body.dim), generator=g, dtype=F64)
     return x0, v0, a, y
 
 
@@ -86,7 +87,7 @@ def test_parameter_derivatives_match_the_reference(dim, material, fixed, batch):
     tensors = StepParams(*[p.detach().clone().requires_grad_() for p in params[:-1]])
     top = params[-1]
     wanted = list(range(len(tensors)))
-    weight = torch.rand(y.shape[:-2], dtype=f64) + 0.5
+    weight = torch.rand(y.shape[:-2], dtype=F64) + 0.5
     direction = torch.randn_like(y)
     for order, probe in ((1, dict(weight=weight)), (2, dict(dir=direction))):
         ours = fused._kernel_param_grads(y, tensors, top, wanted, **probe)
@@ -115,7 +116,7 @@ def test_gradcheck_and_gradgradcheck_in_every_input(dim, material, fixed):
     assert gradgradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("make", [lambda: biped(dtype=f64), lambda: tetrapod(dtype=f64)], ids=["biped", "tetrapod"])
+@pytest.mark.parametrize("make", [lambda: biped(dtype=F64), lambda: tetrapod(dtype=F64)], ids=["biped", "tetrapod"])
 def test_fused_and_plain_simulators_agree_over_steps_and_gradients(make):
     sim = make()
     plain = make()
@@ -124,7 +125,7 @@ def test_fused_and_plain_simulators_agree_over_steps_and_gradients(make):
         s.solver_options.update(on_failure="raise", rtol=1e-11, atol=s.solver_options["atol"] * 1e-3)
     x, v = sim.rest_state
     x = x.clone().requires_grad_()
-    acts = torch.full((6, sim.body.num_muscles), 0.7, dtype=f64, requires_grad=True)
+    acts = torch.full((6, sim.body.num_muscles), 0.7, dtype=F64, requires_grad=True)
     out = []
     for s in (sim, plain):
         xs, vs = s.rollout(x, torch.zeros_like(x), acts)
@@ -156,7 +157,7 @@ def test_cpu_kernels_and_device_agnostic_torch_path_agree(dim, material, fixed):
     torch.testing.assert_close(hv, hv_torch, rtol=1e-11, atol=1e-11 * hv_torch.abs().max().item())
 
 
-def _block(dtype=f64):
+def _block(dtype=F64):
     """A 3D block of 1080 free unknowns, its x = 0 face clamped: large enough for the supernodal path."""
     verts, tets = box(size=(0.5, 0.25, 0.25), resolution=(10, 5, 5), dtype=dtype)
     body = SoftBody(verts, tets, density=1000.0, youngs_modulus=1e5, poisson_ratio=0.4,
@@ -164,7 +165,7 @@ def _block(dtype=f64):
     return Simulator(body, dt=0.01, ground=None)
 
 
-@pytest.mark.parametrize("make", [lambda: biped(dtype=f64), lambda: tetrapod(dtype=f64),
+@pytest.mark.parametrize("make", [lambda: biped(dtype=F64), lambda: tetrapod(dtype=F64),
                                   lambda: _sim(2, "neo_hookean", fixed=[0, 3]), _block],
                          ids=["biped", "tetrapod", "fixed", "block"])
 def test_sparse_direct_and_cg_solvers_agree(make):
@@ -209,7 +210,7 @@ def test_batched_step_gradients_for_every_parameter_match_the_plain_path(solver)
         a = a[0].clone().requires_grad_()  # shared by the batch
         x0, v0 = x0.requires_grad_(), v0.requires_grad_()
         x1, v1 = sim.step(x0, v0, a)
-        w = torch.randn(x1.shape, generator=torch.Generator().manual_seed(1), dtype=f64)
+        w = torch.randn(x1.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
         grads.append(torch.autograd.grad((w * x1).sum() + (v1 * v1).sum(), [x0, v0, a] + leaves))
     for name, g, r in zip(["x0", "v0", "a", "mu", "lam", "mass", "Dm_inv", "l0", "k", "g", "kc", "kf"], *grads):
         torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-8 * r.abs().max().item(), msg=name)
@@ -225,7 +226,7 @@ def test_supernodal_factorizations_share_one_symbolic_analysis():
     assert sim.topology.factor_cache.analyses == 1
 
 
-@pytest.mark.parametrize("make", [lambda: biped(dtype=f64), _block], ids=["biped", "block"])
+@pytest.mark.parametrize("make", [lambda: biped(dtype=F64), _block], ids=["biped", "block"])
 def test_backward_with_the_forwards_kept_factor_gives_the_same_gradient(make):
     """keep_factors: the adjoint solve by the forward's last factor (refined) instead of a fresh one at x*."""
     grads = []
@@ -256,12 +257,12 @@ def test_a_copied_simulator_steps_with_its_own_factor_cache():
 def test_auto_solver_factors_unless_a_large_3d_body_lacks_cholmod(monkeypatch):
     from diffsoft import simulator
 
-    verts, tets = box(size=(1.0, 0.5, 0.5), resolution=(20, 10, 10), dtype=f64)
+    verts, tets = box(size=(1.0, 0.5, 0.5), resolution=(20, 10, 10), dtype=F64)
     big = Simulator(SoftBody(verts, tets, density=1e3, youngs_modulus=1e5, poisson_ratio=0.3), ground=None)
     assert len(big.body.free) * 3 > 5000
-    assert big._factorizes() and _block()._factorizes() and biped(dtype=f64)._factorizes()
+    assert big._factorizes() and _block()._factorizes() and biped(dtype=F64)._factorizes()
     monkeypatch.setattr(simulator, "_HAS_CHOLMOD", False)
-    assert not big._factorizes() and _block()._factorizes() and biped(dtype=f64)._factorizes()
+    assert not big._factorizes() and _block()._factorizes() and biped(dtype=F64)._factorizes()
     big.solver = "direct"
     assert big._factorizes()
     big.solver = "cg"

@@ -49,6 +49,8 @@ def test_capped_or_unreachable_solves_say_so(problem, max_iter, rtol):
 def test_implicit_gradients_are_finite_and_match_central_differences(family, n, batch, coordinate_decades,
                                                                      energy_decades, x0_scale, seed):
     energy, x0, params, _ = make_problem(family, n, batch, coordinate_decades, energy_decades, x0_scale, seed)
+    # on_failure="raise" would stop at a tight re-solve that ends at round-off short of rtol; such solves are
+    # still judged, by the finite differences below, so their warnings are expected here.
     tight = dict(rtol=1e-13, backward_rtol=1e-12, batched=batch is not None)
     leaves = [p.clone().requires_grad_() for p in params]
     with warnings.catch_warnings(record=True) as caught:
@@ -73,7 +75,9 @@ def test_implicit_gradients_are_finite_and_match_central_differences(family, n, 
             ends = []
             for sign in (1, -1):
                 shifted = [p + sign * eps * d if j == i else p for j, p in enumerate(params)]
-                ends.append((w * diffsoft.minimize(energy, x.detach(), *shifted, **tight)).sum().item())
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    ends.append((w * diffsoft.minimize(energy, x.detach(), *shifted, **tight)).sum().item())
             fd.append((ends[0] - ends[1]) / (2 * eps))
         scale = abs(fd[1]) + 1e-6 * w.abs().sum().item() * x.abs().max().item()
         assert (grad * d).sum().item() == pytest.approx(fd[1], rel=1e-4, abs=1e-4 * scale), ["b", "k"][i]

@@ -112,7 +112,6 @@ def test_small_case_gradients_are_finite_and_match_central_differences(case, dir
     sim.body.mu = mu
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_batched_step_with_one_activation_for_all_creatures(dtype):
     """``activation`` may be ``(M,)`` (shared by the batch), ``(B, M)`` or None (relaxed): the same steps."""
     from diffsoft import creatures

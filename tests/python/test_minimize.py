@@ -1,6 +1,5 @@
 """The implicit layer diffsoft.minimize: solutions, implicit gradients and errors."""
 import threading
-import warnings
 
 import pytest
 import torch
@@ -8,7 +7,8 @@ from torch.autograd import gradcheck
 
 import diffsoft
 
-f64 = torch.float64
+from conftest import F64
+
 
 
 def quadratic(x, a, b):
@@ -17,8 +17,8 @@ def quadratic(x, a, b):
 
 def spd(n, seed):
     g = torch.Generator().manual_seed(seed)
-    m = torch.randn(n, n, generator=g, dtype=f64)
-    return m @ m.T + n * torch.eye(n, dtype=f64)
+    m = torch.randn(n, n, generator=g, dtype=F64)
+    return m @ m.T + n * torch.eye(n, dtype=F64)
 
 
 def quartic(x, k, b):
@@ -39,15 +39,15 @@ def barrier(x, s, t):
 def test_quadratic_matches_linear_solve_and_its_gradients():
     n = 12
     a = spd(n, 0).requires_grad_()
-    b = torch.randn(n, dtype=f64, requires_grad=True)
-    x, info = diffsoft.minimize(quadratic, torch.zeros(n, dtype=f64), a, b, rtol=1e-12, return_info=True)
+    b = torch.randn(n, dtype=F64, requires_grad=True)
+    x, info = diffsoft.minimize(quadratic, torch.zeros(n, dtype=F64), a, b, rtol=1e-12, return_info=True)
     assert info.converged and info.grad_norm <= 1e-12 * info.grad_norm_initial
     a_ref = a.detach().clone().requires_grad_()
     b_ref = b.detach().clone().requires_grad_()
     # 0.5 x^T A x has gradient sym(A) x, so the reference solves with the symmetric part.
     x_ref = torch.linalg.solve(0.5 * (a_ref + a_ref.T), b_ref)
     torch.testing.assert_close(x, x_ref, rtol=1e-9, atol=1e-10)
-    w = torch.randn(n, dtype=f64)
+    w = torch.randn(n, dtype=F64)
     (x @ w).backward()
     (x_ref @ w).backward()
     torch.testing.assert_close(b.grad, b_ref.grad, rtol=1e-8, atol=1e-10)
@@ -56,9 +56,9 @@ def test_quadratic_matches_linear_solve_and_its_gradients():
 
 def test_quartic_gradients_match_closed_form():
     torch.manual_seed(0)
-    k = (torch.rand(100, dtype=f64) + 1).requires_grad_()
-    b = torch.randn(100, dtype=f64, requires_grad=True)
-    x, info = diffsoft.minimize(quartic, torch.zeros(100, dtype=f64), k, b, rtol=1e-12, return_info=True)
+    k = (torch.rand(100, dtype=F64) + 1).requires_grad_()
+    b = torch.randn(100, dtype=F64, requires_grad=True)
+    x, info = diffsoft.minimize(quartic, torch.zeros(100, dtype=F64), k, b, rtol=1e-12, return_info=True)
     x.square().sum().backward()
     xs = x.detach()
     lam = 2 * xs / (k.detach() + 3 * xs**2)  # diagonal Hessian
@@ -71,9 +71,9 @@ def test_quartic_gradients_match_closed_form():
 @pytest.mark.parametrize(
     "energy,make",
     [
-        (quartic, lambda: (torch.rand(6, dtype=f64) + 1, torch.randn(6, dtype=f64))),
-        (coupled, lambda: (0.3 * torch.randn(4, 5, dtype=f64), 0.5 * torch.randn(4, dtype=f64))),
-        (barrier, lambda: (torch.rand(5, dtype=f64) + 0.5, torch.rand(5, dtype=f64) + 0.5)),
+        (quartic, lambda: (torch.rand(6, dtype=F64) + 1, torch.randn(6, dtype=F64))),
+        (coupled, lambda: (0.3 * torch.randn(4, 5, dtype=F64), 0.5 * torch.randn(4, dtype=F64))),
+        (barrier, lambda: (torch.rand(5, dtype=F64) + 0.5, torch.rand(5, dtype=F64) + 0.5)),
     ],
     ids=["quartic", "coupled", "barrier"],
 )
@@ -81,7 +81,7 @@ def test_gradcheck_nonlinear_energies(energy, make):
     torch.manual_seed(1)
     params = [p.requires_grad_() for p in make()]
     n = params[0].shape[-1]
-    x0 = torch.ones(n, dtype=f64)
+    x0 = torch.ones(n, dtype=F64)
 
     def solve(*ps):
         return diffsoft.minimize(energy, x0, *ps, rtol=1e-13, on_failure="raise")
@@ -104,13 +104,13 @@ def unrolled_newton(energy, x0, params, iterations=30):
 
 def test_implicit_gradient_matches_unrolled_converged_solve():
     torch.manual_seed(2)
-    w = (0.3 * torch.randn(4, 5, dtype=f64)).requires_grad_()
-    c = (0.5 * torch.randn(4, dtype=f64)).requires_grad_()
-    x0 = torch.ones(5, dtype=f64)
+    w = (0.3 * torch.randn(4, 5, dtype=F64)).requires_grad_()
+    c = (0.5 * torch.randn(4, dtype=F64)).requires_grad_()
+    x0 = torch.ones(5, dtype=F64)
     x = diffsoft.minimize(coupled, x0, w, c, rtol=1e-13)
     x_ref = unrolled_newton(coupled, x0, (w, c))
     torch.testing.assert_close(x, x_ref, rtol=1e-10, atol=1e-12)
-    v = torch.randn(5, dtype=f64)
+    v = torch.randn(5, dtype=F64)
     g_impl = torch.autograd.grad(x @ v, (w, c))
     g_unrolled = torch.autograd.grad(x_ref @ v, (w, c))
     for a, b in zip(g_impl, g_unrolled):
@@ -119,10 +119,10 @@ def test_implicit_gradient_matches_unrolled_converged_solve():
 
 def test_central_finite_differences():
     torch.manual_seed(3)
-    k = torch.rand(8, dtype=f64) + 1
-    b = torch.randn(8, dtype=f64, requires_grad=True)
-    v = torch.randn(8, dtype=f64)
-    x0 = torch.zeros(8, dtype=f64)
+    k = torch.rand(8, dtype=F64) + 1
+    b = torch.randn(8, dtype=F64, requires_grad=True)
+    v = torch.randn(8, dtype=F64)
+    x0 = torch.zeros(8, dtype=F64)
 
     def loss(b_):
         return diffsoft.minimize(quartic, x0, k, b_, rtol=1e-14) @ v
@@ -130,7 +130,7 @@ def test_central_finite_differences():
     (g,) = torch.autograd.grad(loss(b), b)
     h = 1e-6
     for i in range(8):
-        e = torch.zeros(8, dtype=f64)
+        e = torch.zeros(8, dtype=F64)
         e[i] = h
         fd = (loss(b.detach() + e) - loss(b.detach() - e)) / (2 * h)
         assert abs(fd.item() - g[i].item()) < 1e-7
@@ -142,8 +142,8 @@ def double_well(x, b):
 
 def test_nonconvex_start_at_indefinite_hessian_reaches_a_minimum():
     n = 6
-    b = torch.linspace(-0.2, 0.2, n, dtype=f64)
-    x0 = torch.zeros(n, dtype=f64)  # Hessian -4 I + coupling: indefinite
+    b = torch.linspace(-0.2, 0.2, n, dtype=F64)
+    x0 = torch.zeros(n, dtype=F64)  # Hessian -4 I + coupling: indefinite
     h0 = torch.autograd.functional.hessian(lambda x: double_well(x, b), x0)
     assert torch.linalg.eigvalsh(h0).min() < 0
     x, info = diffsoft.minimize(double_well, x0, b, return_info=True)
@@ -156,15 +156,15 @@ def test_nonconvex_start_at_indefinite_hessian_reaches_a_minimum():
 def test_batched_problems_match_separate_solves_and_converge_per_problem():
     torch.manual_seed(4)
     batch, n = 5, 7
-    k = (torch.rand(batch, n, dtype=f64) + 1).requires_grad_()
-    b = (torch.randn(batch, n, dtype=f64) * torch.logspace(-3, 3, batch, dtype=f64)[:, None]).requires_grad_()
-    x, info = diffsoft.minimize(quartic, torch.zeros(batch, n, dtype=f64), k, b, batched=True, return_info=True)
+    k = (torch.rand(batch, n, dtype=F64) + 1).requires_grad_()
+    b = (torch.randn(batch, n, dtype=F64) * torch.logspace(-3, 3, batch, dtype=F64)[:, None]).requires_grad_()
+    x, info = diffsoft.minimize(quartic, torch.zeros(batch, n, dtype=F64), k, b, batched=True, return_info=True)
     assert info.converged and info.problem_converged == [True] * batch
-    v = torch.randn(batch, n, dtype=f64)
+    v = torch.randn(batch, n, dtype=F64)
     gk, gb = torch.autograd.grad((x * v).sum(), (k, b))
     for i in range(batch):
         ki, bi = k[i].detach().requires_grad_(), b[i].detach().requires_grad_()
-        xi = diffsoft.minimize(quartic, torch.zeros(n, dtype=f64), ki, bi)
+        xi = diffsoft.minimize(quartic, torch.zeros(n, dtype=F64), ki, bi)
         # Each problem meets its own relative tolerance, even the one 1e6 times smaller than the largest.
         torch.testing.assert_close(x[i], xi, rtol=1e-7, atol=1e-12 * bi.abs().max().item())
         gki, gbi = torch.autograd.grad(xi @ v[i], (ki, bi))
@@ -186,26 +186,26 @@ def test_non_tensor_params_pass_through():
         assert kind == "soft"
         return scale * 0.5 * (x * x).sum() - (b * x).sum()
 
-    b = torch.randn(3, dtype=f64, requires_grad=True)
-    x = diffsoft.minimize(energy, torch.zeros(3, dtype=f64), 2.0, "soft", b)
+    b = torch.randn(3, dtype=F64, requires_grad=True)
+    x = diffsoft.minimize(energy, torch.zeros(3, dtype=F64), 2.0, "soft", b)
     torch.testing.assert_close(x, b / 2)
     x.sum().backward()
-    torch.testing.assert_close(b.grad, torch.full((3,), 0.5, dtype=f64))
+    torch.testing.assert_close(b.grad, torch.full((3,), 0.5, dtype=F64))
 
 
 def test_no_param_requires_grad_gives_plain_tensor():
-    x = diffsoft.minimize(quartic, torch.zeros(3, dtype=f64), torch.ones(3, dtype=f64), torch.ones(3, dtype=f64))
+    x = diffsoft.minimize(quartic, torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64), torch.ones(3, dtype=F64))
     assert not x.requires_grad
 
 
 def test_threads_give_the_same_results_without_deadlock():
     torch.manual_seed(5)
-    ks = [torch.rand(20, dtype=f64) + 1 for _ in range(4)]
-    bs = [torch.randn(20, dtype=f64) for _ in range(4)]
+    ks = [torch.rand(20, dtype=F64) + 1 for _ in range(4)]
+    bs = [torch.randn(20, dtype=F64) for _ in range(4)]
 
     def run(i):
         b = bs[i].clone().requires_grad_()
-        x = diffsoft.minimize(quartic, torch.zeros(20, dtype=f64), ks[i], b)
+        x = diffsoft.minimize(quartic, torch.zeros(20, dtype=F64), ks[i], b)
         x.square().sum().backward()
         return x.detach(), b.grad
 
@@ -231,17 +231,17 @@ def test_threads_give_the_same_results_without_deadlock():
 
 
 def test_nonconvergence_warns_with_the_failed_criterion():
-    b = torch.randn(10, dtype=f64)
+    b = torch.randn(10, dtype=F64)
     with pytest.warns(RuntimeWarning, match="max_iter = 1 Newton iterations"):
-        x, info = diffsoft.minimize(quartic, torch.zeros(10, dtype=f64) + 5, torch.ones(10, dtype=f64), b,
+        x, info = diffsoft.minimize(quartic, torch.zeros(10, dtype=F64) + 5, torch.ones(10, dtype=F64), b,
                                     max_iter=1, return_info=True)
     assert not info.converged and "tolerance" in info.message and info.iterations == 1
 
 
 def test_nonconvergence_raises_when_asked():
     with pytest.raises(diffsoft.ConvergenceError, match="max_iter") as raised:
-        diffsoft.minimize(quartic, torch.zeros(10, dtype=f64) + 5, torch.ones(10, dtype=f64),
-                          torch.randn(10, dtype=f64), max_iter=1, on_failure="raise")
+        diffsoft.minimize(quartic, torch.zeros(10, dtype=F64) + 5, torch.ones(10, dtype=F64),
+                          torch.randn(10, dtype=F64), max_iter=1, on_failure="raise")
     assert raised.value.info.problem_converged == [False] and raised.value.info.iterations == 1
 
 
@@ -250,14 +250,14 @@ def test_unbounded_energy_reports_line_search_or_iteration_failure():
         return -(b * x).sum() - (x**4).sum()
 
     with pytest.raises(diffsoft.ConvergenceError):
-        diffsoft.minimize(unbounded, torch.ones(3, dtype=f64), torch.ones(3, dtype=f64), on_failure="raise")
+        diffsoft.minimize(unbounded, torch.ones(3, dtype=F64), torch.ones(3, dtype=F64), on_failure="raise")
 
 
 def test_adjoint_failure_warns_in_backward_and_is_recorded():
     n = 30
     a = spd(n, 6)
-    b = torch.randn(n, dtype=f64, requires_grad=True)
-    x, info = diffsoft.minimize(quadratic, torch.zeros(n, dtype=f64), a, b, backward_max_iter=1, return_info=True)
+    b = torch.randn(n, dtype=F64, requires_grad=True)
+    x, info = diffsoft.minimize(quadratic, torch.zeros(n, dtype=F64), a, b, backward_max_iter=1, return_info=True)
     with pytest.warns(UserWarning, match="adjoint solve failed"):
         x.square().sum().backward()
     assert info.backward_ran and not info.backward_converged and info.backward_cg_iterations == 1
@@ -266,8 +266,8 @@ def test_adjoint_failure_warns_in_backward_and_is_recorded():
 
 def test_adjoint_failure_raises_when_asked():
     n = 30
-    b = torch.randn(n, dtype=f64, requires_grad=True)
-    x = diffsoft.minimize(quadratic, torch.zeros(n, dtype=f64), spd(n, 7), b, backward_max_iter=1,
+    b = torch.randn(n, dtype=F64, requires_grad=True)
+    x = diffsoft.minimize(quadratic, torch.zeros(n, dtype=F64), spd(n, 7), b, backward_max_iter=1,
                           on_failure="raise")
     with pytest.raises(RuntimeError, match="adjoint solve failed"):
         x.sum().backward()
@@ -278,22 +278,22 @@ def test_adjoint_failure_raises_when_asked():
 
 def test_energy_must_be_0_dim():
     with pytest.raises(ValueError, match="0-dim tensor, got shape \\[3\\]"):
-        diffsoft.minimize(lambda x: x * x, torch.zeros(3, dtype=f64))
+        diffsoft.minimize(lambda x: x * x, torch.zeros(3, dtype=F64))
 
 
 def test_energy_must_return_a_tensor():
     with pytest.raises(ValueError, match="must return a torch.Tensor, got float"):
-        diffsoft.minimize(lambda x: 1.0, torch.zeros(3, dtype=f64))
+        diffsoft.minimize(lambda x: 1.0, torch.zeros(3, dtype=F64))
 
 
 def test_energy_not_finite_at_x0():
     with pytest.raises(ValueError, match="not finite at x0"):
-        diffsoft.minimize(lambda x: torch.log(x).sum(), -torch.ones(3, dtype=f64))
+        diffsoft.minimize(lambda x: torch.log(x).sum(), -torch.ones(3, dtype=F64))
 
 
 def test_gradient_not_finite_at_x0():
     with pytest.raises(ValueError, match="not finite at x0"):
-        diffsoft.minimize(lambda x: torch.sqrt(x).sum(), torch.zeros(3, dtype=f64))
+        diffsoft.minimize(lambda x: torch.sqrt(x).sum(), torch.zeros(3, dtype=F64))
 
 
 def test_x0_checks():
@@ -302,17 +302,17 @@ def test_x0_checks():
     with pytest.raises(TypeError, match="torch.Tensor"):
         diffsoft.minimize(lambda x: x.sum(), [0.0, 1.0])
     with pytest.raises(ValueError, match="non-finite"):
-        diffsoft.minimize(lambda x: (x * x).sum(), torch.tensor([0.0, float("nan")], dtype=f64))
+        diffsoft.minimize(lambda x: (x * x).sum(), torch.tensor([0.0, float("nan")], dtype=F64))
     with pytest.raises(TypeError, match="callable"):
-        diffsoft.minimize(3, torch.zeros(3, dtype=f64))
+        diffsoft.minimize(3, torch.zeros(3, dtype=F64))
 
 
 def test_params_device_and_dtype_must_match_x0():
     with pytest.raises(TypeError, match="params\\[0\\] has dtype torch.float32"):
-        diffsoft.minimize(quartic, torch.zeros(3, dtype=f64), torch.ones(3), torch.ones(3, dtype=f64))
+        diffsoft.minimize(quartic, torch.zeros(3, dtype=F64), torch.ones(3), torch.ones(3, dtype=F64))
     with pytest.raises(ValueError, match="params\\[1\\] is on meta"):
-        diffsoft.minimize(quartic, torch.zeros(3, dtype=f64), torch.ones(3, dtype=f64),
-                          torch.ones(3, dtype=f64, device="meta"))
+        diffsoft.minimize(quartic, torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64),
+                          torch.ones(3, dtype=F64, device="meta"))
 
 
 @pytest.mark.parametrize(
@@ -323,7 +323,7 @@ def test_params_device_and_dtype_must_match_x0():
 )
 def test_options_out_of_range(option, value):
     with pytest.raises(ValueError, match=option):
-        diffsoft.minimize(quartic, torch.zeros(3, dtype=f64), torch.ones(3, dtype=f64), torch.ones(3, dtype=f64),
+        diffsoft.minimize(quartic, torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64), torch.ones(3, dtype=F64),
                           **{option: value})
 
 
@@ -332,7 +332,7 @@ def test_user_exception_in_energy_propagates():
         raise KeyError("my energy broke")
 
     with pytest.raises(KeyError, match="my energy broke"):
-        diffsoft.minimize(energy, torch.zeros(3, dtype=f64))
+        diffsoft.minimize(energy, torch.zeros(3, dtype=F64))
 
 
 def test_per_problem_energies_give_each_problem_its_own_line_search():
@@ -341,8 +341,8 @@ def test_per_problem_energies_give_each_problem_its_own_line_search():
     def energy(x, c):  # (B,) energies; c = -1 turns the quartic upside down
         return c * 0.25 * (x**4).sum(1) + 0.5 * (x * x).sum(1) - x.sum(1)
 
-    c = torch.tensor([1.0, -1.0, 1.0], dtype=f64)
-    x0 = torch.full((3, 4), 2.0, dtype=f64)
+    c = torch.tensor([1.0, -1.0, 1.0], dtype=F64)
+    x0 = torch.full((3, 4), 2.0, dtype=F64)
     with pytest.warns(RuntimeWarning, match="problem\\(s\\) 1"):
         x, info = diffsoft.minimize(energy, x0, c, batched=True, return_info=True)
     assert info.problem_converged == [True, False, True]
@@ -352,21 +352,21 @@ def test_per_problem_energies_give_each_problem_its_own_line_search():
 
 def test_per_problem_energy_shape_needs_batched():
     with pytest.raises(ValueError, match="0-dim tensor, got shape \\[2\\]"):
-        diffsoft.minimize(lambda x: (x * x).sum(1), torch.ones(2, 3, dtype=f64))
+        diffsoft.minimize(lambda x: (x * x).sum(1), torch.ones(2, 3, dtype=F64))
     with pytest.raises(ValueError, match="one energy per problem, shape \\[2\\]"):
-        diffsoft.minimize(lambda x: (x * x).sum(0), torch.ones(2, 3, dtype=f64), batched=True)
+        diffsoft.minimize(lambda x: (x * x).sum(0), torch.ones(2, 3, dtype=F64), batched=True)
 
 
 def test_batched_scalar_and_per_problem_energies_agree():
     torch.manual_seed(8)
-    k = torch.rand(4, 6, dtype=f64) + 1
-    b = torch.randn(4, 6, dtype=f64, requires_grad=True)
+    k = torch.rand(4, 6, dtype=F64) + 1
+    b = torch.randn(4, 6, dtype=F64, requires_grad=True)
 
     def per_problem(x, k, b):
         return (0.5 * k * x * x + 0.25 * x**4 - b * x).sum(1)
 
-    x1 = diffsoft.minimize(quartic, torch.zeros(4, 6, dtype=f64), k, b, batched=True, rtol=1e-12)
-    x2 = diffsoft.minimize(per_problem, torch.zeros(4, 6, dtype=f64), k, b, batched=True, rtol=1e-12)
+    x1 = diffsoft.minimize(quartic, torch.zeros(4, 6, dtype=F64), k, b, batched=True, rtol=1e-12)
+    x2 = diffsoft.minimize(per_problem, torch.zeros(4, 6, dtype=F64), k, b, batched=True, rtol=1e-12)
     torch.testing.assert_close(x1, x2, rtol=1e-10, atol=1e-12)
     g1, g2 = (torch.autograd.grad(x.square().sum(), b)[0] for x in (x1, x2))
     torch.testing.assert_close(g1, g2, rtol=1e-8, atol=1e-12)
@@ -375,9 +375,9 @@ def test_batched_scalar_and_per_problem_energies_agree():
 def test_the_graph_holds_one_node_not_the_newton_iterations():
     """Backward memory does not grow with Newton's iterations: x* hangs from one node whose inputs are the
     parameters, however many iterations the forward took."""
-    b = torch.randn(50, dtype=f64, requires_grad=True)
-    k = torch.rand(50, dtype=f64) + 1
-    x, info = diffsoft.minimize(quartic, torch.full((50,), 30.0, dtype=f64), k, b, return_info=True)
+    b = torch.randn(50, dtype=F64, requires_grad=True)
+    k = torch.rand(50, dtype=F64) + 1
+    x, info = diffsoft.minimize(quartic, torch.full((50,), 30.0, dtype=F64), k, b, return_info=True)
     assert info.iterations > 5
     node = x.grad_fn
     inputs = [fn for fn, _ in node.next_functions if fn is not None]

@@ -1,5 +1,6 @@
 """The frame policy: observations in the body frame, activation bounds, algovivo's policy JSON."""
 import json
+import pathlib
 import math
 
 import pytest
@@ -9,7 +10,8 @@ from diffsoft import creatures
 from diffsoft.policy import (POLICY_KEYS, FramePolicy, frame_vertices, load_algovivo_policy, observe, run_policy,
                              save_algovivo_policy)
 
-F64 = torch.float64
+from conftest import F64
+
 
 
 def _rotation(theta, dim):
@@ -63,7 +65,7 @@ def test_algovivo_policy_round_trip(tmp_path):
     policy = FramePolicy.for_simulator(sim, hidden=8)
     path = str(tmp_path / "policy.json")
     save_algovivo_policy(policy, path)
-    data = json.load(open(path))
+    data = json.loads(pathlib.Path(path).read_text())
     assert set(POLICY_KEYS) <= set(data)
     assert len(data["fc1"]["weight"]) == 8 and len(data["fc1"]["weight"][0]) == 4 * sim.body.num_vertices
     loaded = load_algovivo_policy(path, dtype=F64)

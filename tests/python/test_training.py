@@ -2,6 +2,7 @@
 cases: a few steps of the biped)."""
 import dataclasses
 import json
+import pathlib
 import os
 import subprocess
 import sys
@@ -66,8 +67,8 @@ def test_two_processes_under_torchrun_match_one_process_with_the_combined_batch(
     p2 = load_algovivo_policy(str(tmp_path / "two" / "policy.json"), dtype=F64)
     for a, b in zip(p1.parameters(), p2.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
-    h1 = json.load(open(tmp_path / "one" / "history.json"))["history"]
-    h2 = json.load(open(tmp_path / "two" / "history.json"))["history"]
+    h1 = json.loads(pathlib.Path(tmp_path / "one" / "history.json").read_text())["history"]
+    h2 = json.loads(pathlib.Path(tmp_path / "two" / "history.json").read_text())["history"]
     assert [r["distance"] for r in h1] == pytest.approx([r["distance"] for r in h2], rel=1e-6, abs=1e-9)
 
 

@@ -1,0 +1,26 @@
+"""Shared by every Python test: the dtypes tests run in, and seeded random state, so that a test's data does
+not depend on which tests ran before it (``pytest -k``, ``-x`` and a full run see the same numbers)."""
+import pytest
+import torch
+
+F64, F32 = torch.float64, torch.float32
+DTYPES = (F64, F32)
+"""Float64 first: derivatives are checked against finite differences in it; float32 is the training dtype."""
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Every test starts from the same global random state."""
+    torch.manual_seed(0)
+
+
+@pytest.fixture(params=DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def dtype(request):
+    """Runs a test once per dtype of :data:`DTYPES`."""
+    return request.param
+
+
+@pytest.fixture
+def generator():
+    """A ``torch.Generator`` seeded at 0, for tests that draw their own data."""
+    return torch.Generator().manual_seed(0)
