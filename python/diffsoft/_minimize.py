@@ -89,8 +89,8 @@ def minimize(
         raise TypeError(f"energy must be callable, got {type(energy).__name__}")
     if not isinstance(x0, torch.Tensor):
         raise TypeError(f"x0 must be a torch.Tensor, got {type(x0).__name__}")
-    if not x0.is_floating_point():
-        raise TypeError(f"x0 must be a floating-point tensor, got dtype {x0.dtype}")
+    if x0.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"x0 must be a float32 or float64 tensor (the dtypes the solver runs in), got {x0.dtype}")
     if on_failure not in ("warn", "raise"):
         raise ValueError(f'on_failure must be "warn" or "raise", got {on_failure!r}')
     options = _options(
@@ -99,6 +99,12 @@ def minimize(
         ls_max_iter=ls_max_iter, raise_on_failure=on_failure == "raise", keep_factor=bool(keep_factor),
     )
 
+    for i, p in enumerate(params):
+        hidden = _tensors_requiring_grad_in(p)
+        if hidden:
+            raise TypeError(f"params[{i}] is a {type(p).__name__} holding {hidden} tensor(s) that require grad: "
+                            f"they would get no gradient through the implicit backward. Pass each tensor as a "
+                            f"param of its own (e.g. minimize(energy, x0, *params[{i}]))")
     tensor_slots = [i for i, p in enumerate(params) if isinstance(p, torch.Tensor)]
     tensors = [params[i] for i in tensor_slots]
     for i, t in zip(tensor_slots, tensors):
@@ -126,8 +132,15 @@ def minimize(
             raise ValueError(f"with sparsity, x0 must be (N, d){' with a leading batch dimension' if batched else ''}"
                              f", got shape {tuple(x0.shape)}")
     info = SolveInfo()
+    inference = torch.is_inference_mode_enabled()
     try:
-        x_star = _C.minimize(fn, x0, tensors, options, info, _analytic, sparsity)
+        # Newton needs autograd (Hessian-vector products by double backward), which inference mode turns off
+        # and whose tensors cannot enter autograd; copies made outside it can, and nothing can be
+        # differentiated under inference mode anyway, so solving on them loses nothing.
+        with torch.inference_mode(False):
+            if inference:
+                x0, tensors = x0.clone(), [t.clone() for t in tensors]
+            x_star = _C.minimize(fn, x0, tensors, options, info, _analytic, sparsity)
     except ConvergenceError as e:  # keep the record (per-problem flags, residuals) with the exception
         e.info = info
         raise
@@ -165,3 +178,16 @@ def _options(**kw):
 
 def _real(v):
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _tensors_requiring_grad_in(value):
+    """How many tensors that require grad a list, tuple, dict or module holds (nested), where the solver
+    cannot see them; 0 for anything else."""
+    if isinstance(value, torch.nn.Module):
+        return sum(p.requires_grad for p in value.parameters())
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(int(v.requires_grad) if isinstance(v, torch.Tensor) else _tensors_requiring_grad_in(v)
+                   for v in value)
+    return 0

@@ -1,6 +1,5 @@
 """SoftBody: a validated simplicial mesh with materials, masses, muscles and fixed vertices, as tensors."""
 import math
-import numbers
 
 import torch
 
@@ -47,8 +46,6 @@ class SoftBody:
         if device is None:
             device = vertices.device if isinstance(vertices, torch.Tensor) else torch.device("cpu")
         self._dtype, self._device = dtype, device
-        if material not in MATERIALS:
-            raise ValueError(f"material must be one of {MATERIALS}, got {material!r}")
         self.material = material
 
         x = self._float("vertices", vertices)
@@ -96,8 +93,47 @@ class SoftBody:
 
         self._init_lame(youngs_modulus, poisson_ratio, mu, lam)
         self._init_mass(density, mass)
-        self._init_fixed(fixed)
+        self._free_of = None
+        self.fixed = fixed
         self._init_muscles(muscles, muscle_rest_length, muscle_stiffness, edges)
+
+    @property
+    def fixed(self):
+        """``(K,)`` int64: the vertices held in place. It may be assigned (indices, checked as in the
+        constructor); a :class:`~diffsoft.simulator.Simulator` of this body takes it from its next step."""
+        return self._fixed
+
+    @fixed.setter
+    def fixed(self, value):
+        self._fixed = self._check_fixed(value)
+
+    @property
+    def free(self):
+        """``(N - K,)`` int64: the vertices the solver moves, the complement of :attr:`fixed`."""
+        key = (id(self._fixed), self._fixed._version)
+        if self._free_of != key:  # fixed was assigned, or edited in place
+            self._check_fixed(self._fixed)
+            is_free = torch.ones(self.num_vertices, dtype=torch.bool, device=self._fixed.device)
+            is_free[self._fixed] = False
+            self._free, self._free_of = torch.nonzero(is_free).flatten(), key
+        return self._free
+
+    @property
+    def material(self):
+        """The elastic material's name; assigning another (one of :data:`~diffsoft.energies.MATERIALS`) takes
+        effect from a simulator's next step."""
+        return self._material
+
+    @material.setter
+    def material(self, value):
+        if value not in MATERIALS:
+            raise ValueError(f"material must be one of {MATERIALS}, got {value!r}")
+        self._material = value
+
+    def structure(self):
+        """What a simulator's step topology is built from (elements, muscles, free vertices, material), as a
+        key that changes whenever one of them is assigned or modified in place."""
+        return (self._material,) + tuple((id(t), t._version) for t in (self.elements, self.muscles, self.free))
 
     @property
     def num_vertices(self):
@@ -148,6 +184,9 @@ class SoftBody:
             _require((nu > -1) & (nu < 0.5), "poisson_ratio", "element", "must be in (-1, 0.5)", nu)
             self.mu = E / (2 * (1 + nu))
             self.lam = E * nu / ((1 + nu) * (1 - 2 * nu))
+            # 1 - 2 nu underflows near 0.5, or E is near the dtype's largest number.
+            _require(torch.isfinite(self.lam) & torch.isfinite(self.mu), "youngs_modulus and poisson_ratio", "element",
+                     f"give Lame parameters that are finite in {self._dtype}; lam is", self.lam)
         else:
             self.mu = self._per("mu", mu, e, "element")
             self.lam = self._per("lam", lam, e, "element")
@@ -155,6 +194,14 @@ class SoftBody:
             # Positive bulk modulus, lam + 2 mu / d > 0: the Poisson-ratio bound -1 < nu for the Lame form.
             _require(self.lam + 2 * self.mu / self.dim > 0, "lam", "element",
                      f"must exceed -2 mu / {self.dim} (a positive bulk modulus)", self.lam)
+        if self.material != "stable_neo_hookean":
+            # Along F = J^(1/d) I, neo-Hookean's lam/2 log^2 J beats -mu log J as J -> 0, and algovivo's
+            # lam/2 q(J)^2 (q quadratic in J) beats everything as |J| -> inf: with lam < 0 the energy has no
+            # minimum and a step's solve would follow it to a collapsed or exploded element.
+            name, values = ("poisson_ratio", nu) if by_moduli else ("lam", self.lam)
+            _require(values >= 0, name, "element", f"must be >= 0 for material {self.material!r}, whose energy is "
+                     f"unbounded below when lam < 0 (a negative Poisson ratio); 'stable_neo_hookean' takes "
+                     f"negative ratios", values)
 
     def _init_mass(self, density, mass):
         n, e = self.num_vertices, self.num_elements
@@ -174,16 +221,14 @@ class SoftBody:
             raise ValueError(f"vertex {lonely[0].item()} belongs to no element, so it has no mass; remove it or "
                              f"give mass explicitly ({len(lonely)} such vertices)")
 
-    def _init_fixed(self, fixed):
+    def _check_fixed(self, fixed):
         n = self.num_vertices
-        self.fixed = _indices("fixed", [] if fixed is None else fixed, n, width=None, device=self._device)
-        if len(torch.unique(self.fixed)) != len(self.fixed):
-            raise ValueError(f"fixed lists a vertex twice: {self.fixed.tolist()}")
-        is_free = torch.ones(n, dtype=torch.bool, device=self._device)
-        is_free[self.fixed] = False
-        self.free = torch.nonzero(is_free).flatten()
-        if len(self.free) == 0:
+        fixed = _indices("fixed", [] if fixed is None else fixed, n, width=None, device=self._device)
+        if len(torch.unique(fixed)) != len(fixed):
+            raise ValueError(f"fixed lists a vertex twice: {fixed.tolist()}")
+        if len(fixed) == n:
             raise ValueError("every vertex is fixed: nothing to simulate")
+        return fixed
 
     def _init_muscles(self, muscles, rest_length, stiffness, rest_edges):
         n = self.num_vertices
@@ -214,20 +259,20 @@ class SoftBody:
             raise ValueError(f"{name}[{bad[0].item()}] = {idx[bad[0]].tolist()} repeats a vertex")
 
     def _float(self, name, value):
-        if isinstance(value, torch.Tensor) and value.dtype in (torch.bool, torch.complex64, torch.complex128):
-            raise TypeError(f"{name} must be real numbers, got dtype {value.dtype}")
+        if isinstance(value, bool) or (
+                isinstance(value, torch.Tensor) and value.dtype in (torch.bool, torch.complex64, torch.complex128)):
+            raise TypeError(f"{name} must be real numbers, got {value.dtype if isinstance(value, torch.Tensor) else value!r}")
         try:
             t = torch.as_tensor(value, dtype=self._dtype, device=self._device)
         except (TypeError, ValueError, RuntimeError) as e:
             raise TypeError(f"{name} must be numbers, got {type(value).__name__} ({e})") from None
         if not torch.isfinite(t).all():
-            raise ValueError(f"{name} has non-finite entries")
+            bad = value if t.dim() == 0 else t[~torch.isfinite(t)][0].item()
+            raise ValueError(f"{name} has non-finite entries in {self._dtype}: {bad!r}")
         return t
 
     def _per(self, name, value, count, what):
-        """A number or a length-``count`` vector, as a ``(count,)`` tensor."""
-        if isinstance(value, numbers.Number) and not isinstance(value, bool):
-            return torch.full((count,), float(value), dtype=self._dtype, device=self._device)
+        """A number (numpy's included) or a length-``count`` vector, as a ``(count,)`` tensor."""
         t = self._float(name, value)
         if t.dim() == 0:
             return t.expand(count).clone()

@@ -25,6 +25,7 @@ import os
 import numpy as np
 import torch
 
+from ._io import read_json
 from .body import SoftBody
 from .mesh import grid, voxels
 from .simulator import ALGOVIVO_VERTEX_MASS, Simulator
@@ -55,7 +56,7 @@ def algovivo_simulator(vertices, triangles, muscles=None, rsi=None, l0=None, dty
 def load_algovivo(path, dtype=None):
     """Reads a creature in algovivo's JSON format and returns a :class:`~diffsoft.simulator.Simulator` with
     that project's constants (see the module docstring). A malformed file raises ValueError naming the key."""
-    data = _read_json(path)
+    data = read_json(path)
     pos = _array(data, "pos", float, (None, 2), path)
     n = len(pos)
     triangles = _array(data, "triangles", int, (None, 3), path)
@@ -111,7 +112,7 @@ def save(sim, path):
 
 def load(path, dtype=None):
     """Reads a creature written by :func:`save`; a malformed file raises ValueError naming the key."""
-    data = _read_json(path)
+    data = read_json(path)
     if data.get("format") != FORMAT or data.get("version") != 1:
         raise ValueError(f"{path}: key 'format' must be {FORMAT!r} with 'version' 1, got "
                          f"{data.get('format')!r} version {data.get('version')!r}")
@@ -205,11 +206,7 @@ def make_creature(creature, dtype=torch.float32):
         return CREATURES[creature](dtype=dtype)
     if not os.path.isfile(creature):
         raise ValueError(f"creature must be one of {sorted(CREATURES)} or a creature JSON file, got {creature!r}")
-    with open(creature) as f:
-        try:
-            is_ours = json.load(f).get("format") == FORMAT
-        except (json.JSONDecodeError, AttributeError):
-            is_ours = False
+    is_ours = read_json(creature).get("format") == FORMAT
     return load(creature, dtype=dtype) if is_ours else load_algovivo(creature, dtype=dtype)
 
 
@@ -223,17 +220,6 @@ def _legged(mask, legs, leg_height, cell, dtype, hips=True):
             muscles += [(ids[(i, j)], ids[(i + 1, j + 1)]), (ids[(i + 1, j)], ids[(i, j + 1)])]
         muscles += [(ids[(i, 0)], ids[(i, leg_height)]), (ids[(i + 1, 0)], ids[(i + 1, leg_height)])]
     return algovivo_simulator(verts, tris, muscles, dtype=dtype)
-
-
-def _read_json(path):
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object with named keys, got {type(data).__name__}")
-    return data
 
 
 def _array(data, key, kind, shape, path):

@@ -4,6 +4,8 @@ A mesh is a pair ``(vertices, elements)``: ``vertices`` is ``(N, d)`` floating p
 ``(E, d + 1)`` int64 (triangles in 2D, tetrahedra in 3D). Generated elements are positively oriented:
 ``det([x1 - x0, ..., xd - x0]) > 0``. In 2D and 3D, y (the second coordinate) points up.
 """
+import math
+import numbers
 import os
 from xml.sax.saxutils import escape
 
@@ -68,6 +70,7 @@ def grid(mask, cell_size=1.0, origin=(0.0, 0.0), dtype=None):
     ids = -np.ones_like(corner, dtype=np.int64)
     ids[corner] = np.arange(int(corner.sum()))
     jj, ii = np.nonzero(corner)
+    _check_origin(origin, 2)
     verts = np.stack([origin[0] + ii * sx, origin[1] + jj * sy], axis=1)
     tris = []
     for j, i in zip(*np.nonzero(mask)):
@@ -100,6 +103,7 @@ def voxels(mask, cell_size=1.0, origin=(0.0, 0.0, 0.0), dtype=None):
     ids = -np.ones_like(corner, dtype=np.int64)
     ids[corner] = np.arange(int(corner.sum()))
     kk, jj, ii = np.nonzero(corner)
+    _check_origin(origin, 3)
     verts = np.stack([origin[0] + ii * sx, origin[1] + jj * sy, origin[2] + kk * sz], axis=1)
     k, j, i = (a[:, None] for a in np.nonzero(mask))
     c = np.arange(8)
@@ -160,7 +164,16 @@ def read(path, dim=None, dtype=None):
     """
     import meshio
 
-    m = meshio.read(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path}: a directory, not a mesh file")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such mesh file")
+    try:
+        m = meshio.read(path)
+    except SystemExit:  # some of meshio's readers exit the process on a file they cannot parse
+        raise ValueError(f"{path}: meshio could not read it (empty, truncated or not a mesh file)") from None
+    except (OSError, ValueError, KeyError, IndexError, TypeError, meshio.ReadError) as e:
+        raise ValueError(f"{path}: meshio could not read it ({type(e).__name__}: {e})") from e
     blocks = {}
     for block in m.cells:
         blocks.setdefault(block.type, []).append(np.asarray(block.data, dtype=np.int64))
@@ -288,5 +301,11 @@ def _check_counts(**counts):
 
 def _check_positive(**values):
     for name, v in values.items():
-        if not v > 0:
-            raise ValueError(f"{name} must be positive, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (v > 0 and math.isfinite(v)):
+            raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+
+
+def _check_origin(origin, n):
+    if np.ndim(origin) != 1 or len(origin) != n or not all(
+            isinstance(c, numbers.Real) and not isinstance(c, bool) and math.isfinite(c) for c in origin):
+        raise ValueError(f"origin must be {n} finite numbers, got {origin!r}")

@@ -14,6 +14,8 @@ import json
 import torch
 from torch import nn
 
+from ._io import read_json
+
 POLICY_KEYS = ("fc1", "fc2", "min_a", "max_abs_da", "center_vertex_id", "forward_vertex_id")
 
 
@@ -143,11 +145,7 @@ def load_algovivo_policy(path, dtype=torch.float32):
     """Reads a policy in algovivo's JSON (see :func:`save_algovivo_policy`) into a :class:`FramePolicy`.
     Sizes come from the weights: ``fc1.weight`` is ``(hidden, 2 d N)``, ``fc2.weight`` ``(M, hidden)``; a
     malformed file raises ValueError naming the key."""
-    with open(path) as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
+    data = read_json(path)
     missing = [k for k in POLICY_KEYS if not isinstance(data, dict) or k not in data]
     if missing:
         raise ValueError(f"{path}: missing key '{missing[0]}' (an algovivo policy has {', '.join(POLICY_KEYS)})")
@@ -161,12 +159,19 @@ def load_algovivo_policy(path, dtype=torch.float32):
         if w.dim() != 2 or b.shape != (w.shape[0],):
             raise ValueError(f"{path}: key '{name}' must have weight (out, in) and bias (out,), got "
                              f"{tuple(w.shape)} and {tuple(b.shape)}")
+        if not (torch.isfinite(w).all() and torch.isfinite(b).all()):
+            raise ValueError(f"{path}: key '{name}' has non-finite (NaN or infinite) weights")
         layers[name] = (w, b)
-    (w1, b1), (w2, b2) = layers["fc1"], layers["fc2"]
+    w1, w2 = layers["fc1"][0], layers["fc2"][0]
     if w2.shape[1] != w1.shape[0]:
         raise ValueError(f"{path}: fc2 takes {w2.shape[1]} inputs but fc1 has {w1.shape[0]} outputs")
-    dim = int(data.get("space_dim", 2))
-    if dim not in (2, 3) or w1.shape[1] % (2 * dim):
+    for key in ("min_a", "max_abs_da"):
+        if isinstance(data[key], bool) or not isinstance(data[key], (int, float)):
+            raise ValueError(f"{path}: key '{key}' must be a number, got {data[key]!r}")
+    dim = data.get("space_dim", 2)
+    if dim not in (2, 3) or isinstance(dim, bool) or not isinstance(dim, int):
+        raise ValueError(f"{path}: key 'space_dim' must be 2 or 3, got {dim!r}")
+    if w1.shape[1] % (2 * dim):
         raise ValueError(f"{path}: fc1 takes {w1.shape[1]} inputs, not 2 * space_dim * num_vertices "
                          f"with space_dim {dim}")
     policy = FramePolicy(w1.shape[1] // (2 * dim), w2.shape[0], dim, data["center_vertex_id"],

@@ -36,7 +36,7 @@ def render_frame(sim, x, activation=None, size=(480, 360), bounds=None, yaw=-35.
     Returns:
         a PIL RGB image.
     """
-    p, depth = _project(_numpy(x), yaw, pitch)
+    p, depth = _project(_positions("x", x, sim.body), yaw, pitch)
     if bounds is None:
         bounds = _bounds(p[None], sim)
     to_px = _screen(bounds, size)
@@ -97,9 +97,7 @@ def render_rollout(sim, xs, activations=None, gif=None, frames_dir=None, fps=Non
     Returns:
         the list of PIL images.
     """
-    xs = _numpy(xs)
-    if xs.ndim != 3:
-        raise ValueError(f"xs must be (T, N, d), got shape {xs.shape}")
+    xs = _positions("xs", xs, sim.body, frames=True)
     acts = None if activations is None else _numpy(activations)
     if acts is not None and len(acts) == len(xs) - 1:
         acts = np.concatenate([np.ones_like(acts[:1]), acts])
@@ -118,6 +116,20 @@ def render_rollout(sim, xs, activations=None, gif=None, frames_dir=None, fps=Non
         images[0].save(gif, save_all=True, append_images=images[1:], duration=max(int(round(1000 / fps)), 20),
                        loop=0)
     return images
+
+
+def _positions(name, x, body, frames=False):
+    """``x`` as a float64 array of the body's ``(N, d)`` positions (``(T, N, d)`` with ``frames``), or a
+    ValueError naming ``name`` (and the first frame with a non-finite position)."""
+    x = _numpy(x)
+    shape = ("T",) * frames + (body.num_vertices, body.dim)
+    if x.ndim != len(shape) or x.shape[-2:] != shape[-2:]:
+        raise ValueError(f"{name} must be ({', '.join(map(str, shape))}) positions of the body, got shape {x.shape}")
+    bad = ~np.isfinite(x).reshape(len(x) if frames else 1, -1).all(-1)
+    if bad.any():
+        where = f" (frame {int(np.argmax(bad))})" if frames else ""
+        raise ValueError(f"{name} has non-finite (NaN or infinite) positions{where}: nothing to draw")
+    return x
 
 
 def _numpy(a):

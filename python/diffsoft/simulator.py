@@ -11,6 +11,7 @@ solver's tolerances are force tolerances (see :class:`Simulator`). Scaling chang
 nor Newton's steps, nor the implicit gradients.
 """
 import math
+import numbers
 
 import torch
 
@@ -72,11 +73,11 @@ class Simulator:
                  friction_eps=0.01, rtol=None, atol=None, max_iter=100, cg_rtol=0.5, cg_max_iter=None,
                  backward_rtol=1e-10, backward_max_iter=None, on_failure="warn", fused=True, solver="auto",
                  keep_factors=False):
-        if not (isinstance(dt, (int, float)) and dt > 0 and math.isfinite(dt)):
+        if not (_real(dt) and dt > 0):
             raise ValueError(f"dt must be a positive number, got {dt!r}")
-        if ground is not None and not (isinstance(ground, (int, float)) and math.isfinite(ground)):
+        if ground is not None and not _real(ground):
             raise ValueError(f"ground must be a number (the ground's height) or None, got {ground!r}")
-        if not (isinstance(friction_eps, (int, float)) and friction_eps >= 0):
+        if not (_real(friction_eps) and friction_eps >= 0):
             raise ValueError(f"friction_eps must be a number >= 0, got {friction_eps!r}")
         self.body = body
         self.dt = float(dt)
@@ -98,10 +99,17 @@ class Simulator:
                                    cg_max_iter=cg_max_iter, backward_rtol=backward_rtol,
                                    backward_max_iter=backward_max_iter, on_failure=on_failure,
                                    keep_factor=keep_factors)
-        self.topology = self._topology()
+        self._topology = None
 
-    def _topology(self):
-        """The step's :class:`~diffsoft.step.StepTopology`, with a new factorization cache."""
+    @property
+    def topology(self):
+        """The step's :class:`~diffsoft.step.StepTopology`, built again (with a new factorization cache) when
+        the body's elements, muscles, fixed vertices or material have changed since the last step."""
+        if self._topology is None or self._topology_of != self.body.structure():
+            self._topology, self._topology_of = self._build_topology(), self.body.structure()
+        return self._topology
+
+    def _build_topology(self):
         body = self.body
         free_index = torch.full((body.num_vertices,), -1, dtype=torch.long, device=body.device)
         free_index[body.free] = torch.arange(len(body.free), device=body.device)
@@ -135,7 +143,7 @@ class Simulator:
         for name in ("gravity", "contact_stiffness", "friction"):
             setattr(out, name, getattr(self, name).detach().to(device=device, dtype=dtype))
         out.solver_options = dict(self.solver_options)
-        out.topology = out._topology()
+        out._topology = None
         return out
 
     @property
@@ -211,6 +219,9 @@ class Simulator:
         """
         if activations is not None and controller is not None:
             raise ValueError("give activations or controller, not both")
+        if steps is not None and not (isinstance(steps, numbers.Integral) and not isinstance(steps, bool)
+                                      and steps >= 0):
+            raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
         if steps is None:
             if activations is None:
                 raise ValueError("give steps, or activations (one per step)")
@@ -295,3 +306,7 @@ class Simulator:
             raise ValueError(f"activation must be in (0, 1] (1 is relaxed), got {bad:g}")
         return a
 
+
+def _real(value):
+    """A finite real number (numpy's included), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)

@@ -297,8 +297,9 @@ def test_gradient_not_finite_at_x0():
 
 
 def test_x0_checks():
-    with pytest.raises(TypeError, match="floating-point"):
-        diffsoft.minimize(lambda x: x.sum(), torch.zeros(3, dtype=torch.long))
+    for dtype in (torch.long, torch.float16, torch.bfloat16, torch.complex128):
+        with pytest.raises(TypeError, match=f"float32 or float64 tensor .*got {dtype}"):
+            diffsoft.minimize(lambda x: x.sum(), torch.zeros(3, dtype=dtype))
     with pytest.raises(TypeError, match="torch.Tensor"):
         diffsoft.minimize(lambda x: x.sum(), [0.0, 1.0])
     with pytest.raises(ValueError, match="non-finite"):

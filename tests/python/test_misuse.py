@@ -1,0 +1,231 @@
+"""Misuse a new user meets, class by class (issue "no silent answers"): each gets the right answer or a clear
+error naming the argument or file at fault, never a quietly wrong result or an exit of the process."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import diffsoft
+from diffsoft import creatures, mesh
+from diffsoft.body import SoftBody
+from diffsoft.policy import FramePolicy, load_algovivo_policy, save_algovivo_policy
+from diffsoft.simulator import Simulator
+
+from conftest import F64
+
+
+def _quadratic(x, k):
+    return 0.5 * (k * x * x).sum() - x.sum()
+
+
+def _sheet(**kw):
+    v, t = mesh.rectangle(1.0, 0.3, 4, 2, dtype=F64)
+    args = dict(density=1000.0, youngs_modulus=1e4, poisson_ratio=0.3)
+    args.update(kw)
+    return SoftBody(v, t, **args)
+
+
+# --- autograd modes --------------------------------------------------------------------------------------
+
+def test_minimize_under_inference_mode_solves():
+    k = torch.tensor(2.0, dtype=F64)
+    with torch.inference_mode():
+        x, info = diffsoft.minimize(_quadratic, torch.zeros(3, dtype=F64), k, return_info=True)
+    torch.testing.assert_close(x, torch.full((3,), 0.5, dtype=F64))
+    assert info.converged and info.iterations >= 1
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_simulator_step_under_inference_and_no_grad_matches_grad_mode(fused):
+    sim = creatures.biped(dtype=F64)
+    sim.fused = fused
+    x, v = sim.rest_state
+    a = torch.full((sim.body.num_muscles,), 0.7, dtype=F64)
+    reference = sim.step(x, v, a)[0]
+    for mode in (torch.inference_mode, torch.no_grad):
+        with mode():
+            x1, _, info = sim.step(x, v, a, return_info=True)
+        assert info.converged
+        torch.testing.assert_close(x1, reference, rtol=0, atol=1e-12)
+
+
+def test_enable_grad_inside_no_grad_gives_the_implicit_gradient():
+    k = torch.tensor(2.0, dtype=F64, requires_grad=True)
+    with torch.no_grad(), torch.enable_grad():
+        x = diffsoft.minimize(_quadratic, torch.zeros(3, dtype=F64), k)
+    (g,) = torch.autograd.grad(x.sum(), k)
+    torch.testing.assert_close(g, torch.tensor(-3 / 4, dtype=F64))  # d/dk sum(1/k) = -3/k^2
+
+
+def test_tensors_hidden_in_containers_are_refused():
+    k = torch.tensor(2.0, dtype=F64, requires_grad=True)
+    for wrapped, kind in (([k], "list"), ((k,), "tuple"), ({"k": k}, "dict"), (torch.nn.Linear(1, 1), "Linear")):
+        with pytest.raises(TypeError, match=f"params\\[0\\] is a {kind} holding [12] tensor.*no gradient"):
+            diffsoft.minimize(lambda x, p: x.square().sum(), torch.zeros(3, dtype=F64), wrapped)
+    # containers without tensors that need gradients pass through, as before
+    x = diffsoft.minimize(lambda x, p: _quadratic(x, p[0]), torch.zeros(3, dtype=F64), [k.detach()])
+    torch.testing.assert_close(x, torch.full((3,), 0.5, dtype=F64))
+
+
+# --- values checked where they enter --------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(youngs_modulus=float("inf")), "youngs_modulus has non-finite"),
+    (dict(youngs_modulus=1e39, dtype=torch.float32), "youngs_modulus has non-finite entries in torch.float32"),
+    (dict(density=float("inf")), "density has non-finite"),
+    (dict(poisson_ratio=float("nan")), "poisson_ratio has non-finite"),
+    (dict(poisson_ratio=True), "poisson_ratio must be real numbers"),
+    (dict(poisson_ratio=-0.2), "poisson_ratio must be >= 0 for material 'neo_hookean'.*unbounded below"),
+    (dict(poisson_ratio=-0.2, material="algovivo"), "poisson_ratio must be >= 0 for material 'algovivo'"),
+])
+def test_body_constants_are_checked(kwargs, match):
+    v, t = mesh.rectangle(1.0, 0.3, 4, 2, dtype=F64)
+    args = dict(density=1000.0, youngs_modulus=1e4, poisson_ratio=0.3)
+    args.update(kwargs)
+    with pytest.raises((ValueError, TypeError), match=match):
+        SoftBody(v, t, **args)
+
+
+def test_negative_poisson_ratio_is_accepted_by_stable_neo_hookean_and_numpy_scalars_anywhere():
+    body = _sheet(material="stable_neo_hookean", poisson_ratio=np.float32(-0.3), youngs_modulus=np.float64(1e4),
+                  density=np.int64(1000))
+    sim = Simulator(body, dt=np.float32(0.01), gravity=np.float64(9.8), ground=np.int32(0),
+                    friction_eps=np.float64(0.01))
+    x1, _, info = sim.step(*sim.rest_state, return_info=True)
+    assert info.converged and torch.isfinite(x1).all()
+    assert mesh.rectangle(np.float32(1.0), 0.5, np.int64(2), 1)[0].shape == (6, 2)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(dt=float("inf")), "dt must be"), (dict(dt=True), "dt must be"), (dict(ground=float("nan")), "ground"),
+    (dict(friction_eps=float("inf")), "friction_eps"), (dict(gravity=float("inf")), "gravity"),
+])
+def test_simulator_scalars_are_checked(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Simulator(_sheet(), **kwargs)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: mesh.rectangle(float("inf"), 1.0, 2, 2), "width must be a positive finite number, got inf"),
+    (lambda: mesh.rectangle(1.0, 1.0, 2, 2, origin=(0.0, float("nan"))), "origin must be 2 finite numbers"),
+    (lambda: mesh.box(size=(1.0, -1.0, 1.0)), "must be a positive finite number"),
+    (lambda: mesh.grid(np.ones((2, 2), bool), cell_size=float("nan")), "cell_size"),
+])
+def test_mesh_generator_arguments_are_checked(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_rollout_lengths_and_render_positions_are_checked():
+    sim = creatures.biped(dtype=F64)
+    x, v = sim.rest_state
+    for steps in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="steps must be an integer >= 0"):
+            sim.rollout(x, v, steps=steps)
+    pytest.importorskip("PIL")
+    from diffsoft import render
+    with pytest.raises(ValueError, match="x has non-finite"):
+        render.render_frame(sim, x * float("nan"))
+    with pytest.raises(ValueError, match=r"x must be \(26, 2\) positions"):
+        render.render_frame(sim, x[:5])
+    xs = torch.stack([x, x, x * float("inf")])
+    with pytest.raises(ValueError, match=r"xs has non-finite .* \(frame 2\)"):
+        render.render_rollout(sim, xs)
+
+
+# --- mutation after construction -------------------------------------------------------------------------
+
+def test_fixing_vertices_after_the_simulator_was_built_takes_effect():
+    body = _sheet()
+    sim = Simulator(body, ground=None)
+    x, v = sim.rest_state
+    body.fixed = [0, 5]
+    x1, _ = sim.step(x, v)
+    torch.testing.assert_close(x1[[0, 5]], x[[0, 5]], rtol=0, atol=0)  # held in place
+    fresh = Simulator(_sheet(fixed=[0, 5]), ground=None)
+    torch.testing.assert_close(x1, fresh.step(x, v)[0], rtol=0, atol=1e-12)
+    body.fixed[1] = 10  # in place: also seen
+    assert 10 not in body.free.tolist() and 5 in body.free.tolist()
+    x2, _ = sim.step(x, v)
+    torch.testing.assert_close(x2[[0, 10]], x[[0, 10]], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="every vertex is fixed"):
+        body.fixed = list(range(body.num_vertices))
+
+
+def test_changing_material_or_masses_after_the_simulator_was_built_takes_effect():
+    def make(change):
+        body = _sheet(material="stable_neo_hookean" if change == "material" else "neo_hookean")
+        if change == "mass":
+            body.mass = body.mass * 3.0
+        return body
+
+    # No ground: the default contact stiffness is set from the masses when the simulator is built.
+    options = dict(dt=0.01, ground=None, rtol=1e-12)
+    results = {}
+    for change in ("none", "material", "mass"):
+        body = _sheet()
+        sim = Simulator(body, **options)
+        x, v = sim.rest_state
+        x0 = x + 0.02 * torch.sin(7 * x.flip(-1))  # deformed, so that the material matters
+        v0 = torch.ones_like(x)  # moving, so that the masses matter
+        if change == "material":
+            body.material = "stable_neo_hookean"
+        if change == "mass":
+            body.mass = body.mass * 3.0
+        results[change] = sim.step(x0, v0)[0]
+        fresh = Simulator(make(change), **options)
+        torch.testing.assert_close(results[change], fresh.step(x0, v0)[0], rtol=0, atol=1e-10, msg=change)
+    assert (results["material"] - results["none"]).abs().max() > 1e-6
+    assert (results["mass"] - results["none"]).abs().max() > 1e-6
+    with pytest.raises(ValueError, match="material must be one of"):
+        body.material = "rubber"
+
+
+# --- readers never end the process -----------------------------------------------------------------------
+
+def _bad_files(tmp_path, suffix):
+    files = {"empty": b"", "truncated": b'{"pos": [[0, 0], [1, 0', "binary": bytes(range(256)) * 4}
+    out = {}
+    for name, content in files.items():
+        path = tmp_path / f"{name}{suffix}"
+        path.write_bytes(content)
+        out[name] = str(path)
+    return out
+
+
+@pytest.mark.parametrize("reader", [creatures.load, creatures.load_algovivo, load_algovivo_policy,
+                                    creatures.make_creature], ids=lambda f: f.__name__)
+def test_json_readers_name_the_file_and_what_is_wrong(tmp_path, reader):
+    for name, path in _bad_files(tmp_path, ".json").items():
+        with pytest.raises(ValueError, match=f"{path}: (not valid JSON|not a text file)"):
+            reader(path)
+    with pytest.raises(IsADirectoryError, match=str(tmp_path)):
+        reader(str(tmp_path)) if reader is not creatures.make_creature else creatures.read_json(str(tmp_path))
+
+
+def test_mesh_reader_never_exits_the_process(tmp_path):
+    pytest.importorskip("meshio")
+    for name, path in _bad_files(tmp_path, ".vtu").items():
+        with pytest.raises(ValueError, match=f"{path}: meshio could not read it"):
+            mesh.read(path)
+    with pytest.raises(IsADirectoryError):
+        mesh.read(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="no such mesh file"):
+        mesh.read(str(tmp_path / "missing.vtu"))
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d["fc1"]["weight"][0].__setitem__(0, float("nan")), "key 'fc1' has non-finite"),
+    (lambda d: d.update(space_dim="3"), "key 'space_dim' must be 2 or 3"),
+    (lambda d: d.update(space_dim=2.5), "key 'space_dim' must be 2 or 3"),
+    (lambda d: d.update(min_a="0.2"), "key 'min_a' must be a number"),
+])
+def test_policy_files_with_wrong_values_are_refused(tmp_path, edit, match):
+    path = tmp_path / "policy.json"
+    save_algovivo_policy(FramePolicy(4, 2, 2, 0, 1), str(path))
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=match):
+        load_algovivo_policy(str(path))
