@@ -65,8 +65,9 @@ class Simulator:
         max_iter, cg_rtol, cg_max_iter, backward_rtol, backward_max_iter, on_failure: passed to
             :func:`diffsoft.minimize`; all are kept in ``self.solver_options``, which may be edited.
 
-    ``gravity``, ``contact_stiffness`` and ``friction`` are stored as 0-dim tensors of the body's dtype and
-    may be made to require grad; so may every floating field of ``body``.
+    ``gravity``, ``contact_stiffness`` and ``friction`` are 0-dim tensors of the body's dtype and may be
+    assigned tensors that require grad; so may every floating field of ``body``. Left at their defaults,
+    ``contact_stiffness`` and ``friction`` follow the body's masses (and carry their gradients).
     """
 
     def __init__(self, body, dt=1 / 30, gravity=9.8, ground=0.0, contact_stiffness=None, friction=None,
@@ -87,12 +88,8 @@ class Simulator:
         if solver not in ("auto", "direct", "cg"):
             raise ValueError(f"solver must be 'auto', 'direct' or 'cg', got {solver!r}")
         self.solver = solver
-        mean_mass = body.mass.detach().mean().item()
         self.gravity = self._scalar("gravity", gravity, allow_zero=True)
-        self.contact_stiffness = self._scalar(
-            "contact_stiffness", _CONTACT_PER_MASS * mean_mass if contact_stiffness is None else contact_stiffness)
-        self.friction = self._scalar("friction", _FRICTION_PER_MASS * mean_mass if friction is None else friction,
-                                     allow_zero=True)
+        self.contact_stiffness, self.friction = contact_stiffness, friction
         if atol is None:
             atol = (1e-8 if body.dtype == torch.float64 else 1e-5) * self._force_scale()
         self.solver_options = dict(rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol,
@@ -140,11 +137,37 @@ class Simulator:
         out = object.__new__(Simulator)
         out.__dict__.update(self.__dict__)
         out.body = self.body.to(dtype=dtype, device=device)
-        for name in ("gravity", "contact_stiffness", "friction"):
-            setattr(out, name, getattr(self, name).detach().to(device=device, dtype=dtype))
+        for name in ("gravity", "_contact_stiffness", "_friction"):
+            value = getattr(self, name)
+            setattr(out, name, None if value is None else value.detach().to(device=device, dtype=dtype))
         out.solver_options = dict(self.solver_options)
         out._topology = None
         return out
+
+    @property
+    def contact_stiffness(self):
+        """``k_c``, a 0-dim tensor: the value given, or the default, computed from the body's masses at each
+        step, so that gradients with respect to what the masses come from (densities, rest shapes) include it.
+        Assign a number or tensor to set it, None for the default."""
+        if self._contact_stiffness is None:
+            return _CONTACT_PER_MASS * self.body.mass.mean()
+        return self._contact_stiffness
+
+    @contact_stiffness.setter
+    def contact_stiffness(self, value):
+        self._contact_stiffness = None if value is None else self._scalar("contact_stiffness", value)
+
+    @property
+    def friction(self):
+        """``k_f``, a 0-dim tensor: the value given, or the default, computed from the body's masses at each
+        step (see :attr:`contact_stiffness`)."""
+        if self._friction is None:
+            return _FRICTION_PER_MASS * self.body.mass.mean()
+        return self._friction
+
+    @friction.setter
+    def friction(self, value):
+        self._friction = None if value is None else self._scalar("friction", value, allow_zero=True)
 
     @property
     def rest_state(self):

@@ -276,3 +276,31 @@ def test_bad_simulator_arguments():
         Simulator(body, contact_stiffness=-1.0)
     with pytest.raises(ValueError, match="ground"):
         Simulator(body, ground="floor")
+
+
+def test_default_contact_and_friction_follow_the_masses_and_their_gradients():
+    """The defaults are computed from the body's masses at each step: a gradient with respect to the density
+    given to SoftBody (through masses, contact stiffness and friction) matches central differences."""
+    verts, tris = rectangle(width=0.4, height=0.1, nx=4, ny=1, dtype=torch.float64)
+
+    def loss(rho):
+        body = SoftBody(verts, tris, density=rho, youngs_modulus=1e4, poisson_ratio=0.3)
+        sim = Simulator(body, dt=0.01, ground=0.0, rtol=1e-12)
+        x, v = sim.rest_state
+        x = x - torch.tensor([0.0, 0.004], dtype=torch.float64)  # below the ground: contact and friction act
+        v = v + torch.tensor([0.5, 0.0], dtype=torch.float64)
+        x1, _ = sim.step(x, v)
+        return (x1 * torch.linspace(-1, 1, x1.numel(), dtype=torch.float64).reshape(x1.shape)).sum(), sim
+
+    rho = torch.tensor(800.0, dtype=torch.float64, requires_grad=True)
+    value, sim = loss(rho)
+    (grad,) = torch.autograd.grad(value, rho)
+    torch.testing.assert_close(sim.contact_stiffness, 14000 / 6.0714287757873535 * sim.body.mass.mean())
+    eps = 1e-3
+    fd = (loss(torch.tensor(800.0 + eps, dtype=torch.float64))[0]
+          - loss(torch.tensor(800.0 - eps, dtype=torch.float64))[0]) / (2 * eps)
+    assert grad.item() == pytest.approx(fd.item(), rel=1e-5)
+    sim.contact_stiffness = 5.0
+    assert sim.contact_stiffness.item() == 5.0
+    with pytest.raises(ValueError, match="contact_stiffness must be a positive number"):
+        sim.contact_stiffness = -1.0
