@@ -51,7 +51,7 @@ class SoftBody:
         x = self._float("vertices", vertices)
         if x.dim() != 2 or x.shape[1] not in (2, 3) or x.shape[0] < x.shape[1] + 1:
             raise ValueError(f"vertices must be (N, 2) or (N, 3) with N > d, got shape {tuple(x.shape)}")
-        self.rest_positions = x
+        self._rest_positions = x
         n, d = x.shape
         self.dim = d
         self.elements = _indices("elements", elements, n, width=d + 1, device=device)
@@ -96,6 +96,20 @@ class SoftBody:
         self._free_of = None
         self.fixed = fixed
         self._init_muscles(muscles, muscle_rest_length, muscle_stiffness, edges)
+
+    @property
+    def rest_positions(self):
+        """``(N, d)``: the vertices given to the constructor. Read-only: the rest shapes ``Dm_inv``, rest volumes,
+        lumped masses and default muscle rest lengths were derived from it. For other rest positions build a
+        new SoftBody (from a tensor that requires grad, its gradients flow through all of them), or assign
+        ``Dm_inv`` (the rest shapes alone)."""
+        return self._rest_positions
+
+    @rest_positions.setter
+    def rest_positions(self, value):
+        raise AttributeError("SoftBody.rest_positions cannot be reassigned: Dm_inv, rest volumes, masses and muscle "
+                             "rest lengths were derived from it. Build a new SoftBody from the new positions, or "
+                             "assign Dm_inv to change the rest shapes alone")
 
     @property
     def fixed(self):

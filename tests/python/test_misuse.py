@@ -229,3 +229,16 @@ def test_policy_files_with_wrong_values_are_refused(tmp_path, edit, match):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=match):
         load_algovivo_policy(str(path))
+
+
+def test_rest_positions_cannot_be_reassigned_and_new_bodies_carry_their_gradients():
+    body = _sheet()
+    with pytest.raises(AttributeError, match="rest_positions cannot be reassigned.*Build a new SoftBody"):
+        body.rest_positions = body.rest_positions * 2
+    v, t = mesh.rectangle(1.0, 0.3, 4, 2, dtype=F64)
+    v = v.clone().requires_grad_()
+    sim = Simulator(SoftBody(v, t, density=1000.0, youngs_modulus=1e4, poisson_ratio=0.3), dt=0.01)
+    x, vel = sim.rest_state
+    x1, _ = sim.step(x.detach() * 1.01, vel)
+    (g,) = torch.autograd.grad(x1.square().sum(), v)
+    assert torch.isfinite(g).all() and g.abs().max() > 0
