@@ -18,7 +18,8 @@ import traceback
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
-from diffsoft.fuzzing import cases, check_solve, check_steps, make_case, make_problem, problems
+from diffsoft.fuzzing import (MISUSE_OUTCOMES, MISUSE_TARGETS, cases, check_misuse, check_solve, check_steps, make_case,
+                              make_problem, misuse_cases, problems)
 
 COLUMNS = ("tried", "converged", "reported failure correctly", "crashed or non-finite")
 
@@ -50,6 +51,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", type=int, default=300, help="cases per row")
     ap.add_argument("--steps", type=int, default=3, help="steps per simulator case")
+    ap.add_argument("--misuse-cases", type=int, default=10_000, help="cases of the misuse campaign")
     args = ap.parse_args()
     rows = [
         ("Simulator.step, float64 (2D/3D, 1+ elements, E 1e1..1e7, dt 1e-4..1 s, impacts to 30 m/s)", cases(),
@@ -77,6 +79,36 @@ def main():
     for name, _, bad in results:
         for case, error in bad:
             print(f"\n{name}: {case}\n  {error}")
+    misuse_report(args.misuse_cases)
+
+
+def misuse_report(n):
+    """The misuse campaign: ``n`` seeded cases of :data:`diffsoft.fuzzing.misuse_cases`, counted by entry point
+    and outcome, then every case that was not a right answer or a clear error."""
+    counts, findings = collections.defaultdict(collections.Counter), []
+
+    @settings(derandomize=True, deadline=None, database=None, max_examples=n, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(case=misuse_cases)
+    def one(case):
+        entry = MISUSE_TARGETS[case["target"]][0]
+        outcome, detail = check_misuse(**case)
+        counts[entry][outcome] += 1
+        if outcome not in ("right answer", "clear error"):
+            findings.append(f"{outcome}: {detail}")
+
+    t0 = time.perf_counter()
+    one()
+    print(f"misuse: {n} cases in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    print(f"\n| entry point | tried | {' | '.join(MISUSE_OUTCOMES)} |")
+    print(f"|---|---:|{'---:|' * len(MISUSE_OUTCOMES)}")
+    total = collections.Counter()
+    for entry, c in counts.items():
+        total.update(c)
+        print(f"| {entry} | {sum(c.values())} | {' | '.join(str(c[o]) for o in MISUSE_OUTCOMES)} |")
+    print(f"| **all** | **{sum(total.values())}** | {' | '.join(f'**{total[o]}**' for o in MISUSE_OUTCOMES)} |")
+    for f in sorted(set(findings)):
+        print(f"\n{f}")
 
 
 if __name__ == "__main__":

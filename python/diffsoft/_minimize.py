@@ -93,6 +93,8 @@ def minimize(
         raise TypeError(f"x0 must be a float32 or float64 tensor (the dtypes the solver runs in), got {x0.dtype}")
     if on_failure not in ("warn", "raise"):
         raise ValueError(f'on_failure must be "warn" or "raise", got {on_failure!r}')
+    if _real(atol) and atol > torch.finfo(x0.dtype).max:
+        raise ValueError(f"atol must be a finite number >= 0 in x0's dtype {x0.dtype}, got {atol!r}")
     options = _options(
         batched=batched, rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol, cg_max_iter=cg_max_iter,
         backward_rtol=backward_rtol, backward_max_iter=backward_max_iter, ls_c1=ls_c1, ls_shrink=ls_shrink,
@@ -132,14 +134,17 @@ def minimize(
             raise ValueError(f"with sparsity, x0 must be (N, d){' with a leading batch dimension' if batched else ''}"
                              f", got shape {tuple(x0.shape)}")
     info = SolveInfo()
-    inference = torch.is_inference_mode_enabled()
     try:
-        # Newton needs autograd (Hessian-vector products by double backward), which inference mode turns off
-        # and whose tensors cannot enter autograd; copies made outside it can, and nothing can be
-        # differentiated under inference mode anyway, so solving on them loses nothing.
-        with torch.inference_mode(False):
-            if inference:
+        if torch.is_inference_mode_enabled():
+            # Newton needs autograd (Hessian-vector products by double backward), which inference mode turns
+            # off and whose tensors cannot enter autograd; copies made outside it can, and nothing can be
+            # differentiated under inference mode anyway, so solving on them loses nothing. (Leaving inference
+            # mode also turns grad mode on: hence only here, and under no_grad for the result.)
+            with torch.inference_mode(False):
                 x0, tensors = x0.clone(), [t.clone() for t in tensors]
+                with torch.no_grad():
+                    x_star = _C.minimize(fn, x0, tensors, options, info, _analytic, sparsity)
+        else:
             x_star = _C.minimize(fn, x0, tensors, options, info, _analytic, sparsity)
     except ConvergenceError as e:  # keep the record (per-problem flags, residuals) with the exception
         e.info = info

@@ -150,6 +150,12 @@ class SoftBody:
         return (self._material,) + tuple((id(t), t._version) for t in (self.elements, self.muscles, self.free))
 
     @property
+    def _tiny(self):
+        """The smallest positive value a positive constant may take: the dtype's smallest normal number (a
+        subnormal modulus or mass underflows to 0 in the quantities derived from it)."""
+        return torch.finfo(self._dtype).tiny
+
+    @property
     def num_vertices(self):
         return self.rest_positions.shape[0]
 
@@ -194,7 +200,7 @@ class SoftBody:
         if by_moduli:
             E = self._per("youngs_modulus", youngs_modulus, e, "element")
             nu = self._per("poisson_ratio", poisson_ratio, e, "element")
-            _require(E > 0, "youngs_modulus", "element", "must be positive", E)
+            _require(E >= self._tiny, "youngs_modulus", "element", "must be positive", E)
             _require((nu > -1) & (nu < 0.5), "poisson_ratio", "element", "must be in (-1, 0.5)", nu)
             self.mu = E / (2 * (1 + nu))
             self.lam = E * nu / ((1 + nu) * (1 - 2 * nu))
@@ -204,7 +210,7 @@ class SoftBody:
         else:
             self.mu = self._per("mu", mu, e, "element")
             self.lam = self._per("lam", lam, e, "element")
-            _require(self.mu > 0, "mu", "element", "must be positive", self.mu)
+            _require(self.mu >= self._tiny, "mu", "element", "must be positive", self.mu)
             # Positive bulk modulus, lam + 2 mu / d > 0: the Poisson-ratio bound -1 < nu for the Lame form.
             _require(self.lam + 2 * self.mu / self.dim > 0, "lam", "element",
                      f"must exceed -2 mu / {self.dim} (a positive bulk modulus)", self.lam)
@@ -223,13 +229,15 @@ class SoftBody:
             raise ValueError("give exactly one of density (masses lumped from rest volumes) and mass")
         if mass is not None:
             self.mass = self._per("mass", mass, n, "vertex")
-            _require(self.mass > 0, "mass", "vertex", "must be positive", self.mass)
+            _require(self.mass >= self._tiny, "mass", "vertex", "must be positive", self.mass)
             return
         rho = self._per("density", density, e, "element")
-        _require(rho > 0, "density", "element", "must be positive", rho)
+        _require(rho >= self._tiny, "density", "element", "must be positive", rho)
         share = (rho * self.rest_volume / (self.dim + 1)).repeat_interleave(self.dim + 1)
         self.mass = torch.zeros(n, dtype=self._dtype, device=self._device).index_add_(
             0, self.elements.flatten(), share)
+        _require(torch.isfinite(self.mass), "density", "vertex", f"gives masses that overflow {self._dtype}; the mass is",
+                 self.mass)
         lonely = torch.nonzero(self.mass == 0).flatten()
         if len(lonely):
             raise ValueError(f"vertex {lonely[0].item()} belongs to no element, so it has no mass; remove it or "
@@ -256,15 +264,19 @@ class SoftBody:
             self.muscle_rest_length = (x[self.muscles[:, 0]] - x[self.muscles[:, 1]]).norm(dim=-1)
         else:
             self.muscle_rest_length = self._per("muscle_rest_length", rest_length, m, "muscle")
-        _require(self.muscle_rest_length > 0, "muscle_rest_length", "muscle", "must be positive",
+        _require(self.muscle_rest_length >= self._tiny, "muscle_rest_length", "muscle", "must be positive",
                  self.muscle_rest_length)
         if stiffness is None:
-            E = (self.mu * (3 * self.lam + 2 * self.mu) / (self.lam + self.mu)).mean()
+            E = (self.mu * ((3 * self.lam + 2 * self.mu) / (self.lam + self.mu))).mean()
             s = rest_edges.norm(dim=-1).mean()
             self.muscle_stiffness = E * self.muscle_rest_length * s ** (self.dim - 1)
+            _require(torch.isfinite(self.muscle_stiffness) & (self.muscle_stiffness >= self._tiny),
+                     "the default muscle_stiffness (Young's modulus x muscle_rest_length x edge length)", "muscle",
+                     f"over- or underflows {self._dtype} with these youngs_modulus (or mu, lam) and "
+                     f"muscle_rest_length; give muscle_stiffness:", self.muscle_stiffness)
         else:
             self.muscle_stiffness = self._per("muscle_stiffness", stiffness, m, "muscle")
-        _require(self.muscle_stiffness > 0, "muscle_stiffness", "muscle", "must be positive", self.muscle_stiffness)
+        _require(self.muscle_stiffness >= self._tiny, "muscle_stiffness", "muscle", "must be positive", self.muscle_stiffness)
 
     def _check_distinct(self, name, idx):
         s = idx.sort(dim=1).values

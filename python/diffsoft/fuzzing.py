@@ -12,9 +12,11 @@ Two families of cases:
   it did not, with finite states and no inverted neo-Hookean element.
 """
 import math
+import numbers
 import re
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
@@ -278,3 +280,184 @@ def check_steps(sim, x0, v0, a, steps):
             outcomes.append("reported")
         x, v = x1.detach(), v1.detach()
     return outcomes
+
+
+# --- misuse: wrong values at the public entry points ------------------------------------------------------
+# Each case passes one argument of one entry point a value from a pool of plausible mistakes (NaN, inf,
+# negative, zero, huge, bool, string, None, a list, a tensor of the wrong kind) or of valid look-alikes
+# (numpy scalars, ints for floats), the other arguments being valid. The outcome is classified by
+# check_misuse: the value must be accepted with a finite result when it is valid, and refused with an error
+# that names the argument when it is not.
+
+MISUSE_OUTCOMES = ("right answer", "clear error", "unclear error", "silent", "crash")
+
+_CLEAR = (ValueError, TypeError, OSError, AttributeError)
+_MISTAKES = (float("nan"), float("inf"), -float("inf"), -1.0, 0.0, 1e-320, 1e300, True, "1.0", None, [1.0, 2.0],
+             complex(1.0, 1.0), torch.tensor([1.0, 2.0]), torch.tensor(1, dtype=torch.int64), 0.5, 2.0, 3)
+_LOOK_ALIKES = (np.float32(0.5), np.float64(2.0), np.int64(3), np.float64(0.3), np.int32(1))
+
+
+def _real(v):
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v)
+
+
+def _real_or_scalar_tensor(v):
+    """A finite real number, or a 0-dim real tensor (the simulator's differentiable constants)."""
+    if isinstance(v, torch.Tensor):
+        return v.dim() == 0 and not v.is_complex() and v.dtype != torch.bool and bool(torch.isfinite(v))
+    return _real(v)
+
+
+def _positive(v):
+    return _real(v) and v > 0
+
+
+def _normal(v, dtype):
+    """A positive number or 0-dim tensor, at least the dtype's smallest normal number."""
+    return _real_or_scalar_tensor(v) and v >= torch.finfo(dtype).tiny
+
+
+def _nonneg(v):
+    return _real(v) and v >= 0
+
+
+def _count(v):
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) and v >= 1
+
+
+def _unit_open(v):
+    return _real(v) and 0 < v < 1
+
+
+def _body_args(dtype):
+    v, t = rectangle(0.6, 0.2, 3, 1, dtype=dtype)
+    return v, t, dict(density=1000.0, youngs_modulus=1e4, poisson_ratio=0.3, muscles=[[0, 6]])
+
+
+def _soft_body(dtype, **kw):
+    v, t, args = _body_args(dtype)
+    args.update(kw)
+    body = SoftBody(v, t, **args)
+    return [getattr(body, name) for name in ("mass", "mu", "lam", "muscle_rest_length", "muscle_stiffness")]
+
+
+def _step(dtype, dt=0.01, **sim_kw):
+    v, t, args = _body_args(dtype)
+    sim = Simulator(SoftBody(v, t, **args), dt=dt, **sim_kw)
+    return list(sim.step(*sim.rest_state))
+
+
+def _step_activation(dtype, value):
+    v, t, args = _body_args(dtype)
+    sim = Simulator(SoftBody(v, t, **args), dt=0.01)
+    a = value
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        a = torch.tensor([float(value)]).to(dtype)
+    return list(sim.step(*sim.rest_state, a))
+
+
+def _minimize(dtype, **options):
+    x = diffsoft.minimize(lambda x, k: 0.5 * (k * x * x).sum() - x.sum(), torch.zeros(3, dtype=dtype),
+                          torch.tensor(2.0, dtype=dtype), **options)
+    return [x]
+
+
+def _policy(dtype, **kw):
+    from .policy import FramePolicy
+    args = dict(hidden=8, min_a=0.25, max_abs_da=0.3)
+    args.update(kw)
+    return list(FramePolicy(4, 2, 2, 0, 1, **args).to(dtype).parameters())
+
+
+def _whole(v):
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def _within_sqrt_max(v, dtype):
+    """What the simulator's dt, ground and friction_eps may be: their squares stay finite in the dtype."""
+    return abs(v) <= math.sqrt(torch.finfo(dtype).max)
+
+
+# (entry point, argument, call(dtype, value) -> tensors to check, valid(value, dtype): should it be accepted?)
+MISUSE_TARGETS = (
+    [("SoftBody", name, (lambda dtype, v, name=name: _soft_body(dtype, **{name: v})), ok) for name, ok in (
+        ("density", _normal), ("youngs_modulus", _normal), ("muscle_stiffness", lambda v, d: v is None or _normal(v, d)),
+        ("muscle_rest_length", lambda v, d: v is None or _normal(v, d)),
+        ("poisson_ratio", lambda v, d: _real_or_scalar_tensor(v) and 0 <= v < 0.5))]
+    + [("SoftBody(mass=...)", "mass", lambda dtype, v: _soft_body(dtype, density=None, mass=v), _normal)]
+    + [("Simulator", name, (lambda dtype, v, name=name: _step(dtype, **{name: v})), ok) for name, ok in (
+        ("gravity", lambda v, d: _real_or_scalar_tensor(v) and v >= 0),
+        ("contact_stiffness", lambda v, d: v is None or _normal(v, d)),
+        ("friction", lambda v, d: v is None or (_real_or_scalar_tensor(v) and v >= 0)),
+        ("friction_eps", lambda v, d: _nonneg(v) and _within_sqrt_max(v, d)),
+        ("ground", lambda v, d: v is None or (_real(v) and _within_sqrt_max(v, d))),
+        ("max_iter", lambda v, d: _whole(v) and v >= 0), ("rtol", lambda v, d: v is None or _unit_open(v)),
+        ("atol", lambda v, d: v is None or _nonneg(v)), ("cg_rtol", lambda v, d: _unit_open(v)),
+        ("backward_rtol", lambda v, d: _unit_open(v)),
+        ("dt", lambda v, d: _real(v) and v > 0 and v * v >= torch.finfo(d).tiny and _within_sqrt_max(v, d)))]
+    + [("Simulator.step", "activation", _step_activation,
+        lambda v, d: v is None or (_real(v) and 1e-6 <= v <= 1))]
+    + [("minimize", name, (lambda dtype, v, name=name: _minimize(dtype, **{name: v})), ok) for name, ok in (
+        ("rtol", lambda v, d: v is None or _unit_open(v)), ("atol", lambda v, d: _nonneg(v)),
+        ("max_iter", lambda v, d: _whole(v) and v >= 0), ("cg_rtol", lambda v, d: _unit_open(v)),
+        ("backward_rtol", lambda v, d: _unit_open(v)), ("ls_c1", lambda v, d: _real(v) and 0 < v < 0.5),
+        ("ls_shrink", lambda v, d: _unit_open(v)), ("ls_max_iter", lambda v, d: _count(v)),
+        ("cg_max_iter", lambda v, d: v is None or _count(v)))]
+    + [("mesh.rectangle", name, (lambda dtype, v, name=name: list(rectangle(**{name: v}, dtype=dtype))), ok)
+       for name, ok in (("width", lambda v, d: _positive(v)), ("height", lambda v, d: _positive(v)),
+                        ("nx", lambda v, d: _count(v)), ("ny", lambda v, d: _count(v)))]
+    + [("FramePolicy", name, (lambda dtype, v, name=name: _policy(dtype, **{name: v})), ok) for name, ok in (
+        ("min_a", lambda v, d: _unit_open(v)), ("max_abs_da", lambda v, d: _positive(v)),
+        ("hidden", lambda v, d: _count(v) and v < 1000))]
+)
+
+
+_PHYSICAL = ("gravity", "contact_stiffness", "friction", "friction_eps", "ground")
+
+misuse_cases = st.fixed_dictionaries(dict(
+    target=st.integers(0, len(MISUSE_TARGETS) - 1),
+    value=st.one_of(st.sampled_from(_MISTAKES + _LOOK_ALIKES), st.floats(-1e3, 1e3), st.integers(-3, 200),
+                    st.floats(allow_nan=True, allow_infinity=True)),
+    dtype=st.sampled_from([torch.float64, torch.float32])))
+"""A misuse case: which target, the value given, the dtype of the rest (random reals and integers, in range
+or not, besides the pools of mistakes and look-alikes)."""
+
+
+def check_misuse(target, value, dtype=torch.float64):
+    """Runs one misuse case; returns ``(outcome, detail)`` with outcome one of :data:`MISUSE_OUTCOMES`.
+
+    right answer: a valid value accepted with finite results (a step that did not converge and said so
+    counts: failure is reported, not silent); clear error: a value refused with a ValueError, TypeError,
+    OSError or AttributeError whose message names the argument; unclear error: any other exception, or one
+    that does not name the argument; silent: an invalid value accepted, or a non-finite result without a word;
+    crash: the process dies (the campaign then stops, which is how it shows)."""
+    entry, name, call, valid = MISUSE_TARGETS[target]
+    # A number beyond the dtype's largest is a mistake for anything computed in that dtype (the policy's
+    # bounds are plain Python numbers).
+    fits = entry == "FramePolicy" or not _real(value) or abs(float(value)) <= torch.finfo(dtype).max
+    # A physical constant is judged as the dtype holds it (a subnormal float64 may be 0 in float32); tolerances
+    # and sizes are plain Python numbers.
+    physical = entry.startswith("SoftBody") or entry == "Simulator.step" or name in _PHYSICAL
+    held = value
+    if physical and _real(value) and fits and not _whole(value):
+        held = float(torch.tensor(float(value), dtype=torch.float64).to(dtype))
+    ok = fits and bool(valid(held, dtype))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            tensors = call(dtype, value)
+        except _CLEAR as e:
+            # Refused, naming the argument: a clear error, also for a value the predicate took for valid but
+            # the library refuses knowingly (a derived quantity that overflows, a state whose energy does).
+            named = name in str(e)
+            why = "refused a valid value" if ok else "refused"
+            return ("clear error" if named else "unclear error"), f"{entry}({name}={value!r}) {why}: {type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - any other exception is a finding
+            return "unclear error", f"{entry}({name}={value!r}): {type(e).__name__}: {e}"
+    warned = any(issubclass(w.category, RuntimeWarning) for w in caught)
+    finite = all(torch.isfinite(t).all() for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point())
+    if not ok:
+        return "silent", f"{entry}({name}={value!r}) was accepted"
+    if not finite and not warned:
+        return "silent", f"{entry}({name}={value!r}) gave non-finite results without a warning"
+    return "right answer", ""

@@ -274,7 +274,11 @@ def _numpy(a):
 
 def _tensors(verts, elements, dtype):
     dtype = torch.get_default_dtype() if dtype is None else dtype
-    return torch.as_tensor(np.asarray(verts), dtype=dtype), torch.as_tensor(elements, dtype=torch.int64)
+    verts = torch.as_tensor(np.asarray(verts), dtype=dtype)
+    if not torch.isfinite(verts).all():
+        raise ValueError(f"the mesh's vertices are not finite in {dtype}: its size (width, height, size, "
+                         f"cell_size) or origin is too large")
+    return verts, torch.as_tensor(elements, dtype=torch.int64)
 
 
 def _mask(mask, ndim):

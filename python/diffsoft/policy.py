@@ -10,6 +10,8 @@ body, and outputs a change of each muscle's activation:
 Both trainers use it: :mod:`diffsoft.training` (gradients through the simulator) and :mod:`diffsoft.ppo`.
 """
 import json
+import math
+import numbers
 
 import torch
 from torch import nn
@@ -80,10 +82,12 @@ class FramePolicy(nn.Module):
     def __init__(self, num_vertices, num_muscles, dim, center_vertex_id, forward_vertex_id, hidden=32,
                  min_a=0.25, max_abs_da=0.3):
         super().__init__()
-        if not 0 < min_a < 1:
-            raise ValueError(f"min_a must be in (0, 1), got {min_a!r}")
-        if not max_abs_da > 0:
-            raise ValueError(f"max_abs_da must be positive, got {max_abs_da!r}")
+        if not (_real(min_a) and 0 < min_a < 1):
+            raise ValueError(f"min_a must be a number in (0, 1), got {min_a!r}")
+        if not (_real(max_abs_da) and max_abs_da > 0):
+            raise ValueError(f"max_abs_da must be a positive finite number, got {max_abs_da!r}")
+        if isinstance(hidden, bool) or not isinstance(hidden, numbers.Integral) or hidden < 1:
+            raise ValueError(f"hidden must be a positive integer (the hidden layer's width), got {hidden!r}")
         for name, i in (("center_vertex_id", center_vertex_id), ("forward_vertex_id", forward_vertex_id)):
             if not (isinstance(i, int) and 0 <= i < num_vertices):
                 raise ValueError(f"{name} must be a vertex index in [0, {num_vertices}), got {i!r}")
@@ -219,3 +223,8 @@ def distance_walked(sim, policy, steps):
     policy from the rest pose (relaxed muscles)."""
     xs, _ = run_policy(sim, policy, steps)
     return (center_of_mass_x(sim, xs[-1]) - center_of_mass_x(sim, xs[0])).item()
+
+
+def _real(value):
+    """A finite real number (numpy's included), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)

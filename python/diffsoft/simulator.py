@@ -28,6 +28,8 @@ _HAS_CHOLMOD = _C.HAS_CHOLMOD
 ALGOVIVO_VERTEX_MASS = 6.0714287757873535
 _CONTACT_PER_MASS = 14000.0 / ALGOVIVO_VERTEX_MASS
 _FRICTION_PER_MASS = 300.0 / ALGOVIVO_VERTEX_MASS
+# The smallest activation: a muscle's target length a l0 stays a normal float, and its energy finite.
+_MIN_ACTIVATION = 1e-6
 
 
 class Simulator:
@@ -74,12 +76,16 @@ class Simulator:
                  friction_eps=0.01, rtol=None, atol=None, max_iter=100, cg_rtol=0.5, cg_max_iter=None,
                  backward_rtol=1e-10, backward_max_iter=None, on_failure="warn", fused=True, solver="auto",
                  keep_factors=False):
-        if not (_real(dt) and dt > 0):
-            raise ValueError(f"dt must be a positive number, got {dt!r}")
-        if ground is not None and not _real(ground):
-            raise ValueError(f"ground must be a number (the ground's height) or None, got {ground!r}")
-        if not (_real(friction_eps) and friction_eps >= 0):
-            raise ValueError(f"friction_eps must be a number >= 0, got {friction_eps!r}")
+        # The step divides by dt^2, and its kernels compute in the body's dtype.
+        lo, hi = math.sqrt(torch.finfo(body.dtype).tiny), math.sqrt(torch.finfo(body.dtype).max)
+        if not (_real(dt) and lo <= dt <= hi):
+            raise ValueError(f"dt must be a positive number in [{lo:.1g}, {hi:.1g}] (seconds; its square must be a "
+                             f"normal {body.dtype}), got {dt!r}")
+        if ground is not None and not (_real(ground) and abs(ground) <= hi):
+            raise ValueError(f"ground must be a number (the ground's height, at most {hi:.1g} in size) or None, "
+                             f"got {ground!r}")
+        if not (_real(friction_eps) and 0 <= friction_eps <= hi):
+            raise ValueError(f"friction_eps must be a number in [0, {hi:.1g}], got {friction_eps!r}")
         self.body = body
         self.dt = float(dt)
         self.ground = None if ground is None else float(ground)
@@ -202,8 +208,15 @@ class Simulator:
             better = energy(x_hat, *params, top) <= energy(start, *params, top)
             guess = torch.where(better[..., None, None], x_hat, start)
         analytic = analytic_energy(guess, *params, top, factorize=self._factorizes()) if self.fused else None
-        y, info = minimize(energy, guess, *params, top, batched=batched, return_info=True, _analytic=analytic,
-                           **self.solver_options)
+        try:
+            y, info = minimize(energy, guess, *params, top, batched=batched, return_info=True, _analytic=analytic,
+                               **self.solver_options)
+        except ValueError as e:
+            if "not finite at x0" not in str(e):
+                raise
+            raise ValueError(f"Simulator.step: {e}. The step's energy overflows at the start state: check x0, v0 "
+                             f"and the constants (dt, gravity, ground, contact_stiffness, friction, and the body's "
+                             f"masses, moduli and muscles)") from None
         x1 = top.full_positions(y, x0)
         v1 = (x1 - x0) / self.dt
         return (x1, v1, info) if return_info else (x1, v1)
@@ -285,9 +298,15 @@ class Simulator:
                 f"friction={self.friction.item():g})")
 
     def _scalar(self, name, value, allow_zero=False):
+        """A constant as a 0-dim tensor of the body's dtype (a tensor given keeps its graph)."""
+        kind = "non-negative" if allow_zero else "positive"
+        is_tensor = isinstance(value, torch.Tensor)
+        if (is_tensor and (value.dim() != 0 or value.is_complex() or value.dtype == torch.bool)) or (
+                not is_tensor and (isinstance(value, bool) or not isinstance(value, numbers.Real))):
+            raise TypeError(f"{name} must be a {kind} number or 0-dim tensor, got {value!r}")
         t = torch.as_tensor(value, dtype=self.body.dtype, device=self.body.device)
-        if t.dim() != 0 or not torch.isfinite(t) or t < 0 or (t == 0 and not allow_zero):
-            raise ValueError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number, got {value!r}")
+        if not torch.isfinite(t) or t < 0 or (not allow_zero and t < torch.finfo(t.dtype).tiny):
+            raise ValueError(f"{name} must be a {kind} number, finite in {self.body.dtype}, got {value!r}")
         return t
 
     def _check_tensor(self, name, t):
@@ -323,10 +342,11 @@ class Simulator:
                              f"got {tuple(a.shape)}")
         if m == 0:
             return None
-        ok = (a > 0) & (a <= 1)
+        ok = (a >= _MIN_ACTIVATION) & (a <= 1)
         if not bool(ok.all()):
             bad = a[~ok].flatten()[0].item()
-            raise ValueError(f"activation must be in (0, 1] (1 is relaxed), got {bad:g}")
+            raise ValueError(f"activation must be in [{_MIN_ACTIVATION:g}, 1] (1 is relaxed; a muscle's rest length "
+                             f"is scaled by it, and cannot vanish), got {bad:g}")
         return a
 
 
