@@ -27,7 +27,7 @@ def minimize(
     return_info=False,
     keep_factor=False,
     sparsity=None,
-    _direct=None,
+    _analytic=None,
 ):
     """Minimize ``energy(x, *params)`` over ``x`` by Newton's method, matrix-free, in C++.
 
@@ -75,7 +75,7 @@ def minimize(
             and iterative refinement with it instead of factoring again at ``x*``: a cheaper backward, for the
             memory of that factor and of what it was made from (the Hessian's blocks, or with ``sparsity``
             the energy's autograd graph at Newton's last iterate) until the backward has run.
-        _direct: internal, for diffsoft's built-in energies: a ``_C.DirectEnergy`` giving the same energy's
+        _analytic: internal, for diffsoft's built-in energies: a ``_C.AnalyticEnergy`` giving the same energy's
             value, gradient and Hessian products without autograd, used by Newton and the adjoint solve;
             ``energy`` still gives the derivatives with respect to ``params``.
 
@@ -127,7 +127,7 @@ def minimize(
                              f", got shape {tuple(x0.shape)}")
     info = SolveInfo()
     try:
-        x_star = _C.minimize(fn, x0, tensors, options, info, _direct, sparsity)
+        x_star = _C.minimize(fn, x0, tensors, options, info, _analytic, sparsity)
     except ConvergenceError as e:  # keep the record (per-problem flags, residuals) with the exception
         e.info = info
         raise

@@ -36,8 +36,8 @@ from .energies import deformation_gradient, determinant
 _MATERIAL_CODES = {"algovivo": 0, "neo_hookean": 1, "stable_neo_hookean": 2}
 
 
-def direct_energy(y, *params, factorize=True):
-    """The step energy's autograd-free fast path for the solver (:func:`diffsoft.minimize`'s ``_direct``) on
+def analytic_energy(y, *params, factorize=True):
+    """The step energy's autograd-free fast path for the solver (:func:`diffsoft.minimize`'s ``_analytic``) on
     CPU, or None on other devices: the kernels' value, gradient, Hessian products and Jacobi preconditioner,
     with ``factorize`` a factorization per problem for Newton's steps and the adjoint solve, and the
     backward's parameter derivatives.
@@ -48,7 +48,7 @@ def direct_energy(y, *params, factorize=True):
     # The solver's params are the tensors among ours, in order; the kernel's parameter products follow our order.
     slots = [k for k, p in enumerate(params[:-1]) if isinstance(p, torch.Tensor)]
     shapes = [list(params[k].shape) for k in slots]
-    return _C.step_direct_energy(model, x0, x0_free, x_hat, act, factorize, slots, shapes)
+    return _C.step_analytic_energy(model, x0, x0_free, x_hat, act, factorize, slots, shapes)
 
 
 def step_energy(y, *params):
@@ -94,7 +94,7 @@ class StepGradient(torch.autograd.Function):
         if _on_cpu(y):
             args = _kernel_args(y, *tensors, s)
             derivatives = _C.step_energy_derivatives(*args)
-            grad, hessian = derivatives[0].view_as(y), KernelHessian(args[0], derivatives)
+            grad, hessian = derivatives.grad.view_as(y), KernelHessian(args[0], derivatives)
         else:
             grad, hessian = _gradient_and_hessian(y, *tensors, s)
         ctx.save_for_backward(y, *tensors)

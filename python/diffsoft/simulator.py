@@ -17,7 +17,7 @@ import torch
 
 from ._extension import _C
 from ._minimize import minimize
-from .fused import direct_energy, step_energy, with_model
+from .fused import analytic_energy, step_energy, with_model
 from .energies import (determinant, elastic_energy, friction_energy, gravity_energy, ground_contact_energy,
                        inertia_energy, muscle_energy)
 
@@ -182,8 +182,8 @@ class Simulator:
             start = x0_free.detach()
             better = energy(x_hat.detach(), *params) <= energy(start, *params)
             guess = torch.where(better[..., None, None], x_hat.detach(), start)
-        direct = direct_energy(guess, *params, factorize=self._factorizes()) if self.fused else None
-        y, info = minimize(energy, guess, *params, batched=batched, return_info=True, _direct=direct,
+        analytic = analytic_energy(guess, *params, factorize=self._factorizes()) if self.fused else None
+        y, info = minimize(energy, guess, *params, batched=batched, return_info=True, _analytic=analytic,
                            **self.solver_options)
         x1 = y if s.all_free else x0.index_copy(x0.dim() - 2, s.free, y)
         v1 = (x1 - x0) / h
