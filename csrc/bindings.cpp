@@ -3,11 +3,16 @@
 
 #include "core/solver.h"
 #include "physics/step_energy.h"
+#include "physics/step_solver.h"
 
 namespace py = pybind11;
+using diffsoft::AnalyticEnergy;
 using diffsoft::EnergyFn;
 using diffsoft::SolveInfo;
 using diffsoft::SolverOptions;
+using diffsoft::StepDerivatives;
+using diffsoft::StepModel;
+using torch::Tensor;
 
 namespace {
 
@@ -36,6 +41,29 @@ EnergyFn python_energy(py::function fn) {
     }
     return out.cast<torch::Tensor>();
   };
+}
+
+// A kernel of (model, state) as a Python function of (model, y, x0, x0_free, x_hat, activation), without the GIL.
+template <typename R>
+auto on_state(R (*kernel)(const StepModel&, const diffsoft::StepState&)) {
+  return [kernel](const StepModel& model, const Tensor& y, const Tensor& x0, const Tensor& x0_free,
+                  const Tensor& x_hat, const Tensor& activation) {
+    py::gil_scoped_release no_gil;
+    return kernel(model, {y, x0, x0_free, x_hat, activation});
+  };
+}
+
+py::tuple step_param_names() {
+  py::tuple names(diffsoft::kNumStepParams);
+  for (int k = 0; k < diffsoft::kNumStepParams; ++k) names[k] = py::str(diffsoft::kStepParamNames[k]);
+  return names;
+}
+
+// Step parameters given by their positions in STEP_PARAM_NAMES.
+std::vector<diffsoft::StepParam> step_params(const std::vector<int64_t>& indices) {
+  std::vector<diffsoft::StepParam> out;
+  for (int64_t k : indices) out.push_back(diffsoft::step_param(k));
+  return out;
 }
 
 }  // namespace
@@ -92,26 +120,26 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readonly("backward_residual", &SolveInfo::backward_residual)
       .def_readonly("backward_message", &SolveInfo::backward_message);
 
-  py::class_<diffsoft::StepModel>(m, "StepModel")
+  py::class_<StepModel>(m, "StepModel")
       .def(py::init<>())
-      .def_readwrite("elements", &diffsoft::StepModel::elements)
-      .def_readwrite("muscles", &diffsoft::StepModel::muscles)
-      .def_readwrite("slot", &diffsoft::StepModel::slot)
-      .def_readwrite("mass", &diffsoft::StepModel::mass)
-      .def_readwrite("Dm_inv", &diffsoft::StepModel::Dm_inv)
-      .def_readwrite("mu", &diffsoft::StepModel::mu)
-      .def_readwrite("lam", &diffsoft::StepModel::lam)
-      .def_readwrite("rest_length", &diffsoft::StepModel::rest_length)
-      .def_readwrite("stiffness", &diffsoft::StepModel::stiffness)
-      .def_readwrite("material", &diffsoft::StepModel::material)
-      .def_readwrite("h", &diffsoft::StepModel::h)
-      .def_readwrite("gravity", &diffsoft::StepModel::gravity)
-      .def_readwrite("contact_stiffness", &diffsoft::StepModel::contact_stiffness)
-      .def_readwrite("friction", &diffsoft::StepModel::friction)
-      .def_readwrite("ground", &diffsoft::StepModel::ground)
-      .def_readwrite("eps", &diffsoft::StepModel::eps)
-      .def_readwrite("has_ground", &diffsoft::StepModel::has_ground)
-      .def_readwrite("factor_cache", &diffsoft::StepModel::factor_cache);
+      .def_readwrite("elements", &StepModel::elements)
+      .def_readwrite("muscles", &StepModel::muscles)
+      .def_readwrite("slot", &StepModel::slot)
+      .def_readwrite("mass", &StepModel::mass)
+      .def_readwrite("Dm_inv", &StepModel::Dm_inv)
+      .def_readwrite("mu", &StepModel::mu)
+      .def_readwrite("lam", &StepModel::lam)
+      .def_readwrite("rest_length", &StepModel::rest_length)
+      .def_readwrite("stiffness", &StepModel::stiffness)
+      .def_readwrite("material", &StepModel::material)
+      .def_readwrite("h", &StepModel::h)
+      .def_readwrite("gravity", &StepModel::gravity)
+      .def_readwrite("contact_stiffness", &StepModel::contact_stiffness)
+      .def_readwrite("friction", &StepModel::friction)
+      .def_readwrite("ground", &StepModel::ground)
+      .def_readwrite("eps", &StepModel::eps)
+      .def_readwrite("has_ground", &StepModel::has_ground)
+      .def_readwrite("factor_cache", &StepModel::factor_cache);
   py::class_<diffsoft::FactorCache, std::shared_ptr<diffsoft::FactorCache>>(
       m, "FactorCache", "Symbolic factorizations shared by a model's steps (see step_energy.h).")
       .def(py::init<>())
@@ -119,67 +147,57 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::pickle([](const diffsoft::FactorCache&) { return py::tuple(); },  // copies start empty
                       [](const py::tuple&) { return std::make_shared<diffsoft::FactorCache>(); }));
   m.attr("HAS_CHOLMOD") = diffsoft::has_cholmod();
+  m.attr("STEP_PARAM_NAMES") = step_param_names();
+  py::class_<StepDerivatives, std::shared_ptr<StepDerivatives>>(
+      m, "StepDerivatives", "The step energy's gradient and Hessian blocks (see physics/model.h).")
+      .def_readonly("grad", &StepDerivatives::grad)
+      .def_readonly("element_blocks", &StepDerivatives::element_blocks)
+      .def_readonly("muscle_blocks", &StepDerivatives::muscle_blocks)
+      .def_readonly("diagonal", &StepDerivatives::diagonal);
   // The fused kernels are called from Python autograd Functions (diffsoft.fused), themselves called from the
   // C++ solver: plain C++ with no Python inside, so they drop the GIL for other threads.
-  m.def(
-      "step_energy_value",
-      [](const diffsoft::StepModel& model, const torch::Tensor& y, const torch::Tensor& x0, const torch::Tensor& x0_free,
-         const torch::Tensor& x_hat, const torch::Tensor& activation) {
-        py::gil_scoped_release no_gil;
-        return diffsoft::step_energy_value(model, {y, x0, x0_free, x_hat, activation});
-      });
-  m.def(
-      "step_energy_derivatives",
-      [](const diffsoft::StepModel& model, const torch::Tensor& y, const torch::Tensor& x0, const torch::Tensor& x0_free,
-         const torch::Tensor& x_hat, const torch::Tensor& activation) {
-        py::gil_scoped_release no_gil;
-        return diffsoft::step_energy_derivatives(model, {y, x0, x0_free, x_hat, activation});
-      });
+  m.def("step_energy_value", on_state(&diffsoft::step_energy_value));
+  m.def("step_energy_derivatives", on_state(&diffsoft::step_energy_derivatives));
   m.def(
       "step_energy_param_grads",
-      [](const diffsoft::StepModel& model, const torch::Tensor& y, const torch::Tensor& x0, const torch::Tensor& x0_free,
-         const torch::Tensor& x_hat, const torch::Tensor& activation, const c10::optional<torch::Tensor>& weight,
-         const c10::optional<torch::Tensor>& dir) {
+      [](const StepModel& model, const Tensor& y, const Tensor& x0, const Tensor& x0_free, const Tensor& x_hat,
+         const Tensor& activation, const c10::optional<Tensor>& weight, const c10::optional<Tensor>& dir) {
         py::gil_scoped_release no_gil;
-        return diffsoft::step_energy_param_grads(model, {y, x0, x0_free, x_hat, activation},
-                                                 weight.value_or(torch::Tensor()), dir.value_or(torch::Tensor()));
+        const auto grads = diffsoft::step_energy_param_grads(model, {y, x0, x0_free, x_hat, activation},
+                                                             weight.value_or(Tensor()), dir.value_or(Tensor()));
+        return std::vector<Tensor>(grads.begin(), grads.end());  // a list in STEP_PARAM_NAMES' order
       },
       py::arg("model"), py::arg("y"), py::arg("x0"), py::arg("x0_free"), py::arg("x_hat"), py::arg("activation"),
       py::arg("weight") = py::none(), py::arg("dir") = py::none());
-  m.def("step_energy_hvp", [](const diffsoft::StepModel& model, const std::vector<torch::Tensor>& derivatives,
-                              const torch::Tensor& v) {
+  m.def("step_energy_hvp", [](const StepModel& model, const StepDerivatives& derivatives, const Tensor& v) {
     py::gil_scoped_release no_gil;
     return diffsoft::step_energy_hvp(model, derivatives, v);
   });
 
-  py::class_<diffsoft::DirectEnergy, std::shared_ptr<diffsoft::DirectEnergy>>(
-      m, "DirectEnergy", "An energy's autograd-free value, gradient and Hessian products (see solver.h).");
+  py::class_<AnalyticEnergy, std::shared_ptr<AnalyticEnergy>>(
+      m, "AnalyticEnergy", "An energy's autograd-free value, gradient and Hessian products (see solver.h).");
   m.def(
-      "step_direct_energy",
-      [](const diffsoft::StepModel& model, const torch::Tensor& x0, const torch::Tensor& x0_free,
-         const torch::Tensor& x_hat, const torch::Tensor& activation, bool factorize,
-         const std::vector<int64_t>& param_slots, const std::vector<std::vector<int64_t>>& param_shapes) {
-        return std::make_shared<diffsoft::DirectEnergy>(diffsoft::step_direct_energy(
-            model, {torch::Tensor(), x0, x0_free, x_hat, activation}, factorize, param_slots, param_shapes));
+      "step_analytic_energy",
+      [](const StepModel& model, const Tensor& x0, const Tensor& x0_free, const Tensor& x_hat,
+         const Tensor& activation, bool factorize, const std::vector<int64_t>& params,
+         const std::vector<std::vector<int64_t>>& param_shapes) {
+        return std::make_shared<AnalyticEnergy>(diffsoft::step_analytic_energy(
+            model, {Tensor(), x0, x0_free, x_hat, activation}, factorize, step_params(params), param_shapes));
       },
       py::arg("model"), py::arg("x0"), py::arg("x0_free"), py::arg("x_hat"), py::arg("activation"),
-      py::arg("factorize") = false, py::arg("param_slots") = std::vector<int64_t>(),
+      py::arg("factorize") = false, py::arg("params") = std::vector<int64_t>(),
       py::arg("param_shapes") = std::vector<std::vector<int64_t>>());
 
   m.def(
       "minimize",
-      [](py::function energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
-         const SolverOptions& options, std::shared_ptr<SolveInfo> info,
-         std::shared_ptr<diffsoft::DirectEnergy> direct, const c10::optional<torch::Tensor>& sparsity) {
+      [](py::function energy, const Tensor& x0, const std::vector<Tensor>& params, const SolverOptions& options,
+         std::shared_ptr<SolveInfo> info, std::shared_ptr<AnalyticEnergy> analytic,
+         const c10::optional<Tensor>& sparsity) {
         EnergyFn fn = python_energy(std::move(energy));
         py::gil_scoped_release no_gil;
-        if (sparsity && !direct) {
-          direct = std::make_shared<diffsoft::DirectEnergy>(diffsoft::probed_energy(
-              fn, params, x0.sizes(), options.batched, *sparsity, std::make_shared<diffsoft::FactorCache>()));
-        }
-        return diffsoft::implicit_minimize(fn, x0, params, options, info, direct);
+        return diffsoft::implicit_minimize(fn, x0, params, options, info, analytic, sparsity.value_or(Tensor()));
       },
       py::arg("energy"), py::arg("x0"), py::arg("params"), py::arg("options"), py::arg("info"),
-      py::arg("direct") = nullptr, py::arg("sparsity") = py::none(),
+      py::arg("analytic") = nullptr, py::arg("sparsity") = py::none(),
       "x* = argmin_x energy(x, *params), differentiable w.r.t. params by the implicit function theorem.");
 }

@@ -61,8 +61,8 @@ CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& 
   return out;
 }
 
-CGResult solve_rows(const DirectDerivatives& point, const torch::Tensor& b, const torch::Tensor& tol, int64_t max_iter,
-                    bool truncate, torch::Tensor* direct_rows) {
+CGResult solve_rows(const AnalyticDerivatives& point, const torch::Tensor& b, const torch::Tensor& tol,
+                    int64_t max_iter, bool truncate, torch::Tensor* direct_rows) {
   torch::NoGradGuard no_grad;
   torch::Tensor direct = torch::zeros({b.size(0)}, b.options().dtype(torch::kBool));
   torch::Tensor x_direct = torch::zeros_like(b);

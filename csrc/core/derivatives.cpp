@@ -61,11 +61,12 @@ std::vector<torch::Tensor> SecondOrderPoint::mixed_vjp(const torch::Tensor& w,
                                /*allow_unused=*/true);
 }
 
-DirectDerivatives derivatives_at(const EnergyFn& energy, const DirectEnergy* direct, const torch::Tensor& x_rows,
-                                 at::IntArrayRef shape, const std::vector<torch::Tensor>& params, bool batched) {
-  if (direct) return direct->derivatives(x_rows);
+AnalyticDerivatives derivatives_at(const EnergyFn& energy, const AnalyticEnergy* analytic,
+                                   const torch::Tensor& x_rows, at::IntArrayRef shape,
+                                   const std::vector<torch::Tensor>& params, bool batched) {
+  if (analytic) return analytic->derivatives(x_rows);
   auto point = std::make_shared<SecondOrderPoint>(energy, x_rows, shape, params, batched);
-  DirectDerivatives out;
+  AnalyticDerivatives out;
   out.energy = point->energy();
   out.grad = point->grad();
   out.hvp = [point](const torch::Tensor& v) { return point->hvp(v); };

@@ -1,5 +1,6 @@
 // The implicit layer: x* = argmin_x E(x, theta) as an autograd Function whose backward uses the implicit
 // function theorem instead of differentiating through Newton's iterations.
+#include "core/factor.h"
 #include "solver.h"
 
 #include <sstream>
@@ -14,7 +15,7 @@ struct Problem : torch::CustomClassHolder {
   SolverOptions options;
   std::vector<int64_t> shape;
   std::shared_ptr<SolveInfo> info;
-  std::shared_ptr<const DirectEnergy> direct;
+  std::shared_ptr<const AnalyticEnergy> analytic;
   LinearOperator factor;  // with options.keep_factor: the solve of the forward's last factorization
 };
 
@@ -24,7 +25,7 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
                                const torch::Tensor& x0, at::TensorList params) {
     std::vector<torch::Tensor> ps(params.begin(), params.end());
     torch::Tensor x_star = newton_minimize(problem->energy, x0, ps, problem->options, *problem->info,
-                                           problem->direct.get(),
+                                           problem->analytic.get(),
                                            problem->options.keep_factor ? &problem->factor : nullptr);
     problem->shape = x_star.sizes().vec();
     ctx->saved_data["problem"] = c10::IValue::make_capsule(problem);
@@ -38,7 +39,7 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
   // For a loss L(x*), dL/dtheta = dL/dx* . dx*/dtheta = -dL/dx* H^-1 d(grad_x E)/dtheta. With the adjoint
   // lambda solving H lambda = dL/dx* (H is symmetric):
   //     dL/dtheta = -lambda^T d(grad_x E)/dtheta = -d/dtheta [grad_x E(x*, theta) . lambda],
-  // one vector-Jacobian product through the graph of grad_x E (or the direct energy's closed form). The
+  // one vector-Jacobian product through the graph of grad_x E (or the analytic energy's closed form). The
   // adjoint system is solved like the forward's Newton systems (CG on the same Hessian-vector products, or a
   // factorization); no Newton iteration is replayed, so the backward's memory does not depend on how many
   // iterations the forward took.
@@ -74,7 +75,7 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
     if (wrt.empty()) return grads;
 
     torch::Tensor x_rows = x_star.detach().reshape({batch, n});
-    DirectDerivatives point = derivatives_at(pb->energy, pb->direct.get(), x_rows, pb->shape, consts, opt.batched);
+    AnalyticDerivatives point = derivatives_at(pb->energy, pb->analytic.get(), x_rows, pb->shape, consts, opt.batched);
     if (pb->factor) {
       // The forward's last factor, made near x*, solves and preconditions instead of a fresh factorization.
       // Rows where it failed (H not positive definite there) come back non-finite: they keep CG's own
@@ -120,10 +121,10 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
       TORCH_WARN("diffsoft: adjoint solve failed: ", info.backward_message);
     }
 
-    const DirectEnergy* direct = pb->direct.get();
+    const AnalyticEnergy* analytic = pb->analytic.get();
     std::vector<torch::Tensor> vjp =
-        direct && direct->mixed_vjp
-            ? direct->mixed_vjp(x_rows, cg.x, wrt_index)
+        analytic && analytic->mixed_vjp
+            ? analytic->mixed_vjp(x_rows, cg.x, wrt_index)
             : SecondOrderPoint(pb->energy, x_rows, pb->shape, params, opt.batched).mixed_vjp(cg.x, wrt);
     for (size_t k = 0; k < wrt.size(); ++k) {
       if (vjp[k].defined()) grads[2 + wrt_index[k]] = -vjp[k];
@@ -136,9 +137,13 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
 
 torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
                                 const SolverOptions& options, std::shared_ptr<SolveInfo> info,
-                                std::shared_ptr<const DirectEnergy> direct) {
+                                std::shared_ptr<const AnalyticEnergy> analytic, const torch::Tensor& sparsity) {
+  if (sparsity.defined() && !analytic) {
+    analytic = std::make_shared<AnalyticEnergy>(
+        probed_energy(energy, params, x0.sizes(), options.batched, sparsity, std::make_shared<FactorCache>()));
+  }
   auto problem = c10::make_intrusive<Problem>();
-  problem->direct = std::move(direct);
+  problem->analytic = std::move(analytic);
   problem->energy = std::move(energy);
   problem->options = options;
   problem->info = info ? std::move(info) : std::make_shared<SolveInfo>();

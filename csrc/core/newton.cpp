@@ -43,7 +43,7 @@ void check_options(const SolverOptions& o) {
 }
 
 torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
-                              const SolverOptions& opt, SolveInfo& info, const DirectEnergy* direct,
+                              const SolverOptions& opt, SolveInfo& info, const AnalyticEnergy* analytic,
                               LinearOperator* last_solve) {
   check_options(opt);
   if (!x0.is_floating_point()) throw std::invalid_argument("x0 must be a floating-point tensor");
@@ -69,7 +69,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
   auto groups = [&](const torch::Tensor& e) { return e.dim() == 0 ? e.reshape({1}) : e; };
   auto eval = [&](const torch::Tensor& x_rows) {
     torch::NoGradGuard no_grad;
-    return groups(direct ? direct->value(x_rows) : energy(x_rows.view(shape), consts));
+    return groups(analytic ? analytic->value(x_rows) : energy(x_rows.view(shape), consts));
   };
 
   info = SolveInfo();
@@ -78,7 +78,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
   torch::Tensor failed = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kBool).device(x0.device()));
   std::ostringstream why;
   for (int64_t it = 0;; ++it) {
-    DirectDerivatives point = derivatives_at(energy, direct, x, shape, consts, opt.batched);
+    AnalyticDerivatives point = derivatives_at(energy, analytic, x, shape, consts, opt.batched);
     const torch::Tensor& g = point.grad;
     const torch::Tensor e = groups(point.energy);
     const bool per_problem = e.size(0) == batch && batch > 1;

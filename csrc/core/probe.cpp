@@ -1,4 +1,4 @@
-// A user energy's Hessian recovered by coloured probing, and factored: the direct path for energies written
+// A user energy's Hessian recovered by coloured probing, and factored: the analytic path for energies written
 // in torch whose sparsity is known from a mesh. See probed_energy in solver.h.
 #include <algorithm>
 #include <stdexcept>
@@ -48,7 +48,7 @@ std::vector<int64_t> colour(const std::vector<std::vector<int64_t>>& nb, int64_t
 
 }  // namespace
 
-DirectEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Tensor>& params, at::IntArrayRef shape,
+AnalyticEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Tensor>& params, at::IntArrayRef shape,
                            bool batched, const torch::Tensor& elements, std::shared_ptr<FactorCache> cache) {
   if (shape.size() != (batched ? 3u : 2u))
     throw std::invalid_argument("with a sparsity pattern, x must be (N, d), or (B, N, d) with batched=True");
@@ -66,14 +66,14 @@ DirectEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Tens
   std::vector<torch::Tensor> consts;
   for (const auto& p : params) consts.push_back(p.defined() ? p.detach() : p);
 
-  DirectEnergy direct;
-  direct.value = [energy, consts, full](const torch::Tensor& x_rows) {
+  AnalyticEnergy analytic;
+  analytic.value = [energy, consts, full](const torch::Tensor& x_rows) {
     torch::NoGradGuard no_grad;
     return energy(x_rows.view(full), consts);
   };
-  direct.derivatives = [=](const torch::Tensor& x_rows) {
+  analytic.derivatives = [=](const torch::Tensor& x_rows) {
     auto point = std::make_shared<SecondOrderPoint>(energy, x_rows, full, consts, batched);
-    DirectDerivatives out;
+    AnalyticDerivatives out;
     out.energy = point->energy();
     out.grad = point->grad();
     out.hvp = [point](const torch::Tensor& v) { return point->hvp(v); };
@@ -107,7 +107,7 @@ DirectEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Tens
     out.probes = [probes] { return *probes; };
     return out;
   };
-  return direct;
+  return analytic;
 }
 
 }  // namespace diffsoft

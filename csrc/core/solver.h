@@ -21,10 +21,12 @@ using EnergyFn = std::function<torch::Tensor(const torch::Tensor& x, const std::
 // An optional fast path for energies that know their own derivatives (the built-in fused energies): value,
 // gradient and Hessian-vector products on (B, n) rows without autograd. The EnergyFn stays the reference
 // (both must describe the same energy at the same parameter values); it gives the derivatives with respect
-// to the parameters (the backward's final product) unless the DirectEnergy has mixed_vjp.
+// to the parameters (the backward's final product) unless the AnalyticEnergy has mixed_vjp. "Analytic" says
+// where the derivatives come from (closed forms, or probing), not how the systems are solved: any of them
+// may also offer a factorization (AnalyticDerivatives::solve).
 using LinearOperator = std::function<torch::Tensor(const torch::Tensor&)>;  // (B, n) -> (B, n)
 
-struct DirectDerivatives {
+struct AnalyticDerivatives {
   torch::Tensor energy;  // 0-dim, or (B,) per problem
   torch::Tensor grad;    // (B, n)
   LinearOperator hvp;
@@ -35,9 +37,9 @@ struct DirectDerivatives {
   std::function<int64_t()> factorizations;  // optional: how many factorizations solve has made so far
   std::function<int64_t()> probes;          // optional: Hessian-vector products made outside CG so far
 };
-struct DirectEnergy {
+struct AnalyticEnergy {
   std::function<torch::Tensor(const torch::Tensor& x_rows)> value;  // 0-dim, or (B,) per problem
-  std::function<DirectDerivatives(const torch::Tensor& x_rows)> derivatives;
+  std::function<AnalyticDerivatives(const torch::Tensor& x_rows)> derivatives;
   // Optional: d/dparams [grad_x E(x) . w] with x and w as (B, n) rows, for the params at the indices `wanted`
   // (one tensor each, shaped like the param; undefined where it does not enter E), without autograd.
   std::function<std::vector<torch::Tensor>(const torch::Tensor& x_rows, const torch::Tensor& w_rows,
@@ -67,7 +69,7 @@ struct SolverOptions {
   double ls_c1 = 1e-4;
   double ls_shrink = 0.5;
   int64_t ls_max_iter = 30;
-  // Keep the forward's last factorization (direct path with a solver) for the backward, where it replaces a
+  // Keep the forward's last factorization (a factored Hessian) for the backward, where it replaces a
   // fresh factorization at x*: a back-substitution plus iterative refinement (and CG preconditioned by it)
   // solves the adjoint system. Newton's last factor was made one step before x*, so a few refinements reach
   // the tolerance. Costs the factor's memory until the backward has run.
@@ -82,7 +84,7 @@ struct SolveInfo {
   int64_t iterations = 0;
   int64_t cg_iterations = 0;
   int64_t hvp_count = 0;
-  int64_t factorizations = 0;      // factorizations of H made for Newton's steps (direct path with a solver)
+  int64_t factorizations = 0;      // factorizations of H made for Newton's steps (a factored Hessian)
   int64_t line_search_steps = 0;
   double energy = 0.0;
   double grad_norm = 0.0;          // max over problems of ||grad E(x*)||
@@ -134,16 +136,19 @@ CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& 
 // ConvergenceError when options.raise_on_failure and the solve failed.
 // last_solve, if given, receives the solve operator of Newton's last factorization (empty if none was made).
 torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
-                              const SolverOptions& options, SolveInfo& info, const DirectEnergy* direct = nullptr,
-                              LinearOperator* last_solve = nullptr);
+                              const SolverOptions& options, SolveInfo& info,
+                              const AnalyticEnergy* analytic = nullptr, LinearOperator* last_solve = nullptr);
 
 // x* = argmin_x energy(x, params) as a differentiable function of params (implicit function theorem).
-// info, if given, receives the forward's record, and the backward's when it runs.
+// info, if given, receives the forward's record, and the backward's when it runs. sparsity, if defined and
+// analytic is not given, is the (E, k) pattern of probed_energy below: the energy's Hessian is then probed
+// and factored (with a FactorCache of this solve's own).
 torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
                                 const SolverOptions& options, std::shared_ptr<SolveInfo> info = nullptr,
-                                std::shared_ptr<const DirectEnergy> direct = nullptr);
+                                std::shared_ptr<const AnalyticEnergy> analytic = nullptr,
+                                const torch::Tensor& sparsity = torch::Tensor());
 
-// A user energy's direct path when its Hessian's sparsity is known: x is (N, d) per problem (batched: (B, N, d))
+// A user energy's analytic path when its Hessian's sparsity is known: x is (N, d) per problem (batched: (B, N, d))
 // and the energy couples only vertices that share one of `elements` ((E, k) int64). The vertices get a
 // distance-2 colouring (no two of a colour share a neighbour), so d probes per colour, Hessian-vector products
 // by double backward, recover every nonzero of H; H is factored (core/factor.h) for Newton's steps and the
@@ -151,19 +156,20 @@ torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const 
 // stay autograd's. A pattern that misses couplings makes a wrong factor, which the solver's measured
 // residuals and CG polish correct (slowly): the derivatives stay right.
 struct FactorCache;
-DirectEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Tensor>& params, at::IntArrayRef shape,
-                           bool batched, const torch::Tensor& elements, std::shared_ptr<FactorCache> cache = nullptr);
+AnalyticEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Tensor>& params, at::IntArrayRef shape,
+                             bool batched, const torch::Tensor& elements, std::shared_ptr<FactorCache> cache = nullptr);
 
-// Value, gradient and Hessian products at x_rows: by the direct path if given, else by autograd.
-DirectDerivatives derivatives_at(const EnergyFn& energy, const DirectEnergy* direct, const torch::Tensor& x_rows,
-                                 at::IntArrayRef shape, const std::vector<torch::Tensor>& params, bool batched);
+// Value, gradient and Hessian products at x_rows: by the analytic path if given, else by autograd.
+AnalyticDerivatives derivatives_at(const EnergyFn& energy, const AnalyticEnergy* analytic,
+                                   const torch::Tensor& x_rows, at::IntArrayRef shape,
+                                   const std::vector<torch::Tensor>& params, bool batched);
 
 void check_options(const SolverOptions& options);
 
 // Solves H x = b on rows: by the point's factorization where it has one and H is positive definite there,
 // by CG (preconditioned if the point offers it) on the remaining rows; direct_rows, if given, receives the
 // (B,) mask of the rows solved by the factorization. CGResult.iterations counts CG's only.
-CGResult solve_rows(const DirectDerivatives& point, const torch::Tensor& b, const torch::Tensor& tol, int64_t max_iter,
-                    bool truncate, torch::Tensor* direct_rows = nullptr);
+CGResult solve_rows(const AnalyticDerivatives& point, const torch::Tensor& b, const torch::Tensor& tol,
+                    int64_t max_iter, bool truncate, torch::Tensor* direct_rows = nullptr);
 
 }  // namespace diffsoft

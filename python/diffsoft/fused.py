@@ -48,7 +48,7 @@ def analytic_energy(y, *args, factorize=True):
     # kernels' derivative is summed to it).
     which = [k for k, t in enumerate(p) if isinstance(t, torch.Tensor)]
     shapes = [list(p[k].shape) for k in which]
-    return _C.step_direct_energy(model, x0, x0_free, x_hat, act, factorize, which, shapes)
+    return _C.step_analytic_energy(model, x0, x0_free, x_hat, act, factorize, which, shapes)
 
 
 def step_energy(y, *args):
@@ -91,7 +91,7 @@ class StepGradient(torch.autograd.Function):
         if _on_cpu(y):
             kernel_args = _kernel_args(y, p, top)
             derivatives = _C.step_energy_derivatives(*kernel_args)
-            grad, hessian = derivatives[0].view_as(y), KernelHessian(kernel_args[0], derivatives)
+            grad, hessian = derivatives.grad.view_as(y), KernelHessian(kernel_args[0], derivatives)
         else:
             grad, hessian = _gradient_and_hessian(y, p, top)
         ctx.save_for_backward(y, *p)

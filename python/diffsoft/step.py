@@ -91,6 +91,6 @@ def unpack(args):
     return StepParams(*args[:-1]), args[-1]
 
 
-if tuple(StepParams._fields) != tuple(getattr(_C, 'STEP_PARAM_NAMES', StepParams._fields)):  # MERGE-PENDING
+if tuple(StepParams._fields) != tuple(_C.STEP_PARAM_NAMES):
     raise ImportError(f"diffsoft.step.StepParams has the fields {StepParams._fields} but the C++ kernels' "
                       f"StepParam order is {tuple(_C.STEP_PARAM_NAMES)}: rebuild diffsoft, or make both agree")

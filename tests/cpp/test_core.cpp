@@ -196,10 +196,10 @@ TEST(ProbedEnergy, RecoversAndFactorsTheHessianFromColouredProbes) {
     Tensor s = d.square().sum(-1);
     return (0.25 * s.square() + 0.5 * s).sum() + 0.5 * x.square().sum();
   };
-  diffsoft::DirectEnergy direct = diffsoft::probed_energy(springs, {}, {20, 2}, false, pattern);
+  diffsoft::AnalyticEnergy probed = diffsoft::probed_energy(springs, {}, {20, 2}, false, pattern);
   torch::manual_seed(3);
   Tensor x = torch::randn({1, 40}, f64);
-  diffsoft::DirectDerivatives point = direct.derivatives(x);
+  diffsoft::AnalyticDerivatives point = probed.derivatives(x);
   Tensor b = torch::randn({1, 40}, f64);
   Tensor sol = point.solve(b);
   EXPECT_TRUE(torch::allclose(point.hvp(sol), b, 1e-9, 1e-9)) << (point.hvp(sol) - b).abs().max();
@@ -210,10 +210,16 @@ TEST(ProbedEnergy, RecoversAndFactorsTheHessianFromColouredProbes) {
 
   diffsoft::SolverOptions opt;
   diffsoft::SolveInfo info;
-  Tensor x_star = diffsoft::newton_minimize(springs, torch::randn({20, 2}, f64), {}, opt, info, &direct);
+  Tensor x_star = diffsoft::newton_minimize(springs, torch::randn({20, 2}, f64), {}, opt, info, &probed);
   EXPECT_TRUE(info.converged) << info.message;
   EXPECT_EQ(info.cg_iterations, 0);
   EXPECT_GT(info.factorizations, 0);
+  // Given the pattern alone, implicit_minimize probes and factors the same way.
+  auto sparse_info = std::make_shared<diffsoft::SolveInfo>();
+  diffsoft::implicit_minimize(springs, torch::randn({20, 2}, f64), {}, opt, sparse_info, nullptr, pattern);
+  EXPECT_TRUE(sparse_info->converged) << sparse_info->message;
+  EXPECT_EQ(sparse_info->cg_iterations, 0);
+  EXPECT_GT(sparse_info->factorizations, 0);
   EXPECT_THROW(diffsoft::probed_energy(springs, {}, {20, 2}, false, pattern + 20), std::invalid_argument);
   EXPECT_THROW(diffsoft::probed_energy(springs, {}, {40}, false, pattern), std::invalid_argument);
 }

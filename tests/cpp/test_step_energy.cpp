@@ -1,9 +1,10 @@
 // The fused step-energy kernels: gradient, Hessian-vector products and parameter derivatives against central
-// differences of the kernel's own value and gradient, for each material in 2D and 3D; the direct path's
+// differences of the kernel's own value and gradient, for each material in 2D and 3D; the analytic path's
 // factorizations; bad shapes and indices are refused.
 #include <gtest/gtest.h>
 
 #include "physics/step_energy.h"
+#include "physics/step_solver.h"
 
 using torch::Tensor;
 
@@ -60,7 +61,7 @@ double total(const Problem& p, const Tensor& y) {
   return diffsoft::step_energy_value(p.model, s).sum().item<double>();
 }
 
-// p with step parameter k (in the order of step_energy_param_grads) moved by h * dir.
+// p with step parameter k (in the order of StepParam) moved by h * dir.
 Problem shifted(Problem p, int k, const Tensor& dir, double h) {
   Tensor* tensors[] = {&p.state.x_hat, &p.state.x0,  &p.state.x0_free,    &p.model.mass,
                        &p.model.Dm_inv, &p.model.mu, &p.model.lam,        &p.state.activation,
@@ -89,7 +90,7 @@ TEST_P(StepEnergyKernel, GradientAndHessianProductsMatchCentralDifferences) {
   const auto [d, material] = GetParam();
   Problem p = make(d, material);
   auto derivatives = diffsoft::step_energy_derivatives(p.model, p.state);
-  Tensor grad = derivatives[0];
+  Tensor grad = derivatives.grad;
   const double h = 1e-6;
   Tensor y = p.state.y;
   Tensor fd = torch::zeros_like(y);
@@ -104,8 +105,8 @@ TEST_P(StepEnergyKernel, GradientAndHessianProductsMatchCentralDifferences) {
   Tensor hv = diffsoft::step_energy_hvp(p.model, derivatives, v);
   diffsoft::StepState plus = p.state, minus = p.state;
   plus.y = y + h * v, minus.y = y - h * v;
-  Tensor fd_hv = (diffsoft::step_energy_derivatives(p.model, plus)[0] -
-                  diffsoft::step_energy_derivatives(p.model, minus)[0]) / (2 * h);
+  Tensor fd_hv = (diffsoft::step_energy_derivatives(p.model, plus).grad -
+                  diffsoft::step_energy_derivatives(p.model, minus).grad) / (2 * h);
   EXPECT_TRUE(torch::allclose(hv, fd_hv, 1e-6, 1e-6)) << (hv - fd_hv).abs().max();
 }
 
@@ -114,29 +115,29 @@ TEST_P(StepEnergyKernel, ParameterDerivativesMatchCentralDifferences) {
   Problem p = make(d, material);
   const Tensor v = torch::randn_like(p.state.y);
   auto grad_dot_v = [&](const Problem& q) {
-    return (diffsoft::step_energy_derivatives(q.model, q.state)[0] * v).sum().item<double>();
+    return (diffsoft::step_energy_derivatives(q.model, q.state).grad * v).sum().item<double>();
   };
   auto first = diffsoft::step_energy_param_grads(p.model, p.state, torch::ones({2}, f64), {});
   auto mixed = diffsoft::step_energy_param_grads(p.model, p.state, {}, v);
-  ASSERT_EQ(first.size(), size_t(diffsoft::kStepParams));
   const double h = 1e-6;
-  for (int k = 0; k < diffsoft::kStepParams; ++k) {
+  for (int k = 0; k < diffsoft::kNumStepParams; ++k) {
+    const diffsoft::StepParam param = diffsoft::step_param(k);
     const Tensor dir = direction(p, k);
     // Shared parameters get one derivative per problem: their sum is the total energy's.
     const double fd1 = (total(shifted(p, k, dir, h), p.state.y) - total(shifted(p, k, dir, -h), p.state.y)) / (2 * h);
     const double fd2 = (grad_dot_v(shifted(p, k, dir, h)) - grad_dot_v(shifted(p, k, dir, -h))) / (2 * h);
-    const double ours1 = (first[k] * dir).sum().item<double>(), ours2 = (mixed[k] * dir).sum().item<double>();
-    EXPECT_NEAR(ours1, fd1, 1e-6 * (1 + std::abs(fd1))) << "first order, parameter " << k;
-    EXPECT_NEAR(ours2, fd2, 1e-6 * (1 + std::abs(fd2))) << "mixed, parameter " << k;
+    const double ours1 = (first[param] * dir).sum().item<double>(), ours2 = (mixed[param] * dir).sum().item<double>();
+    EXPECT_NEAR(ours1, fd1, 1e-6 * (1 + std::abs(fd1))) << "first order, " << diffsoft::kStepParamNames[k];
+    EXPECT_NEAR(ours2, fd2, 1e-6 * (1 + std::abs(fd2))) << "mixed, " << diffsoft::kStepParamNames[k];
   }
 }
 
 TEST_P(StepEnergyKernel, DirectSolvesFactorOnlyWhatTheyNeed) {
   const auto [d, material] = GetParam();
   Problem p = make(d, material);
-  diffsoft::DirectEnergy direct = diffsoft::step_direct_energy(p.model, p.state, /*factorize=*/true);
+  diffsoft::AnalyticEnergy analytic = diffsoft::step_analytic_energy(p.model, p.state, /*factorize=*/true);
   const Tensor x = p.state.y.reshape({2, -1});
-  diffsoft::DirectDerivatives point = direct.derivatives(x);
+  diffsoft::AnalyticDerivatives point = analytic.derivatives(x);
   EXPECT_EQ(point.factorizations(), 0);
   Tensor b = torch::randn_like(x);
   b[1].zero_();  // a converged problem: no factorization
@@ -163,4 +164,13 @@ TEST(StepEnergyKernelInput, RefusesBadShapesAndIndices) {
   Problem r = make(2, 0);
   auto derivatives = diffsoft::step_energy_derivatives(r.model, r.state);
   EXPECT_THROW(diffsoft::step_energy_hvp(r.model, derivatives, torch::zeros({3}, f64)), std::invalid_argument);
+}
+
+TEST(StepParams, NamesFollowTheEnumAndIndicesAreChecked) {
+  EXPECT_STREQ(diffsoft::kStepParamNames[static_cast<int>(diffsoft::StepParam::x_hat)], "x_hat");
+  EXPECT_STREQ(diffsoft::kStepParamNames[static_cast<int>(diffsoft::StepParam::muscle_stiffness)], "muscle_stiffness");
+  EXPECT_STREQ(diffsoft::kStepParamNames[diffsoft::kNumStepParams - 1], "friction");
+  EXPECT_EQ(diffsoft::step_param(5), diffsoft::StepParam::mu);
+  EXPECT_THROW(diffsoft::step_param(diffsoft::kNumStepParams), std::invalid_argument);
+  EXPECT_THROW(diffsoft::step_param(-1), std::invalid_argument);
 }

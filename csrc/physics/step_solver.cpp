@@ -1,0 +1,77 @@
+// The step energy as the solver's analytic path; see step_solver.h.
+#include "physics/step_solver.h"
+
+#include <ATen/ExpandUtils.h>
+
+#include <limits>
+#include <memory>
+#include <stdexcept>
+
+#include "physics/hessian_blocks.h"
+#include "physics/kernels.h"
+
+namespace diffsoft {
+
+AnalyticEnergy step_analytic_energy(const StepModel& model, const StepState& state, bool factorize,
+                                    const std::vector<StepParam>& params,
+                                    const std::vector<std::vector<int64_t>>& param_shapes) {
+  if (params.size() != param_shapes.size())
+    throw std::invalid_argument("step_analytic_energy needs one shape in param_shapes per step parameter");
+  auto m = std::make_shared<const StepModel>(kernels::contiguous(model));
+  auto st = std::make_shared<const StepState>(
+      StepState{torch::Tensor(), state.x0.contiguous(), state.x0_free.contiguous(), state.x_hat.contiguous(),
+                m->muscles.size(0) ? state.activation.contiguous() : state.activation});
+  const std::vector<int64_t> shape = state.x0_free.sizes().vec();
+  auto state_at = [st, shape](const torch::Tensor& x_rows) {
+    StepState s = *st;
+    s.y = x_rows.view(shape);
+    return s;
+  };
+  AnalyticEnergy analytic;
+  analytic.value = [m, state_at](const torch::Tensor& x_rows) { return step_energy_value(*m, state_at(x_rows)); };
+  analytic.derivatives = [m, state_at, shape, factorize](const torch::Tensor& x_rows) {
+    const StepState s = state_at(x_rows);
+    auto blocks = std::make_shared<const StepDerivatives>(step_energy_derivatives(*m, s));
+    auto hvp = [m, blocks, shape](const torch::Tensor& v) {
+      return step_energy_hvp(*m, *blocks, v.view(shape)).view({shape[0], -1});
+    };
+    // Jacobi preconditioner: |diag H|, floored so that it stays positive definite where a diagonal entry
+    // vanishes or is negative (compressed elements, contact switching off). Built on first use: with a
+    // factorization, CG (and so the preconditioner) is only a fallback.
+    auto d = std::make_shared<torch::Tensor>();
+    auto precondition = [m, blocks, shape, d](const torch::Tensor& r) {
+      if (!d->defined()) {
+        torch::Tensor diag = step_energy_hessian_diagonal(*m, *blocks).abs().view({shape[0], -1});
+        *d = torch::max(diag, 1e-8 * diag.amax(1, true) + std::numeric_limits<double>::min());
+      }
+      return r / *d;
+    };
+    AnalyticDerivatives out;
+    out.energy = step_energy_value(*m, s);
+    out.grad = blocks->grad.view({shape[0], -1});
+    out.hvp = hvp;
+    out.precondition = precondition;
+    if (factorize) {
+      auto factors = std::make_shared<LazyFactors>(
+          shape[0], [m, blocks](const std::vector<char>& need, std::vector<std::unique_ptr<Factor>>& out) {
+            factor_step_hessians(*m, *blocks, need, out);
+          });
+      out.solve = [factors](const torch::Tensor& b) { return factors->solve(b); };
+      out.factorizations = [factors] { return factors->count(); };
+    }
+    return out;
+  };
+  if (!params.empty()) {
+    analytic.mixed_vjp = [m, state_at, shape, params, param_shapes](const torch::Tensor& x_rows,
+                                                                    const torch::Tensor& w_rows,
+                                                                    const std::vector<size_t>& wanted) {
+      StepParams<torch::Tensor> grads = step_energy_param_grads(*m, state_at(x_rows), {}, w_rows.view(shape));
+      std::vector<torch::Tensor> out;
+      for (size_t k : wanted) out.push_back(at::sum_to(grads[params.at(k)], param_shapes.at(k)));
+      return out;
+    };
+  }
+  return analytic;
+}
+
+}  // namespace diffsoft
