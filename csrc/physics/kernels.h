@@ -32,6 +32,7 @@ struct View {
   int64_t n, f, e, nm;
   const int64_t *elements, *muscles, *slot;
   const S *mass, *dm_inv, *mu, *lam, *rest_length, *stiffness;
+  int64_t material_stride;  // e when the Lame parameters are per problem, (B, E); 0 when shared, (E,)
 
   explicit View(const StepModel& model)
       : m(model),
@@ -47,7 +48,17 @@ struct View {
         mu(model.mu.data_ptr<S>()),
         lam(model.lam.data_ptr<S>()),
         rest_length(nm ? model.rest_length.data_ptr<S>() : nullptr),
-        stiffness(nm ? model.stiffness.data_ptr<S>() : nullptr) {}
+        stiffness(nm ? model.stiffness.data_ptr<S>() : nullptr),
+        material_stride(model.mu.dim() == 2 ? e : 0) {}
+
+  // Problem b's view: its own Lame parameters when they are per problem (a batch of creatures of different
+  // materials, domain randomisation), else the shared ones.
+  View problem(int64_t b) const {
+    View out = *this;
+    out.mu += b * material_stride;
+    out.lam += b * material_stride;
+    return out;
+  }
 
   // Position of vertex i: the unknown if free, x0 if fixed.
   Vec<S, D> x(const S* y, const S* x0, int64_t i) const {

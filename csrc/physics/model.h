@@ -24,7 +24,7 @@ struct StepModel {
   torch::Tensor slot;        // (N,) int64: the free index of each vertex, -1 if fixed
   torch::Tensor mass;        // (F,) masses of the free vertices
   torch::Tensor Dm_inv;      // (E, d, d)
-  torch::Tensor mu, lam;     // (E,) with the elements' weights folded in
+  torch::Tensor mu, lam;     // (E,), or (B, E) per problem, with the elements' weights folded in
   torch::Tensor rest_length; // (M,)
   torch::Tensor stiffness;   // (M,)
   int64_t material = 0;      // 0 algovivo, 1 neo_hookean, 2 stable_neo_hookean

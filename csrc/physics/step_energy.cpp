@@ -83,9 +83,11 @@ void check(const StepModel& m, const StepState& s) {
   const int64_t nm = m.muscles.size(0);
   if (nm && (s.activation.dim() != 2 || s.activation.size(0) != s.y.size(0) || s.activation.size(1) != nm))
     throw std::invalid_argument("activation must be (B, M)");
-  if (m.mu.numel() != m.elements.size(0) || m.lam.numel() != m.elements.size(0) ||
-      m.Dm_inv.size(0) != m.elements.size(0))
-    throw std::invalid_argument("mu, lam and Dm_inv must have one entry per element");
+  const int64_t e = m.elements.size(0);
+  const bool shared = m.mu.dim() == 1 && m.mu.size(0) == e;
+  const bool per_problem = m.mu.dim() == 2 && m.mu.size(0) == s.y.size(0) && m.mu.size(1) == e;
+  if (!(shared || per_problem) || m.lam.sizes() != m.mu.sizes() || m.Dm_inv.size(0) != e)
+    throw std::invalid_argument("mu and lam must be (E,), or (B, E) with one row per problem, and Dm_inv (E, d, d)");
   if (nm && (m.rest_length.numel() != nm || m.stiffness.numel() != nm))
     throw std::invalid_argument("rest_length and stiffness must have one entry per muscle");
   const int64_t n = m.slot.size(0);
@@ -112,7 +114,8 @@ void for_each_state(const StepModel& model, const StepState& state, F&& f) {
     View<S, D> v(m);
     at::parallel_for(0, y.size(0), 1, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b)
-        f(v, b, y.data_ptr<S>() + b * v.f * D, x0.data_ptr<S>() + b * v.n * D, x0_free.data_ptr<S>() + b * v.f * D,
+        f(v.problem(b), b, y.data_ptr<S>() + b * v.f * D, x0.data_ptr<S>() + b * v.n * D,
+          x0_free.data_ptr<S>() + b * v.f * D,
           x_hat.data_ptr<S>() + b * v.f * D, v.nm ? act.data_ptr<S>() + b * v.nm : nullptr);
     });
   });

@@ -197,9 +197,10 @@ def _kernel_model(top, p):
     m.muscles = top.muscles if top.muscles is not None else top.elements.new_zeros(0, 2)
     m.slot = top.free_index
     m.mass, m.Dm_inv = p.mass.detach().contiguous(), p.Dm_inv.detach().contiguous()
-    num_elements = top.elements.shape[0]
-    m.mu = p.mu.detach().expand(num_elements).contiguous()
-    m.lam = p.lam.detach().expand(num_elements).contiguous()
+    # (E,) shared by a batch, or (B, E): one material per creature (domain randomisation).
+    lame_shape = torch.broadcast_shapes(p.mu.shape, p.lam.shape, top.elements.shape[:1])
+    m.mu = p.mu.detach().expand(lame_shape).contiguous()
+    m.lam = p.lam.detach().expand(lame_shape).contiguous()
     if top.muscles is not None:
         m.rest_length = p.muscle_rest_length.detach().contiguous()
         m.stiffness = p.muscle_stiffness.detach().expand(top.muscles.shape[0]).contiguous()

@@ -267,3 +267,28 @@ def test_auto_solver_factors_unless_a_large_3d_body_lacks_cholmod(monkeypatch):
     assert big._factorizes()
     big.solver = "cg"
     assert not big._factorizes()
+
+
+def test_one_material_per_creature_in_a_batch():
+    """``mu``, ``lam`` of shape (B, E) (domain randomisation) on the kernels: each creature steps as it would
+    alone, and the gradients with respect to the per-creature materials match the plain path's."""
+    sim = biped(dtype=F64)
+    x, v = sim.rest_state
+    batch = 3
+    xb, vb = x.expand(batch, -1, -1).clone(), v.expand(batch, -1, -1).clone()
+    xb[..., 1] -= 0.01  # in contact
+    scale = torch.tensor([[0.6], [1.0], [1.4]], dtype=F64)
+    mu0, lam0 = sim.body.mu.clone(), sim.body.lam.clone()
+    a = torch.full((batch, sim.body.num_muscles), 0.7, dtype=F64)
+    out = {}
+    for fused in (True, False):
+        sim.fused = fused
+        sim.body.mu, sim.body.lam = (mu0 * scale).requires_grad_(), (lam0 * scale).requires_grad_()
+        x1, _ = sim.step(xb, vb, a)
+        out[fused] = (x1, *torch.autograd.grad((x1 * x1).sum(), [sim.body.mu, sim.body.lam]))
+    for ours, plain in zip(out[True], out[False]):
+        torch.testing.assert_close(ours, plain, rtol=1e-6, atol=1e-7)
+    for b in range(batch):
+        alone = biped(dtype=F64)
+        alone.body.mu, alone.body.lam = mu0 * scale[b], lam0 * scale[b]
+        torch.testing.assert_close(alone.step(xb[b], vb[b], a[b])[0], out[True][0][b], rtol=0, atol=1e-12)
