@@ -12,6 +12,8 @@ from xml.sax.saxutils import escape
 import numpy as np
 import torch
 
+from ._optional import require
+
 # Kuhn (Freudenthal) split of the unit cube into 6 tetrahedra along its 0-7 diagonal. Every cube of a grid
 # uses the same split, so neighbouring cubes cut their shared face along the same diagonal: the mesh conforms.
 # Corner c of a cube is at offset ((c >> 0) & 1, (c >> 1) & 1, (c >> 2) & 1).
@@ -162,7 +164,7 @@ def read(path, dim=None, dtype=None):
     Returns:
         vertices ``(N, dim)``, elements ``(E, dim + 1)`` int64. Vertices no element uses are dropped.
     """
-    import meshio
+    meshio = require("meshio", "io")
 
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path}: a directory, not a mesh file")
@@ -206,7 +208,7 @@ def write(path, vertices, elements, point_data=None):
     Args:
         vertices: ``(N, d)``; elements: ``(E, d + 1)``; point_data: optional ``{name: (N, ...)}``.
     """
-    import meshio
+    meshio = require("meshio", "io")
 
     points, cells, data = _meshio_arrays(vertices, elements, point_data)
     meshio.write(path, meshio.Mesh(points, cells, point_data=data))
@@ -225,7 +227,7 @@ def write_vtk_series(directory, positions, elements, name="frame", dt=1.0, point
     Returns:
         the path of the ``.pvd`` file.
     """
-    import meshio
+    meshio = require("meshio", "io")
 
     os.makedirs(directory, exist_ok=True)
     positions = _numpy(positions)

@@ -10,8 +10,8 @@ import os
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw
 
+from ._optional import require
 from .mesh import boundary_facets
 
 _BACKGROUND = (250, 250, 247)
@@ -40,6 +40,7 @@ def render_frame(sim, x, activation=None, size=(480, 360), bounds=None, yaw=-35.
     if bounds is None:
         bounds = _bounds(p[None], sim)
     to_px = _screen(bounds, size)
+    Image, ImageDraw = require("PIL.Image", "render"), require("PIL.ImageDraw", "render")
     img = Image.new("RGB", tuple(size), _BACKGROUND)
     draw = ImageDraw.Draw(img)
     body = sim.body
