@@ -47,7 +47,7 @@ def render_policy(sim, policy, steps, path, every=2):
 
 
 QUICK = dict(iterations=120, lr_decay_iterations=120)
-"""``--quick``: sized to train the biped in about 1 to 1.5 minutes on 2 cores (the default is 200 iterations)."""
+"""``--quick``: sized to train the biped in about 1 to 1.5 minutes on 2 cores (the default is 300 iterations)."""
 
 
 def _boolean(text):

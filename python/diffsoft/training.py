@@ -90,10 +90,10 @@ class TrainConfig:
     batch: int = 32
     window: int = 32
     episode: int = 256
-    iterations: int = 200
+    iterations: int = 300
     lr: float = 6e-3
     lr_end: float = 1e-3
-    lr_decay_iterations: int = 200
+    lr_decay_iterations: int = 300
     clip: float = 1.0
     gamma: float = 0.99
     lam: float = 0.95
