@@ -386,12 +386,14 @@ def _gathered_pool(pool, world):
     return {name: _all_gather(getattr(pool, name), world, 0) for name in ("x", "v", "a", "age")}
 
 
-def _save_checkpoint(path, cfg, modules, pool_state, iteration, history, train_seconds):
+def _save_checkpoint(path, cfg, learners, pool_state, iteration, history, train_seconds):
+    """learners: the networks and optimizers by name (each stored as its ``state_dict``); pool_state: the
+    whole batch's pool (:func:`_gathered_pool`)."""
     tmp = path + ".tmp"
     torch.save({"version": 2, "config": dataclasses.asdict(cfg), "iteration": iteration,
-                **{name: m.state_dict() for name, m in modules.items()}, "pool": pool_state,
+                **{name: m.state_dict() for name, m in learners.items()}, "pool": pool_state,
                 "history": history, "train_seconds": train_seconds,
-                "frame": [modules["policy"].center_vertex_id, modules["policy"].forward_vertex_id]}, tmp)
+                "frame": [learners["policy"].center_vertex_id, learners["policy"].forward_vertex_id]}, tmp)
     os.replace(tmp, path)  # an interrupted write never leaves a truncated checkpoint
 
 
@@ -432,7 +434,7 @@ def train(cfg, resume=False, progress=True, log=print):
     target_critic = copy.deepcopy(critic).requires_grad_(False)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     critic_optimizer = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
-    modules = {"policy": policy, "critic": critic, "target_critic": target_critic, "optimizer": optimizer,
+    learners = {"policy": policy, "critic": critic, "target_critic": target_critic, "optimizer": optimizer,
                "critic_optimizer": critic_optimizer}
     b = cfg.batch // world
     pool = Pool.at_rest(sim, b, cfg.episode)
@@ -440,7 +442,7 @@ def train(cfg, resume=False, progress=True, log=print):
     history, start, train_seconds = [], 0, 0.0
     if resume and os.path.exists(ckpt_path):
         ckpt = _load_checkpoint(ckpt_path, cfg)
-        for name, m in modules.items():
+        for name, m in learners.items():
             m.load_state_dict(ckpt[name])
         pool = Pool(**{k: t[rank * b:(rank + 1) * b].clone() for k, t in ckpt["pool"].items()})
         history, start, train_seconds = ckpt["history"], ckpt["iteration"], ckpt["train_seconds"]
@@ -471,7 +473,7 @@ def train(cfg, resume=False, progress=True, log=print):
         except SimulationFailure as e:  # stop, keeping every finished iteration (the pool is as it was)
             pool_state = _gathered_pool(pool, world)
             if rank == 0:
-                _save_checkpoint(ckpt_path, cfg, modules, pool_state, it, history, train_seconds)
+                _save_checkpoint(ckpt_path, cfg, learners, pool_state, it, history, train_seconds)
             raise SimulationFailure(f"{e}; the checkpoint {ckpt_path} holds the {it} finished iterations "
                                     f"(resume with --resume)") from e
         if failures:
@@ -488,7 +490,7 @@ def train(cfg, resume=False, progress=True, log=print):
         if (it + 1) % cfg.checkpoint_every == 0 or it + 1 == cfg.iterations:
             pool_state = _gathered_pool(pool, world)
             if rank == 0:
-                _save_checkpoint(ckpt_path, cfg, modules, pool_state, it + 1, history, train_seconds)
+                _save_checkpoint(ckpt_path, cfg, learners, pool_state, it + 1, history, train_seconds)
     if rank == 0:
         save_algovivo_policy(policy, os.path.join(cfg.out_dir, "policy.json"))
         with open(os.path.join(cfg.out_dir, "history.json"), "w") as f:
