@@ -71,7 +71,9 @@ class TrainConfig:
     iterations, not a fraction of ``iterations``, so that a run resumed with more iterations follows the
     same one); clip: the actor's gradient-norm clip; gamma: the discount per step; lam: TD(lambda)'s
     lambda for the critic's targets; reward_scale: rewards are the centre of mass's progress per step times
-    this (progress per step is ~1e-2); critic_lr, critic_hidden: the critic's Adam learning rate and the
+    this (progress per step is ~1e-2); upright_weight: subtracted from the progress of each step, times
+    ``1 - cos(tilt)`` (see :func:`uprightness`: 0 upright, 2 upside down); 0 leaves the reward the distance
+    alone; critic_lr, critic_hidden: the critic's Adam learning rate and the
     width of its two hidden layers; critic_iterations, critic_minibatches: passes over each window's data
     and minibatches per pass; target_alpha: the target critic's smoothing (``target = alpha * target +
     (1 - alpha) * critic`` after each fit); hidden, min_a, max_abs_da: the policy (algovivo's 32, 0.25, 0.3);
@@ -98,6 +100,7 @@ class TrainConfig:
     gamma: float = 0.99
     lam: float = 0.95
     reward_scale: float = 100.0
+    upright_weight: float = 0.0
     critic_lr: float = 2e-3
     critic_hidden: int = 64
     critic_iterations: int = 16
@@ -139,6 +142,8 @@ class TrainConfig:
         for name in ("lr", "lr_end", "clip", "critic_lr", "reward_scale", "backward_rtol"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if not self.upright_weight >= 0:
+            raise ValueError(f"upright_weight must be non-negative, got {self.upright_weight!r}")
         for name in ("gamma", "lam", "target_alpha"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
@@ -151,6 +156,16 @@ class TrainConfig:
         """The actor's learning rate at ``iteration`` (linear decay, then constant)."""
         f = min(iteration / self.lr_decay_iterations, 1.0)
         return self.lr + f * (self.lr_end - self.lr)
+
+
+def uprightness(sim, x):
+    """The cosine of the body's tilt: the world's up (+y) against the unit vector from the mean of the
+    lowest fifth of the vertices to the mean of the highest fifth (both chosen in the rest pose); 1 as at
+    rest, -1 upside down. x: ``(B, N, d)`` -> ``(B,)``."""
+    y = sim.body.rest_positions[:, 1]
+    top, bottom = y >= y.quantile(0.8), y <= y.quantile(0.2)
+    axis = x[:, top].mean(1) - x[:, bottom].mean(1)
+    return axis[:, 1] / axis.norm(dim=-1).clamp_min(1e-12)
 
 
 class Critic(nn.Module):
@@ -346,7 +361,10 @@ def train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_o
         before = center_of_mass_x(sim, x)
         a = policy.update(a, da, noise[t], cfg.straight_through)
         x, v = _step(cfg, sim, x, v, a, iteration, t, rank, ok, failures)
-        reward = cfg.reward_scale * (center_of_mass_x(sim, x) - before)
+        progress = center_of_mass_x(sim, x) - before
+        if cfg.upright_weight:
+            progress = progress - cfg.upright_weight * (1 - uprightness(sim, x))
+        reward = cfg.reward_scale * progress
         rewards.append(reward.detach())
         ret = ret + discount * reward
         discount *= cfg.gamma

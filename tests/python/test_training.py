@@ -78,6 +78,15 @@ def test_the_critic_learns_its_targets():
     assert sum((p - q).norm() for p, q in zip(critic.parameters(), target.parameters())) < gap
 
 
+@pytest.mark.parametrize("name", ["biped", "tetrapod"])
+def test_uprightness_is_one_at_rest_and_minus_one_upside_down(name):
+    sim = creatures.make_creature(name, F64)
+    x = sim.rest_state[0][None]
+    tilted = x @ torch.tensor([[0.0, 1.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 0.0, 1.0]], dtype=F64)[:x.shape[-1], :x.shape[-1]]
+    torch.testing.assert_close(training.uprightness(sim, torch.cat([x, -x, tilted])),
+                               torch.tensor([1.0, -1.0, 0.0], dtype=F64), atol=1e-6, rtol=0)
+
+
 def test_resume_continues_to_the_same_state(tmp_path):
     straight, h1 = training.train(_tiny(tmp_path / "a", iterations=4), progress=False)
     training.train(_tiny(tmp_path / "b", iterations=2), progress=False)
