@@ -4,9 +4,10 @@ Both methods train the same policy shape on the same creature, observations, act
 horizon, from several seeds. Both are measured the same way: the deterministic policy's distance along +x
 over the horizon, from rest (:func:`diffsoft.policy.distance_walked`; PPO's mean action), against the
 number of simulated creature-steps used for training so far (evaluation rollouts are not counted, for
-either method). PPO's budget is ``--ppo-factor`` times the steps the differentiable method used.
+either method). Both get the same budget of ``--steps`` simulated creature-steps per seed (the
+differentiable method: ``steps // (batch * window)`` iterations, with its learning rate decaying over them).
 
-    .venv/bin/python benchmarks/sample_efficiency.py --seeds 3 --target 0.2
+    .venv/bin/python benchmarks/sample_efficiency.py --seeds 3 --target 2.0 --threads 1
 
 Writes ``results.json``, ``results.md`` (the table) and ``sample_efficiency.png`` under ``--out``.
 """
@@ -18,7 +19,7 @@ import time
 
 import torch
 
-from diffsoft import cli, ppo, training
+from diffsoft import ppo, training
 from diffsoft.creatures import make_creature
 from diffsoft.policy import distance_walked
 
@@ -36,14 +37,15 @@ def curve(history):
 
 
 def run_differentiable(args, seed):
-    cfg = training.TrainConfig(creature=args.creature, horizon=args.horizon, window=args.window,
-                               batch=args.batch, iterations=args.iterations, lr=args.lr, eval_every=1,
-                               checkpoint_every=10 ** 9, seed=seed,
+    iterations = max(args.steps // (args.batch * args.window), 1)
+    cfg = training.TrainConfig(creature=args.creature, eval_horizon=args.horizon, window=args.window,
+                               batch=args.batch, iterations=iterations, lr_decay_iterations=iterations,
+                               eval_every=args.eval_every, checkpoint_every=10 ** 9, seed=seed,
                                out_dir=os.path.join(args.out, f"diff_seed{seed}"))
     t = time.perf_counter()
     policy, history = training.train(cfg, progress=not args.no_progress)
     wall = time.perf_counter() - t
-    final = distance_walked(make_creature(cfg.creature), policy, cfg.horizon)
+    final = distance_walked(make_creature(cfg.creature), policy, cfg.eval_horizon)
     history.append({"eval_distance": final, "eval_sim_steps": history[-1]["sim_steps"]})
     return {"config": dataclasses.asdict(cfg), "history": history, "wall_seconds": wall,
             "train_seconds": history[-2]["seconds"], "sim_steps": history[-2]["sim_steps"]}
@@ -104,13 +106,12 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--creature", default="biped")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--target", type=float, default=0.2, help="distance along +x over the horizon")
-    p.add_argument("--horizon", type=int, default=cli.QUICK["horizon"])
-    p.add_argument("--window", type=int, default=cli.QUICK["window"])
-    p.add_argument("--batch", type=int, default=cli.QUICK["batch"])
-    p.add_argument("--iterations", type=int, default=cli.QUICK["iterations"])
-    p.add_argument("--lr", type=float, default=cli.QUICK["lr"])
-    p.add_argument("--ppo-factor", type=float, default=20.0, help="PPO's budget / the differentiable method's")
+    p.add_argument("--target", type=float, default=2.0, help="distance along +x over the horizon")
+    p.add_argument("--horizon", type=int, default=100, help="PPO's episode length and both evaluations' steps")
+    p.add_argument("--steps", type=int, default=409_600, help="simulated creature-steps per seed and method")
+    p.add_argument("--window", type=int, default=training.TrainConfig.window)
+    p.add_argument("--batch", type=int, default=training.TrainConfig.batch)
+    p.add_argument("--eval-every", type=int, default=10, help="the differentiable method's, in iterations")
     p.add_argument("--ppo-envs", type=int, default=32)
     p.add_argument("--ppo-lr", type=float, default=3e-4)
     p.add_argument("--ppo-epochs", type=int, default=10)
@@ -127,13 +128,12 @@ def main():
     path = os.path.join(args.out, "results.json")
     results = json.load(open(path)) if os.path.exists(path) else {"runs": {"differentiable": {}, "ppo": {}}}
     results["args"] = vars(args)
-    diff_budget = args.batch * args.horizon * args.iterations
     for seed in range(args.seeds):
         if args.only in (None, "differentiable"):
             results["runs"]["differentiable"][str(seed)] = run_differentiable(args, seed)
             json.dump(results, open(path, "w"))
         if args.only in (None, "ppo"):
-            results["runs"]["ppo"][str(seed)] = run_ppo(args, seed, int(args.ppo_factor * diff_budget))
+            results["runs"]["ppo"][str(seed)] = run_ppo(args, seed, args.steps)
             json.dump(results, open(path, "w"))
     results["runs"] = {m: r for m, r in results["runs"].items() if r}
     md = table(results, args.target)

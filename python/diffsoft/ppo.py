@@ -3,8 +3,9 @@
 The baseline for :mod:`diffsoft.training`: same creature, same observations (:func:`~diffsoft.policy.observe`),
 same action bounds (activation changes clamped to ``max_abs_da``, activations to ``[min_a, 1]``), same
 reward (the centre of mass's progress along +x, per step, so an episode's return is its distance), same
-episode length. Only the learning signal differs: sampled returns instead of the rollout's gradient; the
-simulator runs under ``torch.no_grad``.
+evaluation (the deterministic policy, from rest). The learning signal differs: sampled returns instead of
+the rollout's gradient (the simulator runs under ``torch.no_grad``); and PPO's episodes are ``horizon``
+steps from rest, while the differentiable trainer's creatures continue across its windows.
 
 The policy is Gaussian, ``u ~ N(mu(obs), diag(sigma^2))``, with ``mu`` the same MLP as
 :class:`~diffsoft.policy.FramePolicy` (``fc1 -> ReLU -> fc2 -> tanh``) on normalised observations (running
@@ -24,8 +25,8 @@ from .policy import FramePolicy, center_of_mass_x, observe
 
 @dataclasses.dataclass
 class PPOConfig:
-    """creature, horizon (episode length), min_a, max_abs_da, hidden: as in
-    :class:`~diffsoft.training.TrainConfig`; envs: creatures simulated together; steps: the budget in
+    """creature, min_a, max_abs_da, hidden: as in :class:`~diffsoft.training.TrainConfig`; horizon: the
+    episode length (every episode starts at rest) and the evaluation's steps; envs: creatures simulated together; steps: the budget in
     simulated creature-steps; epochs, minibatch: passes and minibatch size per update; lr; gamma, lam:
     discount and GAE parameter; clip_ratio; value_coef; entropy_coef; max_grad_norm; init_log_std;
     reward_scale: rewards are multiplied by it (progress per step is ~1e-3); eval_every: evaluate the mean

@@ -1,31 +1,51 @@
 """Neural locomotion controllers trained end to end by backpropagation through the implicit simulator.
 
-The policy is :class:`~diffsoft.policy.FramePolicy` (algovivo's neural frame policy).
+The policy is :class:`~diffsoft.policy.FramePolicy` (algovivo's neural frame policy). The method is
+short-horizon actor-critic (SHAC, Xu et al., ICLR 2022): analytic gradients through a short window of
+simulation, and a learned value function that stands for everything after the window.
 
-Training maximises the distance the centre of mass travels along +x over a horizon of ``T`` steps, for a
-batch of creatures simulated together (each starts from the rest pose with random initial activations, and
-exploration noise is added to the activation changes), with Adam on the exact gradient of the rollout.
+The task: a reward per step, ``r_t = reward_scale * (com_x(x_{t+1}) - com_x(x_t))`` (progress of the centre of
+mass along +x), discounted by ``gamma``; the policy should maximise the return of an endless walk.
 
-Long horizons: the rollout is cut into windows of ``window`` steps and the state ``(x, v, a)`` is detached
-between them (truncated backpropagation through time). The distance is a sum of per-window progress, so
-each window's backward pass gives the gradient of its own progress with the earlier state held fixed;
-these are summed into one Adam step per rollout and the gradient norm is clipped. Why: through contact
-and clamped activations the Jacobian of a long rollout is a product of many step Jacobians whose norm
-grows or shrinks geometrically, so full-horizon gradients are dominated by a few unstable directions (and
-need O(T) graph memory), while windows of ~20-40 steps (about 1 s of gait) still see the effect of a
-stride. Clipping protects Adam from the rare step where a contact switch makes the gradient spike.
+One iteration:
+    1. A pool of ``batch`` creatures persists between iterations; a creature whose episode has lasted
+       ``episode`` steps (or whose step failed) is put back at rest with random activations. Episodes are
+       staggered (creature i's first one is shorter by ``window * (i mod (episode / window))`` steps), so a few
+       creatures restart in every iteration and the batch always holds starts, strides and long-run gaits.
+    2. Every creature runs ``window`` steps of the policy (with exploration noise on its activation
+       changes), keeping the autograd graph through the simulator (implicit adjoint).
+    3. The actor's loss is minus the mean over creatures of
+       ``(sum_{t<W} gamma^t r_t + gamma^W V(s_W)) / W`` (plus the saturation penalty): the exact gradient of
+       the window's reward, plus the critic's gradient with respect to the window's end state. Adam step
+       after clipping the gradient norm; the learning rate decays linearly from ``lr`` to ``lr_end`` over
+       ``lr_decay_iterations``.
+    4. The critic ``V(obs, a)`` is fitted to TD(lambda) targets of the window's (detached) rewards,
+       bootstrapped by a slowly moving target critic (``target = alpha * target + (1 - alpha) * critic``).
+
+Why: a gradient through the whole 100-step walk is useless (measured: two independent batches' gradients
+have cosine 0.97 at 10 steps, 0.94 at 25, 0.73 at 50 and -0.08 at 100, because the Jacobian of a long
+rollout through contacts is a product of many step Jacobians whose norm grows or shrinks geometrically), and
+summing per-window progress without a value at the window's end is myopic: a lunge into a crouch that
+ends every window ahead scores well, so the former trainer stopped at a crouch (0.68 along +x in 100 steps).
+With the value at the window's end the window's gradient also sees what its end state is worth afterwards,
+and continuing episodes give the critic (and the policy) the states of a gait rather than only starts.
+Window ends are not terminal states (a time limit cuts the walk), so the value bootstraps at every window's
+end; episodes end only at window ends (``episode`` is a multiple of ``window``).
 
 Data-parallel training: under ``torchrun`` (the ``gloo`` backend), each process simulates its slice of the
-global batch and gradients are averaged with ``all_reduce``; the initial states and noise of the global
-batch come from one generator seeded by (seed, iteration), so any number of processes trains on the same
-creatures as one process with the combined batch.
+global batch; actor gradients are averaged with ``all_reduce``, and every process fits the critic to the
+whole batch's window (gathered with ``all_gather``), so all processes hold the same critic. Reset activations
+and noise of the global batch come from one generator seeded by (seed, iteration), so any number of
+processes trains on the same creatures as one process with the combined batch.
 
 Files (under ``out_dir``): ``checkpoint.pt`` (written every ``checkpoint_every`` iterations and at the end:
-policy, Adam state, iteration, history, config; ``resume=True`` continues from it exactly, because every
-random number of an iteration is drawn from a generator seeded by that iteration), ``policy.json``
-(algovivo's policy format, see :func:`save_algovivo_policy`), ``history.json``; the command line (:mod:`diffsoft.cli`) adds
-``learning_curve.png`` and ``walk.gif``.
+policy, critic, target critic, both Adam states, the pool of creature states, iteration, history, config;
+``resume=True`` continues from it exactly, because every random number of an iteration is drawn from a
+generator seeded by that iteration), ``policy.json`` (algovivo's policy format, see
+:func:`~diffsoft.policy.save_algovivo_policy`), ``history.json``; the command line (:mod:`diffsoft.cli`)
+adds ``learning_curve.png`` and ``walk.gif``.
 """
+import copy
 import dataclasses
 import json
 import os
@@ -36,32 +56,56 @@ import torch
 from torch import nn
 
 from .creatures import make_creature
-from .policy import FramePolicy, center_of_mass_x, distance_walked, save_algovivo_policy
+from .policy import FramePolicy, center_of_mass_x, distance_walked, observe, save_algovivo_policy
 
 
 @dataclasses.dataclass
 class TrainConfig:
     """Everything a training run depends on (stored in its checkpoint).
 
-    creature: a name in :data:`CREATURES` or a creature file; horizon: steps per rollout (T); window: steps
-    per truncated-backprop window; batch: creatures per rollout, over all processes; iterations: Adam steps
-    (one per rollout); lr, clip: Adam's learning rate and the gradient-norm clip; hidden, min_a, max_abs_da:
-    the policy (algovivo's 32, 0.25, 0.3); init_activation: initial activations are drawn uniformly from
-    ``[1 - init_activation, 1]``; action_noise: std of the Gaussian noise on activation changes;
-    saturation_penalty: weight of ``sum_t sum_i max(|da_i| - max_abs_da, 0)^2``, which keeps the policy's
-    outputs where the clamp at ``max_abs_da`` does not cut their gradient to zero;
-    eval_every, eval_horizon: how often to measure :func:`distance_walked` (deterministic, from rest) and
-    over how many steps (default ``horizon``); backward_rtol: the adjoint solve's relative tolerance (loose
-    is enough for a stochastic gradient and halves the backward's cost); dtype: ``"float32"`` or
-    ``"float64"``; seed; out_dir; checkpoint_every.
+    creature: a name in :data:`~diffsoft.creatures.CREATURES` or a creature file; batch: creatures simulated
+    together, over all processes; window: simulated steps per iteration, through which the gradient is
+    exact (W); episode: steps from a creature's reset to its next (a multiple of ``window``); iterations:
+    Adam steps of the actor (one per window); lr, lr_end, lr_decay_iterations: the actor's learning rate,
+    decaying linearly from ``lr`` to ``lr_end`` over that many iterations, then constant (a schedule in
+    iterations, not a fraction of ``iterations``, so that a run resumed with more iterations follows the
+    same one); clip: the actor's gradient-norm clip; gamma: the discount per step; lam: TD(lambda)'s
+    lambda for the critic's targets; reward_scale: rewards are the centre of mass's progress per step times
+    this (progress per step is ~1e-2); upright_weight: subtracted from the progress of each step, times
+    ``1 - cos(tilt)`` (see :func:`uprightness`: 0 upright, 2 upside down); 0 leaves the reward the distance
+    alone; critic_lr, critic_hidden: the critic's Adam learning rate and the
+    width of its two hidden layers; critic_iterations, critic_minibatches: passes over each window's data
+    and minibatches per pass; target_alpha: the target critic's smoothing (``target = alpha * target +
+    (1 - alpha) * critic`` after each fit); hidden, min_a, max_abs_da: the policy (algovivo's 32, 0.25, 0.3);
+    init_activation: a reset creature's activations are drawn uniformly from ``[1 - init_activation, 1]``;
+    action_noise: std of the Gaussian noise on activation changes; saturation_penalty: weight of
+    ``sum_t sum_i [max(|da_i| - max_abs_da, 0)^2 + max(a_i + da_i - 1, 0)^2 + max(min_a - a_i - da_i, 0)^2]``
+    (per step), which keeps the policy's outputs where the clamps do not cut their gradient to zero;
+    straight_through: the clamps pass gradients as if they were not there (the forward pass is unchanged);
+    eval_every, eval_horizon: how often to measure :func:`~diffsoft.policy.distance_walked`
+    (deterministic, from rest) and over how many steps; backward_rtol: the adjoint solve's relative
+    tolerance (loose is enough for a stochastic gradient and halves the backward's cost); dtype:
+    ``"float32"`` or ``"float64"``; seed; out_dir; checkpoint_every; on_failure: ``"skip"`` (drop a creature
+    whose step did not converge from the iteration's losses and reset it) or ``"stop"``.
     """
     creature: str = "biped"
-    horizon: int = 100
-    window: int = 25
-    batch: int = 16
-    iterations: int = 100
-    lr: float = 3e-3
+    batch: int = 32
+    window: int = 32
+    episode: int = 256
+    iterations: int = 300
+    lr: float = 6e-3
+    lr_end: float = 1e-3
+    lr_decay_iterations: int = 300
     clip: float = 1.0
+    gamma: float = 0.99
+    lam: float = 0.95
+    reward_scale: float = 100.0
+    upright_weight: float = 0.0
+    critic_lr: float = 2e-3
+    critic_hidden: int = 64
+    critic_iterations: int = 16
+    critic_minibatches: int = 4
+    target_alpha: float = 0.2
     hidden: int = 32
     min_a: float = 0.25
     max_abs_da: float = 0.3
@@ -69,32 +113,123 @@ class TrainConfig:
     action_noise: float = 0.05
     saturation_penalty: float = 1.0
     straight_through: bool = False
-    eval_every: int = 5
-    eval_horizon: int = 0
+    eval_every: int = 10
+    eval_horizon: int = 100
     backward_rtol: float = 1e-4
     dtype: str = "float32"
     seed: int = 0
     out_dir: str = "runs/biped"
-    checkpoint_every: int = 5
+    checkpoint_every: int = 10
     on_failure: str = "skip"
 
     # Fields that may change between a run and its resumption.
     RESUMABLE = ("iterations", "out_dir", "checkpoint_every", "eval_every", "on_failure")
 
     def check(self):
-        for name in ("horizon", "window", "batch", "iterations", "hidden", "checkpoint_every", "eval_every"):
+        for name in ("batch", "window", "episode", "iterations", "lr_decay_iterations", "critic_hidden",
+                     "critic_iterations", "critic_minibatches", "hidden", "checkpoint_every", "eval_every",
+                     "eval_horizon"):
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= (0 if name == "iterations" else 1)):
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.episode % self.window:
+            raise ValueError(f"episode ({self.episode}) must be a multiple of window ({self.window})")
+        if self.critic_minibatches > self.batch * self.window:
+            raise ValueError(f"critic_minibatches ({self.critic_minibatches}) must be at most batch * window "
+                             f"({self.batch * self.window})")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
-        for name in ("lr", "clip", "backward_rtol"):
+        for name in ("lr", "lr_end", "clip", "critic_lr", "reward_scale", "backward_rtol"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if not self.upright_weight >= 0:
+            raise ValueError(f"upright_weight must be non-negative, got {self.upright_weight!r}")
+        for name in ("gamma", "lam", "target_alpha"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
         if self.on_failure not in ("skip", "stop"):
             raise ValueError(f"on_failure must be 'skip' or 'stop', got {self.on_failure!r}")
         if not 0 <= self.init_activation <= 1 - self.min_a:
             raise ValueError(f"init_activation must be in [0, 1 - min_a], got {self.init_activation!r}")
+
+    def actor_lr(self, iteration):
+        """The actor's learning rate at ``iteration`` (linear decay, then constant)."""
+        f = min(iteration / self.lr_decay_iterations, 1.0)
+        return self.lr + f * (self.lr_end - self.lr)
+
+
+def uprightness(sim, x):
+    """The cosine of the body's tilt: the world's up (+y) against the unit vector from the mean of the
+    lowest fifth of the vertices to the mean of the highest fifth (both chosen in the rest pose); 1 as at
+    rest, -1 upside down. x: ``(B, N, d)`` -> ``(B,)``."""
+    y = sim.body.rest_positions[:, 1]
+    top, bottom = y >= y.quantile(0.8), y <= y.quantile(0.2)
+    axis = x[:, top].mean(1) - x[:, bottom].mean(1)
+    return axis[:, 1] / axis.norm(dim=-1).clamp_min(1e-12)
+
+
+class Critic(nn.Module):
+    """The value of a creature's state: an MLP (two ELU hidden layers) on the policy's observation
+    (:func:`~diffsoft.policy.observe`, in the body frame, so the value does not depend on where the creature
+    is) and the muscle activations (part of the state: the next activation is the previous one plus a
+    bounded change).
+
+    Args:
+        num_obs: the observation's size ``2 N d``; num_muscles: M; hidden: the hidden layers' width.
+    """
+
+    def __init__(self, num_obs, num_muscles, hidden=64):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(num_obs + num_muscles, hidden), nn.ELU(), nn.Linear(hidden, hidden),
+                                 nn.ELU(), nn.Linear(hidden, 1))
+
+    def forward(self, obs, a):
+        """``(K,)`` values from obs ``(K, 2 N d)`` and activations ``a (K, M)``."""
+        return self.net(torch.cat([obs, a], dim=-1)).squeeze(-1)
+
+
+def td_lambda_targets(reward, value, last_value, gamma, lam):
+    """The critic's regression targets ``G_t = r_t + gamma ((1 - lam) V(s_{t+1}) + lam G_{t+1})``, with
+    ``G_W = V(s_W)`` (the window's end is bootstrapped, never terminal).
+
+    Args:
+        reward, value: ``(W, B)`` rewards and target-critic values of the window's states ``s_0..s_{W-1}``;
+        last_value: ``(B,)`` the target critic's value of ``s_W``.
+
+    Returns:
+        ``(W, B)`` targets.
+    """
+    targets = torch.empty_like(reward)
+    g = last_value
+    for t in reversed(range(reward.shape[0])):
+        next_value = last_value if t + 1 == reward.shape[0] else value[t + 1]
+        g = reward[t] + gamma * ((1 - lam) * next_value + lam * g)
+        targets[t] = g
+    return targets
+
+
+def fit_critic(cfg, critic, target_critic, optimizer, obs, a, targets, valid, generator):
+    """``critic_iterations`` passes of ``critic_minibatches`` Adam steps on the squared error to the targets,
+    then the target critic's update. obs ``(K, 2 N d)``, a ``(K, M)``, targets ``(K,)``, valid ``(K,)``
+    booleans (samples of failed creatures are left out). Returns the last pass's mean loss."""
+    keep = valid.nonzero().squeeze(1)
+    obs, a, targets = obs[keep], a[keep], targets[keep]
+    k = targets.shape[0]
+    size = -(-k // cfg.critic_minibatches)
+    loss_sum = 0.0
+    for _ in range(cfg.critic_iterations if k else 0):
+        order = torch.randperm(k, generator=generator)
+        loss_sum = 0.0
+        for idx in order.split(size):
+            loss = (critic(obs[idx], a[idx]) - targets[idx]).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.item() * len(idx)
+    with torch.no_grad():
+        for pt, pc in zip(target_critic.parameters(), critic.parameters()):
+            pt.mul_(cfg.target_alpha).add_(pc, alpha=1 - cfg.target_alpha)
+    return loss_sum / max(k, 1)
 
 
 def distributed_world():
@@ -115,17 +250,58 @@ def _all_reduce_mean(tensors, world):
             t.div_(world)
 
 
-def _episode_start(cfg, sim, iteration, rank, world):
-    """This process's slice of the iteration's global batch: initial activations ``(b, M)`` and noise
-    ``(T, b, M)``, drawn from a generator seeded by (seed, iteration) so that resuming, or splitting the batch
-    over processes, sees the same creatures."""
+def _all_gather(tensor, world, dim):
+    """The processes' ``tensor``s concatenated along ``dim``, in rank order (the global batch's order)."""
+    if world == 1:
+        return tensor
+    import torch.distributed as dist
+    sent = tensor.to(torch.uint8) if tensor.dtype == torch.bool else tensor.contiguous()  # gloo has no bool
+    parts = [torch.empty_like(sent) for _ in range(world)]
+    dist.all_gather(parts, sent)
+    return torch.cat(parts, dim=dim).to(tensor.dtype)
+
+
+@dataclasses.dataclass
+class Pool:
+    """The creatures that persist between iterations (this process's slice of the batch, b of them):
+    positions and velocities ``(b, N, d)``, activations ``(b, M)``, and ``age`` ``(b,)``, the steps since each
+    creature's reset (``>= episode``: reset before the next window)."""
+    x: torch.Tensor
+    v: torch.Tensor
+    a: torch.Tensor
+    age: torch.Tensor
+
+    @classmethod
+    def at_rest(cls, sim, b, episode):
+        """b creatures due for a reset."""
+        x, v = sim.rest_state
+        return cls(x.expand(b, -1, -1).clone(), v.expand(b, -1, -1).clone(),
+                   torch.ones(b, sim.body.num_muscles, dtype=x.dtype), torch.full((b,), episode))
+
+
+def _iteration_draws(cfg, sim, iteration, rank, world):
+    """The iteration's random numbers: a generator seeded by (seed, iteration), and from it the global
+    batch's reset activations ``(B, M)`` and noise ``(W, B, M)``, of which this process's slices are
+    returned; the generator then serves the critic's minibatches (the same on every process)."""
     g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + iteration)
     m, dtype = sim.body.num_muscles, sim.body.dtype
     a0 = 1.0 - cfg.init_activation * torch.rand(cfg.batch, m, generator=g, dtype=torch.float64)
-    noise = cfg.action_noise * torch.randn(cfg.horizon, cfg.batch, m, generator=g, dtype=torch.float64)
+    noise = cfg.action_noise * torch.randn(cfg.window, cfg.batch, m, generator=g, dtype=torch.float64)
     b = cfg.batch // world
     part = slice(rank * b, (rank + 1) * b)
-    return a0[part].to(dtype), noise[:, part].to(dtype)
+    return g, a0[part].to(dtype), noise[:, part].to(dtype)
+
+
+def _reset(cfg, sim, pool, a0, iteration, rank):
+    """Puts the pool's creatures whose episode is over back at rest with activations ``a0``. At iteration 0
+    (every creature at rest) it staggers the episodes: creature i starts at age
+    ``window * (i mod (episode / window))``."""
+    due = pool.age >= cfg.episode
+    x, v = sim.rest_state
+    pool.x[due], pool.v[due], pool.a[due], pool.age[due] = x, v, a0[due], 0
+    if iteration == 0:
+        b = pool.age.shape[0]
+        pool.age = cfg.window * ((torch.arange(b) + rank * b) % (cfg.episode // cfg.window))
 
 
 class SimulationFailure(RuntimeError):
@@ -134,9 +310,10 @@ class SimulationFailure(RuntimeError):
 
 
 def _step(cfg, sim, x, v, a, iteration, t, rank, ok, failures):
-    """``sim.step`` in a rollout. A creature whose step did not converge is reported (iteration, step,
-    creature, criterion); with ``on_failure="skip"`` it is dropped from this iteration's loss (its implicit
-    gradient would be wrong; the other creatures' are not affected), with ``"stop"`` the rollout stops."""
+    """``sim.step`` in a rollout. A creature whose step did not converge is reported (iteration, step of the
+    window, creature, criterion); with ``on_failure="skip"`` it is dropped from this iteration's losses (its
+    implicit gradient would be wrong; the other creatures' are not affected) and reset before the next
+    iteration, with ``"stop"`` the rollout stops."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # reported below, with the context a warning lacks
         x, v, info = sim.step(x, v, a, return_info=True)
@@ -151,52 +328,98 @@ def _step(cfg, sim, x, v, a, iteration, t, rank, ok, failures):
     return x, v
 
 
-def train_iteration(cfg, sim, policy, optimizer, iteration, rank=0, world=1, failures=None):
-    """One rollout of this process's creatures with truncated-backprop windows, gradients averaged over
-    processes and clipped, one Adam step. Returns the global batch's mean distance along +x and the
-    gradient norm before clipping. Steps that did not converge are appended to ``failures`` (see
-    ``TrainConfig.on_failure``)."""
+def train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer, pool, iteration,
+                    rank=0, world=1, failures=None):
+    """One window of this process's creatures (see the module docstring): resets, the actor's Adam step on
+    gradients averaged over processes and clipped, the critic's fit; ``pool`` moves on by ``window`` steps.
+
+    Returns:
+        a dict: ``distance`` (the global batch's mean progress along +x per step in this window, times
+        ``eval_horizon``: comparable with the evaluation's distance), ``grad_norm`` (the actor's, before
+        clipping), ``critic_loss`` and ``value`` (the critic targets' mean). Steps that did not converge are
+        appended to ``failures`` (see ``TrainConfig.on_failure``).
+    """
     failures = [] if failures is None else failures
-    a, noise = _episode_start(cfg, sim, iteration, rank, world)
+    g, a0, noise = _iteration_draws(cfg, sim, iteration, rank, world)
+    _reset(cfg, sim, pool, a0, iteration, rank)
+    for group in optimizer.param_groups:
+        group["lr"] = cfg.actor_lr(iteration)
+    x, v, a = pool.x, pool.v, pool.a
     b = a.shape[0]
     ok = torch.ones(b, dtype=torch.bool)
-    x, v = sim.rest_state
-    x, v = x.expand(b, -1, -1).clone(), v.expand(b, -1, -1).clone()
-    optimizer.zero_grad()
+    obs_seen, a_seen, rewards = [], [], []
+    ret, saturation, discount = 0.0, 0.0, 1.0
     start = center_of_mass_x(sim, x)
-    for t0 in range(0, cfg.horizon, cfg.window):
-        x, v, a = x.detach(), v.detach(), a.detach()
-        x_begin = center_of_mass_x(sim, x)
-        saturation = 0.0
-        for t in range(t0, min(t0 + cfg.window, cfg.horizon)):
-            da = policy(x, v)
-            target = a + da
-            saturation = saturation + ((da.abs() - policy.max_abs_da).clamp_min(0).square()
-                                       + (target - 1).clamp_min(0).square()
-                                       + (policy.min_a - target).clamp_min(0).square()).sum(-1)
-            a = policy.update(a, da, noise[t], cfg.straight_through)
-            x, v = _step(cfg, sim, x, v, a, iteration, t, rank, ok, failures)
-        progress = center_of_mass_x(sim, x) - x_begin
-        ((cfg.saturation_penalty * saturation - progress) * ok).sum().div(b).backward()
-    params = [p for p in policy.parameters()]
-    distance = (center_of_mass_x(sim, x.detach()) - start).mean().reshape(1)
+    for t in range(cfg.window):
+        da = policy(x, v)
+        target = a + da
+        saturation = saturation + ((da.abs() - policy.max_abs_da).clamp_min(0).square()
+                                   + (target - 1).clamp_min(0).square()
+                                   + (policy.min_a - target).clamp_min(0).square()).sum(-1)
+        obs_seen.append(observe(x.detach(), v.detach(), policy.center_vertex_id, policy.forward_vertex_id))
+        a_seen.append(a.detach())
+        before = center_of_mass_x(sim, x)
+        a = policy.update(a, da, noise[t], cfg.straight_through)
+        x, v = _step(cfg, sim, x, v, a, iteration, t, rank, ok, failures)
+        progress = center_of_mass_x(sim, x) - before
+        if cfg.upright_weight:
+            progress = progress - cfg.upright_weight * (1 - uprightness(sim, x))
+        reward = cfg.reward_scale * progress
+        rewards.append(reward.detach())
+        ret = ret + discount * reward
+        discount *= cfg.gamma
+    obs_end = observe(x, v, policy.center_vertex_id, policy.forward_vertex_id)
+    critic.requires_grad_(False)  # the actor's loss differentiates the critic's input, not its weights
+    ret = ret + discount * critic(obs_end, a)
+    critic.requires_grad_(True)
+    optimizer.zero_grad()
+    ((cfg.saturation_penalty * saturation - ret) * ok).sum().div(b * cfg.window).backward()
+    params = list(policy.parameters())
+    distance = ((center_of_mass_x(sim, x.detach()) - start) * ok).sum().div(b).reshape(1)
     _all_reduce_mean([p.grad for p in params] + [distance], world)
     grad_norm = nn.utils.clip_grad_norm_(params, cfg.clip)
     optimizer.step()
-    return distance.item(), float(grad_norm)
+
+    # The critic, on the whole batch's window: (W, B, ...) gathered along the batch.
+    obs_all = _all_gather(torch.stack(obs_seen), world, 1)
+    a_all = _all_gather(torch.stack(a_seen), world, 1)
+    reward_all = _all_gather(torch.stack(rewards), world, 1)
+    obs_end_all = _all_gather(obs_end.detach(), world, 0)
+    a_end_all = _all_gather(a.detach(), world, 0)
+    ok_all = _all_gather(ok, world, 0)
+    with torch.no_grad():
+        value = target_critic(obs_all.flatten(0, 1), a_all.flatten(0, 1)).reshape(reward_all.shape)
+        targets = td_lambda_targets(reward_all, value, target_critic(obs_end_all, a_end_all), cfg.gamma, cfg.lam)
+    critic_loss = fit_critic(cfg, critic, target_critic, critic_optimizer, obs_all.flatten(0, 1),
+                             a_all.flatten(0, 1), targets.flatten(), ok_all.expand(cfg.window, -1).flatten(), g)
+
+    pool.x, pool.v, pool.a = x.detach(), v.detach(), a.detach()
+    pool.age = torch.where(ok, pool.age + cfg.window, torch.full_like(pool.age, cfg.episode))
+    return {"distance": distance.item() * cfg.eval_horizon / cfg.window, "grad_norm": float(grad_norm),
+            "critic_loss": critic_loss, "value": targets[:, ok_all].mean().item() if ok_all.any() else 0.0}
 
 
-def _save_checkpoint(path, cfg, policy, optimizer, iteration, history, train_seconds):
+def _gathered_pool(pool, world):
+    """The whole batch's pool (every process's slice, in rank order)."""
+    return {name: _all_gather(getattr(pool, name), world, 0) for name in ("x", "v", "a", "age")}
+
+
+def _save_checkpoint(path, cfg, learners, pool_state, iteration, history, train_seconds):
+    """learners: the networks and optimizers by name (each stored as its ``state_dict``); pool_state: the
+    whole batch's pool (:func:`_gathered_pool`)."""
     tmp = path + ".tmp"
-    torch.save({"version": 1, "config": dataclasses.asdict(cfg), "iteration": iteration,
-                "policy": policy.state_dict(), "optimizer": optimizer.state_dict(), "history": history,
-                "train_seconds": train_seconds,
-                "frame": [policy.center_vertex_id, policy.forward_vertex_id]}, tmp)
+    torch.save({"version": 2, "config": dataclasses.asdict(cfg), "iteration": iteration,
+                **{name: m.state_dict() for name, m in learners.items()}, "pool": pool_state,
+                "history": history, "train_seconds": train_seconds,
+                "frame": [learners["policy"].center_vertex_id, learners["policy"].forward_vertex_id]}, tmp)
     os.replace(tmp, path)  # an interrupted write never leaves a truncated checkpoint
 
 
 def _load_checkpoint(path, cfg):
     ckpt = torch.load(path, map_location="cpu")
+    if ckpt.get("version") != 2:
+        raise ValueError(f"{path} is a version {ckpt.get('version')} checkpoint (before the critic); this "
+                         f"trainer resumes version 2 only")
     stored = ckpt["config"]
     differ = [k for k, v in dataclasses.asdict(cfg).items() if k not in TrainConfig.RESUMABLE and stored.get(k) != v]
     if differ:
@@ -210,11 +433,11 @@ def train(cfg, resume=False, progress=True, log=print):
     process of rank 0 writes).
 
     Returns:
-        ``(policy, history)``; history is a list of per-iteration records: ``iteration``, ``distance`` (the
-        training batch's mean distance along +x over the horizon), ``grad_norm``, ``sim_steps`` (creature-
-        steps simulated so far, all processes, evaluation excluded), ``seconds`` (training wall time so far)
-        and, every ``eval_every`` iterations, ``eval_distance`` (:func:`distance_walked` before the update) at
-        ``eval_sim_steps``.
+        ``(policy, history)``; history is a list of per-iteration records: ``iteration``, ``distance``,
+        ``grad_norm``, ``critic_loss``, ``value`` (see :func:`train_iteration`), ``sim_steps`` (creature-steps
+        simulated so far, all processes, evaluation excluded), ``seconds`` (training wall time so far) and,
+        every ``eval_every`` iterations, ``eval_distance`` (:func:`~diffsoft.policy.distance_walked` over
+        ``eval_horizon`` steps, before the update) at ``eval_sim_steps``.
     """
     cfg.check()
     rank, world = distributed_world()
@@ -225,40 +448,50 @@ def train(cfg, resume=False, progress=True, log=print):
     sim.solver_options["backward_rtol"] = cfg.backward_rtol
     torch.manual_seed(cfg.seed)
     policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da)
+    critic = Critic(policy.fc1.in_features, sim.body.num_muscles, cfg.critic_hidden).to(dtype)
+    target_critic = copy.deepcopy(critic).requires_grad_(False)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
-    eval_horizon = cfg.eval_horizon or cfg.horizon
+    critic_optimizer = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
+    learners = {"policy": policy, "critic": critic, "target_critic": target_critic, "optimizer": optimizer,
+               "critic_optimizer": critic_optimizer}
+    b = cfg.batch // world
+    pool = Pool.at_rest(sim, b, cfg.episode)
     ckpt_path = os.path.join(cfg.out_dir, "checkpoint.pt")
     history, start, train_seconds = [], 0, 0.0
     if resume and os.path.exists(ckpt_path):
         ckpt = _load_checkpoint(ckpt_path, cfg)
-        policy.load_state_dict(ckpt["policy"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        for name, m in learners.items():
+            m.load_state_dict(ckpt[name])
+        pool = Pool(**{k: t[rank * b:(rank + 1) * b].clone() for k, t in ckpt["pool"].items()})
         history, start, train_seconds = ckpt["history"], ckpt["iteration"], ckpt["train_seconds"]
         if rank == 0:
             log(f"resumed from {ckpt_path} at iteration {start}")
     elif world > 1:
         import torch.distributed as dist
-        for p in policy.parameters():
-            dist.broadcast(p.data, 0)
+        for m in (policy, critic, target_critic):
+            for p in m.parameters():
+                dist.broadcast(p.data, 0)
     if rank == 0:
         os.makedirs(cfg.out_dir, exist_ok=True)
     bar = range(start, cfg.iterations)
     if progress and rank == 0:
         from tqdm import tqdm
         bar = tqdm(bar, initial=start, total=cfg.iterations, desc="train", unit="it", dynamic_ncols=True)
+    per_iteration = cfg.batch * cfg.window
     for it in bar:
         record = {"iteration": it}
         if it % cfg.eval_every == 0:
-            record["eval_distance"] = distance_walked(sim, policy, eval_horizon)
-            record["eval_sim_steps"] = it * cfg.batch * cfg.horizon
+            record["eval_distance"] = distance_walked(sim, policy, cfg.eval_horizon)
+            record["eval_sim_steps"] = it * per_iteration
         t = time.perf_counter()
         failures = []
         try:
-            record["distance"], record["grad_norm"] = train_iteration(cfg, sim, policy, optimizer, it, rank, world,
-                                                                      failures)
-        except SimulationFailure as e:  # stop, keeping every finished iteration
+            record.update(train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer,
+                                          pool, it, rank, world, failures))
+        except SimulationFailure as e:  # stop, keeping every finished iteration (the pool is as it was)
+            pool_state = _gathered_pool(pool, world)
             if rank == 0:
-                _save_checkpoint(ckpt_path, cfg, policy, optimizer, it, history, train_seconds)
+                _save_checkpoint(ckpt_path, cfg, learners, pool_state, it, history, train_seconds)
             raise SimulationFailure(f"{e}; the checkpoint {ckpt_path} holds the {it} finished iterations "
                                     f"(resume with --resume)") from e
         if failures:
@@ -266,13 +499,16 @@ def train(cfg, resume=False, progress=True, log=print):
             if rank == 0:
                 log(f"skipped non-converged steps: {'; '.join(failures)}")
         train_seconds += time.perf_counter() - t
-        record["sim_steps"] = (it + 1) * cfg.batch * cfg.horizon
+        record["sim_steps"] = (it + 1) * per_iteration
         record["seconds"] = train_seconds
         history.append(record)
         if progress and rank == 0:
-            bar.set_postfix(distance=f"{record['distance']:.3f}", grad=f"{record['grad_norm']:.2g}")
-        if rank == 0 and ((it + 1) % cfg.checkpoint_every == 0 or it + 1 == cfg.iterations):
-            _save_checkpoint(ckpt_path, cfg, policy, optimizer, it + 1, history, train_seconds)
+            bar.set_postfix(distance=f"{record['distance']:.3f}", grad=f"{record['grad_norm']:.2g}",
+                            critic=f"{record['critic_loss']:.2g}")
+        if (it + 1) % cfg.checkpoint_every == 0 or it + 1 == cfg.iterations:
+            pool_state = _gathered_pool(pool, world)
+            if rank == 0:
+                _save_checkpoint(ckpt_path, cfg, learners, pool_state, it + 1, history, train_seconds)
     if rank == 0:
         save_algovivo_policy(policy, os.path.join(cfg.out_dir, "policy.json"))
         with open(os.path.join(cfg.out_dir, "history.json"), "w") as f:

@@ -1,7 +1,8 @@
-"""Training through the simulator: the loop, checkpoints, and data-parallel training under torchrun (small
-cases: a few steps of the biped)."""
+"""Training through the simulator: the actor's loss improving, the critic learning its targets, checkpoints
+(resume is exact), and data-parallel training under torchrun (small cases: a few steps of the biped)."""
 import dataclasses
 import json
+import math
 import pathlib
 import os
 import subprocess
@@ -18,22 +19,72 @@ F64 = torch.float64
 
 
 def _tiny(tmp_path, **kw):
-    cfg = dict(creature="biped", horizon=6, window=3, batch=2, iterations=3, lr=1e-2, eval_every=100,
-               checkpoint_every=1, dtype="float64", out_dir=str(tmp_path))
+    cfg = dict(creature="biped", window=3, episode=6, batch=2, iterations=3, lr=1e-2, critic_iterations=2,
+               critic_minibatches=2, eval_every=100, checkpoint_every=1, dtype="float64", out_dir=str(tmp_path))
     cfg.update(kw)
     return TrainConfig(**cfg)
 
 
 def test_training_improves_the_distance(tmp_path):
-    # The same start every iteration (no random activations or noise): the objective is deterministic, so
-    # Adam's steps on its exact gradient must make the creatures go further.
-    cfg = _tiny(tmp_path, horizon=12, window=4, iterations=5, init_activation=0.0, action_noise=0.0)
+    # Every window starts at rest (episode == window) with the same activations and no noise, and the
+    # critic stays near its initial output (tiny critic_lr): the actor's objective is then nearly the same
+    # every iteration, so Adam's steps on its exact gradient must make the creatures go further.
+    cfg = _tiny(tmp_path, window=12, episode=12, iterations=5, init_activation=0.0, action_noise=0.0,
+                critic_lr=1e-9)
     policy, history = training.train(cfg, progress=False)
     d = [r["distance"] for r in history]
     assert d[-1] > d[0] + 1e-3, d
     assert history[-1]["sim_steps"] == 5 * 2 * 12
+    assert all(math.isfinite(r["critic_loss"]) for r in history)
     for name in ("checkpoint.pt", "policy.json", "history.json"):
         assert os.path.exists(os.path.join(cfg.out_dir, name))
+
+
+def test_td_lambda_targets_match_the_recursion_written_out():
+    reward = torch.tensor([[1.0], [2.0], [3.0]])
+    value = torch.tensor([[0.5], [1.0], [1.5]])
+    last = torch.tensor([2.0])
+    g, lam = 0.9, 0.8
+    g2 = 3 + g * 2.0
+    g1 = 2 + g * ((1 - lam) * 1.5 + lam * g2)
+    g0 = 1 + g * ((1 - lam) * 1.0 + lam * g1)
+    torch.testing.assert_close(training.td_lambda_targets(reward, value, last, g, lam)[:, 0],
+                               torch.tensor([g0, g1, g2]))
+    # lam = 0: one-step TD targets; lam = 1: discounted returns bootstrapped at the window's end.
+    torch.testing.assert_close(training.td_lambda_targets(reward, value, last, g, 0.0)[:, 0],
+                               torch.tensor([1 + g * 1.0, 2 + g * 1.5, 3 + g * 2.0]))
+    torch.testing.assert_close(training.td_lambda_targets(reward, value, last, g, 1.0)[0, 0],
+                               torch.tensor(1 + g * 2 + g * g * 3 + g ** 3 * 2.0))
+
+
+def test_the_critic_learns_its_targets():
+    # A fixed set of states and targets: fitting must bring the squared error well below its initial value
+    # (the targets are a smooth function of the states, which the MLP can represent), and the target critic
+    # moves towards the critic.
+    cfg = TrainConfig(critic_iterations=50, critic_minibatches=4, dtype="float64")
+    torch.manual_seed(0)
+    obs, a = torch.randn(64, 10, dtype=F64), torch.rand(64, 3, dtype=F64)
+    targets = obs[:, 0] - 2 * a[:, 1] + 0.5 * obs[:, 3] * obs[:, 4]
+    critic = training.Critic(10, 3, 32).double()
+    target = training.Critic(10, 3, 32).double().requires_grad_(False)
+    before = (critic(obs, a) - targets).square().mean().item()
+    gap = sum((p - q).norm() for p, q in zip(critic.parameters(), target.parameters()))
+    optimizer = torch.optim.Adam(critic.parameters(), lr=1e-2)
+    valid = torch.ones(64, dtype=torch.bool)
+    valid[:8] = False
+    loss = training.fit_critic(cfg, critic, target, optimizer, obs, a, targets, valid, torch.Generator().manual_seed(0))
+    after = (critic(obs[8:], a[8:]) - targets[8:]).square().mean().item()
+    assert loss < 0.1 * before and after < 0.1 * before, (before, loss, after)
+    assert sum((p - q).norm() for p, q in zip(critic.parameters(), target.parameters())) < gap
+
+
+@pytest.mark.parametrize("name", ["biped", "tetrapod"])
+def test_uprightness_is_one_at_rest_and_minus_one_upside_down(name):
+    sim = creatures.make_creature(name, F64)
+    x = sim.rest_state[0][None]
+    tilted = x @ torch.tensor([[0.0, 1.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 0.0, 1.0]], dtype=F64)[:x.shape[-1], :x.shape[-1]]
+    torch.testing.assert_close(training.uprightness(sim, torch.cat([x, -x, tilted])),
+                               torch.tensor([1.0, -1.0, 0.0], dtype=F64), atol=1e-6, rtol=0)
 
 
 def test_resume_continues_to_the_same_state(tmp_path):
@@ -42,15 +93,17 @@ def test_resume_continues_to_the_same_state(tmp_path):
     resumed, h2 = training.train(_tiny(tmp_path / "b", iterations=4), resume=True, progress=False)
     for p, q in zip(straight.parameters(), resumed.parameters()):
         assert torch.equal(p, q)
-    assert [r["distance"] for r in h1] == [r["distance"] for r in h2]
+    assert [(r["distance"], r["critic_loss"]) for r in h1] == [(r["distance"], r["critic_loss"]) for r in h2]
     ckpt = torch.load(os.path.join(tmp_path / "b", "checkpoint.pt"))
     assert ckpt["iteration"] == 4 and len(ckpt["history"]) == 4
+    assert {"critic", "target_critic", "critic_optimizer", "pool"} <= set(ckpt)
     with pytest.raises(ValueError, match="lr=0.01"):
         training.train(_tiny(tmp_path / "b", iterations=5, lr=0.1), resume=True, progress=False)
 
 
 def test_two_processes_under_torchrun_match_one_process_with_the_combined_batch(tmp_path):
-    args = ["--creature", "biped", "--horizon", "4", "--window", "2", "--batch", "4", "--iterations", "2",
+    args = ["--creature", "biped", "--window", "2", "--episode", "4", "--batch", "4", "--iterations", "3",
+            "--critic-iterations", "2",
             "--dtype", "float64", "--eval-every", "100", "--lr", "0.01", "--no-progress", "--threads", "1"]
     script = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "locomotion.py")
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -73,8 +126,10 @@ def test_two_processes_under_torchrun_match_one_process_with_the_combined_batch(
 
 
 def test_bad_settings_are_named():
-    with pytest.raises(ValueError, match="horizon"):
-        TrainConfig(horizon=0).check()
+    with pytest.raises(ValueError, match="window"):
+        TrainConfig(window=0).check()
+    with pytest.raises(ValueError, match="multiple of window"):
+        TrainConfig(window=32, episode=100).check()
     with pytest.raises(ValueError, match="creature must be one of"):
         creatures.make_creature("no_such_creature")
     assert dataclasses.asdict(TrainConfig())["creature"] == "biped"
@@ -92,7 +147,7 @@ def _failing_creature(fail_from_iteration):
 
         def step(x, *args, **kw):
             if x.dim() == 3 and x.shape[0] == 2:  # a training rollout's step (batch 2), not an evaluation's
-                if step.calls >= fail_from_iteration * 6:  # 6 steps per rollout in _tiny
+                if step.calls >= fail_from_iteration * 3:  # 3 steps (a window) per iteration in _tiny
                     sim.solver_options["max_iter"] = 0
                 step.calls += 1
             return original(x, *args, **kw)
