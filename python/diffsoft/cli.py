@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from ._optional import require
 from .creatures import make_creature
 from .policy import FramePolicy, distance_walked, run_policy
 from .training import TrainConfig, distributed_world, train
@@ -20,7 +21,7 @@ from .training import TrainConfig, distributed_world, train
 def plot_learning_curve(history, path, title=None):
     """A PNG of the training batch's distance (and the deterministic evaluation's) against simulated
     creature-steps."""
-    import matplotlib
+    matplotlib = require("matplotlib", "train")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -71,14 +72,20 @@ def main(argv=None):
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.threads is not None and args.threads < 1:
+        p.error(f"--threads must be a positive integer, got {args.threads}")
     values = dict(QUICK) if args.quick else {}
     if args.creature is not None and args.out_dir is None:
         values["out_dir"] = os.path.join("runs", os.path.splitext(os.path.basename(args.creature))[0])
     values.update({f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                    if getattr(args, f.name) is not None})
     cfg = TrainConfig(**values)
+    try:
+        cfg.check()  # every flag, before anything is built
+    except ValueError as e:
+        p.error(str(e))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rank, _ = distributed_world()
     t0 = time.perf_counter()
     sim = make_creature(cfg.creature, getattr(torch, cfg.dtype))

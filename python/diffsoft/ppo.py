@@ -19,6 +19,7 @@ import time
 import torch
 from torch import nn
 
+from ._optional import require
 from .creatures import make_creature
 from .policy import FramePolicy, center_of_mass_x, observe
 
@@ -211,7 +212,7 @@ def train_ppo(cfg, progress=True):
     history, seconds = [], 0.0
     bar = range(updates)
     if progress:
-        from tqdm import tqdm
+        tqdm = require("tqdm", "train").tqdm
         bar = tqdm(bar, desc="ppo", unit="update", dynamic_ncols=True)
     for u in bar:
         record = {"update": u}

@@ -48,6 +48,8 @@ adds ``learning_curve.png`` and ``walk.gif``.
 import copy
 import dataclasses
 import json
+import math
+import numbers
 import os
 import time
 import warnings
@@ -55,6 +57,7 @@ import warnings
 import torch
 from torch import nn
 
+from ._optional import require
 from .creatures import make_creature
 from .policy import FramePolicy, center_of_mass_x, distance_walked, observe, save_algovivo_policy
 
@@ -126,12 +129,23 @@ class TrainConfig:
     RESUMABLE = ("iterations", "out_dir", "checkpoint_every", "eval_every", "on_failure")
 
     def check(self):
-        for name in ("batch", "window", "episode", "iterations", "lr_decay_iterations", "critic_hidden",
-                     "critic_iterations", "critic_minibatches", "hidden", "checkpoint_every", "eval_every",
-                     "eval_horizon"):
-            v = getattr(self, name)
-            if not (isinstance(v, int) and v >= (0 if name == "iterations" else 1)):
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        """Every field's type and range, each error naming the field: called before anything is built."""
+        defaults = TrainConfig()
+        for f in dataclasses.fields(self):
+            v, kind = getattr(self, f.name), type(getattr(defaults, f.name))
+            if kind is float:
+                ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+            else:
+                ok = isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
+            if not ok:
+                raise ValueError(f"{f.name} must be a{' finite' if kind is float else ''} {kind.__name__}, got {v!r}")
+        for name in ("batch", "window", "episode", "lr_decay_iterations", "critic_hidden", "critic_iterations",
+                     "critic_minibatches", "hidden", "checkpoint_every", "eval_every", "eval_horizon"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("iterations", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
         if self.episode % self.window:
             raise ValueError(f"episode ({self.episode}) must be a multiple of window ({self.window})")
         if self.critic_minibatches > self.batch * self.window:
@@ -139,18 +153,23 @@ class TrainConfig:
                              f"({self.batch * self.window})")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
-        for name in ("lr", "lr_end", "clip", "critic_lr", "reward_scale", "backward_rtol"):
+        for name in ("lr", "lr_end", "clip", "critic_lr", "reward_scale", "max_abs_da"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
-        if not self.upright_weight >= 0:
-            raise ValueError(f"upright_weight must be non-negative, got {self.upright_weight!r}")
+        for name in ("upright_weight", "action_noise", "saturation_penalty"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be non-negative, got {getattr(self, name)!r}")
         for name in ("gamma", "lam", "target_alpha"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
+        for name in ("backward_rtol", "min_a"):
+            if not 0 < getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in (0, 1), got {getattr(self, name)!r}")
         if self.on_failure not in ("skip", "stop"):
             raise ValueError(f"on_failure must be 'skip' or 'stop', got {self.on_failure!r}")
         if not 0 <= self.init_activation <= 1 - self.min_a:
-            raise ValueError(f"init_activation must be in [0, 1 - min_a], got {self.init_activation!r}")
+            raise ValueError(f"init_activation must be in [0, 1 - min_a] = [0, {1 - self.min_a:g}], "
+                             f"got {self.init_activation!r}")
 
     def actor_lr(self, iteration):
         """The actor's learning rate at ``iteration`` (linear decay, then constant)."""
@@ -416,7 +435,13 @@ def _save_checkpoint(path, cfg, learners, pool_state, iteration, history, train_
 
 
 def _load_checkpoint(path, cfg):
-    ckpt = torch.load(path, map_location="cpu")
+    try:
+        ckpt = torch.load(path, map_location="cpu")
+    except Exception as e:  # noqa: BLE001 - truncated, garbage or foreign files fail in many ways
+        raise ValueError(f"{path} is corrupt or not a diffsoft checkpoint ({type(e).__name__}: {e}); delete it to "
+                         f"start over, or resume from a copy of the run") from None
+    if not isinstance(ckpt, dict) or "version" not in ckpt:
+        raise ValueError(f"{path} is not a diffsoft checkpoint (no version); delete it to start over")
     if ckpt.get("version") != 2:
         raise ValueError(f"{path} is a version {ckpt.get('version')} checkpoint (before the critic); this "
                          f"trainer resumes version 2 only")
@@ -475,7 +500,7 @@ def train(cfg, resume=False, progress=True, log=print):
         os.makedirs(cfg.out_dir, exist_ok=True)
     bar = range(start, cfg.iterations)
     if progress and rank == 0:
-        from tqdm import tqdm
+        tqdm = require("tqdm", "train").tqdm
         bar = tqdm(bar, initial=start, total=cfg.iterations, desc="train", unit="it", dynamic_ncols=True)
     per_iteration = cfg.batch * cfg.window
     for it in bar:

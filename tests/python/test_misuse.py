@@ -242,3 +242,29 @@ def test_rest_positions_cannot_be_reassigned_and_new_bodies_carry_their_gradient
     x1, _ = sim.step(x.detach() * 1.01, vel)
     (g,) = torch.autograd.grad(x1.square().sum(), v)
     assert torch.isfinite(g).all() and g.abs().max() > 0
+
+
+# --- the training command line and its checkpoints -------------------------------------------------------
+
+@pytest.mark.parametrize("flags, name", [
+    (["--iterations", "-5"], "iterations"), (["--dtype", "float16"], "dtype"), (["--threads", "0"], "threads"),
+    (["--eval-horizon", "-3"], "eval_horizon"), (["--action-noise", "-1"], "action_noise"),
+    (["--saturation-penalty", "nan"], "saturation_penalty"), (["--min-a", "2"], "min_a"),
+    (["--clip", "inf"], "clip"), (["--lr", "0"], "lr"), (["--window", "0"], "window"),
+])
+def test_cli_flags_are_checked_before_anything_is_built(flags, name, capsys, monkeypatch, tmp_path):
+    from diffsoft import cli
+    monkeypatch.setattr(cli, "make_creature", lambda *a, **k: pytest.fail("built a creature before checking"))
+    with pytest.raises(SystemExit) as e:
+        cli.main(flags + ["--out-dir", str(tmp_path), "--no-progress"])
+    assert e.value.code == 2 and name in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [b"", b"not a checkpoint", bytes(range(256)) * 8])
+def test_a_corrupt_checkpoint_on_resume_says_so(tmp_path, content):
+    from diffsoft import training
+    cfg = training.TrainConfig(batch=2, window=2, episode=4, iterations=1, critic_minibatches=1,
+                               out_dir=str(tmp_path))
+    (tmp_path / "checkpoint.pt").write_bytes(content)
+    with pytest.raises(ValueError, match="checkpoint.pt is corrupt or not a diffsoft checkpoint.*delete it"):
+        training.train(cfg, resume=True, progress=False)
