@@ -1,9 +1,10 @@
 """Train a neural controller for a soft creature by backpropagation through the implicit simulator.
 
-    .venv/bin/python examples/locomotion.py --quick                 # the biped, about 3 minutes on 2 cores
-    .venv/bin/python examples/locomotion.py --creature quadruped --iterations 200
+    .venv/bin/python examples/locomotion.py --quick                 # the biped, under 2 minutes on 2 cores
+    .venv/bin/python examples/locomotion.py --creature quadruped
     .venv/bin/python examples/locomotion.py --creature my_creature.json --resume
-    torchrun --standalone --nproc_per_node 2 examples/locomotion.py --quick   # data-parallel, gloo
+    .venv/bin/python -m torch.distributed.run --standalone --nproc_per_node 2 --redirects 2 --tee 2 \
+        examples/locomotion.py --quick                              # data-parallel, gloo
 
 Prints the distance walked before and after training and writes checkpoint.pt, policy.json (algovivo's
 policy format), history.json, learning_curve.png and walk.gif under runs/<creature>/ (see
