@@ -48,3 +48,14 @@ def test_record_is_true_after_a_failure():
     assert not info.converged
     assert info.grad_norm == info.grad_norm_initial == pytest.approx(2 * 3 ** 0.5 * 1e-300, rel=1e-12)
     assert info.energy == pytest.approx(3e-300, rel=1e-12)
+
+
+@pytest.mark.parametrize("energy", [
+    lambda x, k: k * 2,                                  # a constant
+    lambda x, k: (k * x.detach()).sum(),                 # no graph to x
+    lambda x, k: torch.tensor(float((x * k).sum())),     # through a Python float
+], ids=["constant", "detached", "item"])
+def test_an_energy_that_does_not_depend_on_x_is_refused(energy):
+    k = torch.tensor(3.0, dtype=F64, requires_grad=True)
+    with pytest.raises(ValueError, match="the energy does not depend on x"):
+        diffsoft.minimize(energy, torch.zeros(3, dtype=F64), k)
