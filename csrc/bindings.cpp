@@ -1,4 +1,5 @@
 // The only translation unit that sees Python: builds diffsoft._C.
+#include <torch/csrc/Exceptions.h>
 #include <torch/extension.h>
 
 #include "core/solver.h"
@@ -34,12 +35,38 @@ EnergyFn python_energy(py::function fn) {
     py::tuple args(1 + params.size());
     args[0] = py::cast(x);
     for (size_t i = 0; i < params.size(); ++i) args[1 + i] = py::cast(params[i]);
-    py::object out = (*callable)(*args);
+    py::object out;
+    try {
+      out = (*callable)(*args);
+    } catch (py::error_already_set& e) {
+      // As torch's python_error, which the autograd engine carries to backward()'s caller and restores there:
+      // the energy's own exception then reaches the user from a backward too, not a RuntimeError naming it.
+      e.restore();
+      python_error error;
+      error.persist();
+      throw error;
+    }
     if (!THPVariable_Check(out.ptr())) {
       throw std::invalid_argument("energy must return a torch.Tensor, got " +
                                   std::string(py::str(py::type::of(out).attr("__name__"))));
     }
     return out.cast<torch::Tensor>();
+  };
+}
+
+PyObject* convergence_error_type = nullptr;  // diffsoft._C.ConvergenceError, set at import
+
+// A failed adjoint solve as diffsoft.ConvergenceError carrying the solve's record in .info, thrown as a
+// python_error so that the autograd engine hands backward()'s caller that very exception.
+diffsoft::RaiseFn python_convergence_error(std::shared_ptr<SolveInfo> info) {
+  return [info](const std::string& message) {
+    py::gil_scoped_acquire gil;
+    py::object error = py::reinterpret_borrow<py::object>(convergence_error_type)(message);
+    error.attr("info") = py::cast(info);
+    PyErr_SetObject(convergence_error_type, error.ptr());
+    python_error e;
+    e.persist();
+    throw e;
   };
 }
 
@@ -73,9 +100,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("TORCH_VERSION") = TORCH_VERSION;
 
   static py::exception<diffsoft::ConvergenceError> convergence_error(m, "ConvergenceError", PyExc_RuntimeError);
+  convergence_error_type = convergence_error.ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (python_error& e) {  // an energy's own exception (see python_energy)
+      e.restore();
     } catch (const diffsoft::ConvergenceError& e) {
       convergence_error(e.what());
     } catch (const c10::Error& e) {
@@ -194,8 +224,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
          std::shared_ptr<SolveInfo> info, std::shared_ptr<AnalyticEnergy> analytic,
          const c10::optional<Tensor>& sparsity) {
         EnergyFn fn = python_energy(std::move(energy));
+        diffsoft::RaiseFn raise = python_convergence_error(info);
         py::gil_scoped_release no_gil;
-        return diffsoft::implicit_minimize(fn, x0, params, options, info, analytic, sparsity.value_or(Tensor()));
+        return diffsoft::implicit_minimize(fn, x0, params, options, info, analytic, sparsity.value_or(Tensor()),
+                                           std::move(raise));
       },
       py::arg("energy"), py::arg("x0"), py::arg("params"), py::arg("options"), py::arg("info"),
       py::arg("analytic") = nullptr, py::arg("sparsity") = py::none(),

@@ -145,14 +145,20 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
                               const SolverOptions& options, SolveInfo& info,
                               const AnalyticEnergy* analytic = nullptr, LinearOperator* last_solve = nullptr);
 
+// Throws the caller's own exception for a message (e.g. a Python exception the autograd engine passes through
+// unchanged, where it would turn a C++ ConvergenceError into a plain error).
+using RaiseFn = std::function<void(const std::string& message)>;
+
 // x* = argmin_x energy(x, params) as a differentiable function of params (implicit function theorem).
 // info, if given, receives the forward's record, and the backward's when it runs. sparsity, if defined and
 // analytic is not given, is the (E, k) pattern of probed_energy below: the energy's Hessian is then probed
-// and factored (with a FactorCache of this solve's own).
+// and factored (with a FactorCache of this solve's own). With options.raise_on_failure, a failed adjoint
+// solve calls raise_backward if given (which must throw), else throws ConvergenceError. The backward is first
+// order: run with create_graph=True it throws.
 torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
                                 const SolverOptions& options, std::shared_ptr<SolveInfo> info = nullptr,
                                 std::shared_ptr<const AnalyticEnergy> analytic = nullptr,
-                                const torch::Tensor& sparsity = torch::Tensor());
+                                const torch::Tensor& sparsity = torch::Tensor(), RaiseFn raise_backward = nullptr);
 
 // A user energy's analytic path when its Hessian's sparsity is known: x is (N, d) per problem (batched: (B, N, d))
 // and the energy couples only vertices that share one of `elements` ((E, k) int64). The vertices get a

@@ -59,3 +59,62 @@ def test_an_energy_that_does_not_depend_on_x_is_refused(energy):
     k = torch.tensor(3.0, dtype=F64, requires_grad=True)
     with pytest.raises(ValueError, match="the energy does not depend on x"):
         diffsoft.minimize(energy, torch.zeros(3, dtype=F64), k)
+
+
+def _quartic(x, k):
+    return (0.5 * k * x * x + 0.25 * x ** 4 - x).sum()
+
+
+def test_second_derivatives_through_minimize_are_refused():
+    k = torch.tensor([1.0, 2.0, 3.0], dtype=F64, requires_grad=True)
+    x = diffsoft.minimize(_quartic, torch.zeros(3, dtype=F64), k)
+    with pytest.raises(RuntimeError, match="first order only.*create_graph"):
+        torch.autograd.grad(x.sum(), k, create_graph=True)
+    # First-order gradients still work, by backward() and by grad().
+    x = diffsoft.minimize(_quartic, torch.zeros(3, dtype=F64), k)
+    (g,) = torch.autograd.grad(x.sum(), k, create_graph=False)
+    x = diffsoft.minimize(_quartic, torch.zeros(3, dtype=F64), k)
+    x.sum().backward()
+    assert torch.allclose(k.grad, g)
+    assert torch.autograd.gradcheck(lambda k: diffsoft.minimize(_quartic, torch.zeros(3, dtype=F64), k,
+                                                                rtol=1e-13), (k,))
+
+
+class MyError(Exception):
+    pass
+
+
+def test_an_energy_error_in_backward_keeps_its_type():
+    calls = {"n": 0}
+    k = torch.tensor([1.0, 2.0], dtype=F64, requires_grad=True)
+
+    def energy(x, k):
+        if torch.is_grad_enabled() and k.requires_grad:  # only the backward passes params that need grad
+            calls["n"] += 1
+            raise MyError("boom in backward")
+        return _quartic(x, k)
+
+    x = diffsoft.minimize(energy, torch.zeros(2, dtype=F64), k)
+    with pytest.raises(MyError, match="boom in backward"):
+        x.sum().backward()
+    assert calls["n"] == 1
+
+
+def test_an_energy_error_in_forward_keeps_its_type():
+    def energy(x):
+        raise KeyError("no such term")
+
+    with pytest.raises(KeyError, match="no such term"):
+        diffsoft.minimize(energy, torch.zeros(2, dtype=F64))
+
+
+def test_an_adjoint_failure_raises_convergence_error_with_its_record():
+    k = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=F64, requires_grad=True)
+    # A diagonal Hessian k + 3 x^2 with distinct entries needs 4 CG iterations; 1 is not enough.
+    x = diffsoft.minimize(_quartic, torch.zeros(4, dtype=F64), k, on_failure="raise", backward_max_iter=1)
+    with pytest.raises(diffsoft.ConvergenceError, match="adjoint solve failed") as caught:
+        x.sum().backward()
+    info = caught.value.info
+    assert isinstance(info, diffsoft.SolveInfo)
+    assert info.converged and info.backward_ran and not info.backward_converged
+    assert info.backward_residual > 1e-10 and "backward_max_iter = 1" in info.backward_message
