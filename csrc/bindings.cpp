@@ -70,6 +70,37 @@ diffsoft::RaiseFn python_convergence_error(std::shared_ptr<SolveInfo> info) {
   };
 }
 
+// SolveInfo as a tuple of its fields, for pickling (multiprocessing, ConvergenceError.info).
+py::tuple solve_info_state(const SolveInfo& i) {
+  return py::make_tuple(i.converged, i.iterations, i.cg_iterations, i.hvp_count, i.factorizations,
+                        i.line_search_steps, i.energy, i.grad_norm, i.grad_norm_initial, i.problem_converged,
+                        i.message, i.backward_ran, i.backward_converged, i.backward_cg_iterations,
+                        i.backward_direct, i.backward_residual, i.backward_message);
+}
+
+std::shared_ptr<SolveInfo> solve_info_from(const py::tuple& t) {
+  if (t.size() != 17) throw std::invalid_argument("SolveInfo: a pickled state of 17 fields expected");
+  auto i = std::make_shared<SolveInfo>();
+  i->converged = t[0].cast<bool>();
+  i->iterations = t[1].cast<int64_t>();
+  i->cg_iterations = t[2].cast<int64_t>();
+  i->hvp_count = t[3].cast<int64_t>();
+  i->factorizations = t[4].cast<int64_t>();
+  i->line_search_steps = t[5].cast<int64_t>();
+  i->energy = t[6].cast<double>();
+  i->grad_norm = t[7].cast<double>();
+  i->grad_norm_initial = t[8].cast<double>();
+  i->problem_converged = t[9].cast<std::vector<bool>>();
+  i->message = t[10].cast<std::string>();
+  i->backward_ran = t[11].cast<bool>();
+  i->backward_converged = t[12].cast<bool>();
+  i->backward_cg_iterations = t[13].cast<int64_t>();
+  i->backward_direct = t[14].cast<bool>();
+  i->backward_residual = t[15].cast<double>();
+  i->backward_message = t[16].cast<std::string>();
+  return i;
+}
+
 // A kernel of (model, state) as a Python function of (model, y, x0, x0_free, x_hat, activation), without the GIL.
 template <typename R>
 auto on_state(R (*kernel)(const StepModel&, const diffsoft::StepState&)) {
@@ -148,7 +179,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readonly("backward_converged", &SolveInfo::backward_converged)
       .def_readonly("backward_cg_iterations", &SolveInfo::backward_cg_iterations)
       .def_readonly("backward_residual", &SolveInfo::backward_residual)
-      .def_readonly("backward_message", &SolveInfo::backward_message);
+      .def_readonly("backward_message", &SolveInfo::backward_message)
+      .def(py::pickle(&solve_info_state, &solve_info_from));
 
   py::class_<StepModel>(m, "StepModel")
       .def(py::init<>())

@@ -1,6 +1,8 @@
 """The core never answers silently: norms that neither under- nor overflow, an energy that does not depend on x,
 second derivatives through minimize, errors that keep their type through the backward, picklable records, and
 parameter dtypes the solver cannot run in (issue 12)."""
+import multiprocessing
+import pickle
 
 import pytest
 import torch
@@ -118,3 +120,35 @@ def test_an_adjoint_failure_raises_convergence_error_with_its_record():
     assert isinstance(info, diffsoft.SolveInfo)
     assert info.converged and info.backward_ran and not info.backward_converged
     assert info.backward_residual > 1e-10 and "backward_max_iter = 1" in info.backward_message
+
+
+def _fields(info):
+    return {name: getattr(info, name) for name in dir(info) if not name.startswith("_")}
+
+
+def test_solve_info_and_convergence_error_pickle():
+    with pytest.warns(RuntimeWarning):
+        _, info = diffsoft.minimize(_quartic, torch.zeros((2, 3), dtype=F64), torch.ones(3, dtype=F64),
+                                    batched=True, max_iter=1, return_info=True)
+    copy = pickle.loads(pickle.dumps(info))
+    assert isinstance(copy, diffsoft.SolveInfo) and _fields(copy) == _fields(info)
+    assert copy.problem_converged == [False, False] and copy.message == info.message
+
+    with pytest.raises(diffsoft.ConvergenceError) as caught:
+        diffsoft.minimize(_quartic, torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64), max_iter=1,
+                          on_failure="raise")
+    error = pickle.loads(pickle.dumps(caught.value))
+    assert type(error) is diffsoft.ConvergenceError and str(error) == str(caught.value)
+    assert _fields(error.info) == _fields(caught.value.info)
+
+
+def _fail_in_worker(_):
+    diffsoft.minimize(_quartic, torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64), max_iter=1,
+                      on_failure="raise")
+
+
+def test_convergence_error_crosses_a_process_pool():
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        with pytest.raises(diffsoft.ConvergenceError, match="max_iter = 1") as caught:
+            pool.map(_fail_in_worker, [0])
+    assert caught.value.info.iterations == 1 and not caught.value.info.converged
