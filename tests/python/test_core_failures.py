@@ -152,3 +152,10 @@ def test_convergence_error_crosses_a_process_pool():
         with pytest.raises(diffsoft.ConvergenceError, match="max_iter = 1") as caught:
             pool.map(_fail_in_worker, [0])
     assert caught.value.info.iterations == 1 and not caught.value.info.converged
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.complex64, torch.complex128])
+def test_params_of_dtypes_the_solver_cannot_run_in_are_refused(dtype):
+    k = torch.ones(3, dtype=dtype)
+    with pytest.raises(TypeError, match=rf"params\[0\] has dtype {dtype}"):
+        diffsoft.minimize(lambda x, k: (k.real.to(F64) * x * x).sum() - x.sum(), torch.zeros(3, dtype=F64), k)
