@@ -1,4 +1,5 @@
 // The only translation unit that sees Python: builds diffsoft._C.
+#include <torch/csrc/Exceptions.h>
 #include <torch/extension.h>
 
 #include "core/solver.h"
@@ -34,13 +35,70 @@ EnergyFn python_energy(py::function fn) {
     py::tuple args(1 + params.size());
     args[0] = py::cast(x);
     for (size_t i = 0; i < params.size(); ++i) args[1 + i] = py::cast(params[i]);
-    py::object out = (*callable)(*args);
+    py::object out;
+    try {
+      out = (*callable)(*args);
+    } catch (py::error_already_set& e) {
+      // As torch's python_error, which the autograd engine carries to backward()'s caller and restores there:
+      // the energy's own exception then reaches the user from a backward too, not a RuntimeError naming it.
+      e.restore();
+      python_error error;
+      error.persist();
+      throw error;
+    }
     if (!THPVariable_Check(out.ptr())) {
       throw std::invalid_argument("energy must return a torch.Tensor, got " +
                                   std::string(py::str(py::type::of(out).attr("__name__"))));
     }
     return out.cast<torch::Tensor>();
   };
+}
+
+PyObject* convergence_error_type = nullptr;  // diffsoft._C.ConvergenceError, set at import
+
+// A failed adjoint solve as diffsoft.ConvergenceError carrying the solve's record in .info, thrown as a
+// python_error so that the autograd engine hands backward()'s caller that very exception.
+diffsoft::RaiseFn python_convergence_error(std::shared_ptr<SolveInfo> info) {
+  return [info](const std::string& message) {
+    py::gil_scoped_acquire gil;
+    py::object error = py::reinterpret_borrow<py::object>(convergence_error_type)(message);
+    error.attr("info") = py::cast(info);
+    PyErr_SetObject(convergence_error_type, error.ptr());
+    python_error e;
+    e.persist();
+    throw e;
+  };
+}
+
+// SolveInfo as a tuple of its fields, for pickling (multiprocessing, ConvergenceError.info).
+py::tuple solve_info_state(const SolveInfo& i) {
+  return py::make_tuple(i.converged, i.iterations, i.cg_iterations, i.hvp_count, i.factorizations,
+                        i.line_search_steps, i.energy, i.grad_norm, i.grad_norm_initial, i.problem_converged,
+                        i.message, i.backward_ran, i.backward_converged, i.backward_cg_iterations,
+                        i.backward_direct, i.backward_residual, i.backward_message);
+}
+
+std::shared_ptr<SolveInfo> solve_info_from(const py::tuple& t) {
+  if (t.size() != 17) throw std::invalid_argument("SolveInfo: a pickled state of 17 fields expected");
+  auto i = std::make_shared<SolveInfo>();
+  i->converged = t[0].cast<bool>();
+  i->iterations = t[1].cast<int64_t>();
+  i->cg_iterations = t[2].cast<int64_t>();
+  i->hvp_count = t[3].cast<int64_t>();
+  i->factorizations = t[4].cast<int64_t>();
+  i->line_search_steps = t[5].cast<int64_t>();
+  i->energy = t[6].cast<double>();
+  i->grad_norm = t[7].cast<double>();
+  i->grad_norm_initial = t[8].cast<double>();
+  i->problem_converged = t[9].cast<std::vector<bool>>();
+  i->message = t[10].cast<std::string>();
+  i->backward_ran = t[11].cast<bool>();
+  i->backward_converged = t[12].cast<bool>();
+  i->backward_cg_iterations = t[13].cast<int64_t>();
+  i->backward_direct = t[14].cast<bool>();
+  i->backward_residual = t[15].cast<double>();
+  i->backward_message = t[16].cast<std::string>();
+  return i;
 }
 
 // A kernel of (model, state) as a Python function of (model, y, x0, x0_free, x_hat, activation), without the GIL.
@@ -73,9 +131,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("TORCH_VERSION") = TORCH_VERSION;
 
   static py::exception<diffsoft::ConvergenceError> convergence_error(m, "ConvergenceError", PyExc_RuntimeError);
+  convergence_error_type = convergence_error.ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (python_error& e) {  // an energy's own exception (see python_energy)
+      e.restore();
     } catch (const diffsoft::ConvergenceError& e) {
       convergence_error(e.what());
     } catch (const c10::Error& e) {
@@ -118,7 +179,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readonly("backward_converged", &SolveInfo::backward_converged)
       .def_readonly("backward_cg_iterations", &SolveInfo::backward_cg_iterations)
       .def_readonly("backward_residual", &SolveInfo::backward_residual)
-      .def_readonly("backward_message", &SolveInfo::backward_message);
+      .def_readonly("backward_message", &SolveInfo::backward_message)
+      .def(py::pickle(&solve_info_state, &solve_info_from));
 
   py::class_<StepModel>(m, "StepModel")
       .def(py::init<>())
@@ -194,8 +256,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
          std::shared_ptr<SolveInfo> info, std::shared_ptr<AnalyticEnergy> analytic,
          const c10::optional<Tensor>& sparsity) {
         EnergyFn fn = python_energy(std::move(energy));
+        diffsoft::RaiseFn raise = python_convergence_error(info);
         py::gil_scoped_release no_gil;
-        return diffsoft::implicit_minimize(fn, x0, params, options, info, analytic, sparsity.value_or(Tensor()));
+        return diffsoft::implicit_minimize(fn, x0, params, options, info, analytic, sparsity.value_or(Tensor()),
+                                           std::move(raise));
       },
       py::arg("energy"), py::arg("x0"), py::arg("params"), py::arg("options"), py::arg("info"),
       py::arg("analytic") = nullptr, py::arg("sparsity") = py::none(),

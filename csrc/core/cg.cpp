@@ -3,30 +3,48 @@
 
 namespace diffsoft {
 
-namespace {
+torch::Tensor row_norm(const torch::Tensor& a) {
+  torch::Tensor scale = a.abs().amax(1);
+  // Zero rows divide by 1; rows with an inf or NaN keep it as their norm (inf / inf would make a NaN of inf).
+  torch::Tensor finite = torch::isfinite(scale);
+  torch::Tensor safe = torch::where(finite & (scale > 0), scale, torch::ones_like(scale));
+  torch::Tensor norm = safe * (a / safe.unsqueeze(1)).square().sum(1).sqrt();
+  return torch::where(finite, norm, scale);
+}
 
 torch::Tensor row_dot(const torch::Tensor& a, const torch::Tensor& b) { return (a * b).sum(1); }
+
+namespace {
 
 // a / b where mask, 0 elsewhere (b may be 0 where the mask is off).
 torch::Tensor masked_ratio(const torch::Tensor& mask, const torch::Tensor& a, const torch::Tensor& b) {
   return torch::where(mask, a / torch::where(mask, b, torch::ones_like(b)), torch::zeros_like(a));
 }
 
+// ||b|| per row, 1 where it is 0 or not finite: what a right-hand side is divided by so that a solve's dot
+// products stay near 1 whatever the energy's scale (b ~ 1e-300 would square to 0, b ~ 1e160 to inf).
+torch::Tensor rhs_scale(const torch::Tensor& b) {
+  torch::Tensor n = row_norm(b);
+  return torch::where(torch::isfinite(n) & (n > 0), n, torch::ones_like(n));
+}
+
 }  // namespace
 
-CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& b, const torch::Tensor& tol,
+CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& b, const torch::Tensor& rtol,
                             int64_t max_iter, bool truncate, const LinearOperator& precondition) {
   torch::NoGradGuard no_grad;
   const double eps = b.scalar_type() == torch::kFloat64 ? 1e-14 : 1e-6;
   auto apply_m = [&](const torch::Tensor& r) { return precondition ? precondition(r) : r; };
   CGResult out;
+  // Solved for b / ||b||, so that the residual is the relative one and the tolerance cannot underflow.
+  const torch::Tensor scale = rhs_scale(b).unsqueeze(1);
   torch::Tensor x = torch::zeros_like(b);
-  torch::Tensor r = b.clone();
+  torch::Tensor r = b / scale;
   torch::Tensor z = apply_m(r);
   torch::Tensor p = z;
   torch::Tensor rz = row_dot(r, z);
-  torch::Tensor rr = row_dot(r, r);
-  torch::Tensor done = rr.sqrt() <= tol;
+  torch::Tensor r_norm = row_norm(r);
+  torch::Tensor done = r_norm <= rtol;
   // Rows stopped by non-positive curvature on their very first iteration return the first direction,
   // M^-1 b: a descent direction for -g = b since M is positive definite.
   torch::Tensor fallback = torch::zeros_like(done);
@@ -36,7 +54,7 @@ CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& 
     ++out.iterations;
     torch::Tensor pap = row_dot(p, ap);
     // Non-positive curvature, relative to the scale of H: the angle between p and Ap is 90 degrees or more.
-    torch::Tensor bad = (pap <= eps * (row_dot(p, p) * row_dot(ap, ap)).sqrt()) & done.logical_not();
+    torch::Tensor bad = (pap <= eps * row_norm(p) * row_norm(ap)) & done.logical_not();
     if (bad.any().item<bool>()) {
       out.negative_curvature = true;
       if (truncate && out.iterations == 1) fallback = fallback | bad;
@@ -48,22 +66,25 @@ CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& 
     r = r - alpha * ap;
     z = apply_m(r);
     torch::Tensor rz_new = row_dot(r, z);
-    rr = row_dot(r, r);
-    done = done | (rr.sqrt() <= tol);
+    r_norm = row_norm(r);
+    done = done | (r_norm <= rtol);
     torch::Tensor beta = masked_ratio(done.logical_not() & (rz != 0), rz_new, rz);
     p = z + beta.unsqueeze(1) * p;
     rz = rz_new;
   }
   if (truncate) x = torch::where(fallback.unsqueeze(1), first, x);
-  out.x = x;
-  out.residual_norm = rr.sqrt();
-  out.converged = (out.residual_norm <= tol).all().item<bool>() && !out.negative_curvature;
+  out.x = x * scale;
+  out.residual = r_norm;
+  out.converged = (out.residual <= rtol).all().item<bool>() && !out.negative_curvature;
   return out;
 }
 
-CGResult solve_rows(const AnalyticDerivatives& point, const torch::Tensor& b, const torch::Tensor& tol,
+CGResult solve_rows(const AnalyticDerivatives& point, const torch::Tensor& b_in, const torch::Tensor& rtol,
                     int64_t max_iter, bool truncate, torch::Tensor* direct_rows) {
   torch::NoGradGuard no_grad;
+  // Everything below works on b / ||b||: residual norms are then relative ones, on any scale of energy.
+  const torch::Tensor scale = rhs_scale(b_in).unsqueeze(1);
+  const torch::Tensor b = b_in / scale;
   torch::Tensor direct = torch::zeros({b.size(0)}, b.options().dtype(torch::kBool));
   torch::Tensor x_direct = torch::zeros_like(b);
   if (point.solve) {
@@ -73,10 +94,10 @@ CGResult solve_rows(const AnalyticDerivatives& point, const torch::Tensor& b, co
   CGResult out;
   if (!direct.all().item<bool>()) {
     torch::Tensor rest = torch::where(direct.unsqueeze(1), torch::zeros_like(b), b);
-    out = conjugate_gradient(point.hvp, rest, tol, max_iter, truncate, point.precondition);
+    out = conjugate_gradient(point.hvp, rest, rtol, max_iter, truncate, point.precondition);
   } else {
     out.x = torch::zeros_like(b);
-    out.residual_norm = torch::zeros({b.size(0)}, b.options());
+    out.residual = torch::zeros({b.size(0)}, b.options());
     out.converged = true;
   }
   out.x = torch::where(direct.unsqueeze(1), x_direct, out.x);
@@ -84,31 +105,33 @@ CGResult solve_rows(const AnalyticDerivatives& point, const torch::Tensor& b, co
     // The factorization's residual, measured, and iterative refinement where it is above the tolerance
     // (round-off in the factor grows with H's condition number), kept while it halves the residual.
     auto residual = [&](const torch::Tensor& x) { return b - point.hvp(x); };
-    auto norm = [](const torch::Tensor& r) { return r.square().sum(1).sqrt(); };
     torch::Tensor r = residual(out.x);
-    out.residual_norm = torch::where(direct, norm(r), out.residual_norm);
-    torch::Tensor refine_rows = direct & (out.residual_norm > tol);
+    out.residual = torch::where(direct, row_norm(r), out.residual);
+    torch::Tensor refine_rows = direct & (out.residual > rtol);
     for (int k = 0; k < 4 && refine_rows.any().item<bool>(); ++k) {
       torch::Tensor x_try = out.x + torch::where(refine_rows.unsqueeze(1), point.solve(r), torch::zeros_like(r));
       torch::Tensor r_try = residual(x_try);
-      torch::Tensor n_try = norm(r_try);
-      torch::Tensor better = refine_rows & (n_try < 0.5 * out.residual_norm);
+      torch::Tensor n_try = row_norm(r_try);
+      torch::Tensor better = refine_rows & (n_try < 0.5 * out.residual);
       out.x = torch::where(better.unsqueeze(1), x_try, out.x);
       r = torch::where(better.unsqueeze(1), r_try, r);
-      out.residual_norm = torch::where(better, n_try, out.residual_norm);
-      refine_rows = better & (n_try > tol);
+      out.residual = torch::where(better, n_try, out.residual);
+      refine_rows = better & (n_try > rtol);
     }
-    // Where round-off still keeps the factor's answer above the tolerance, CG finishes the job from it.
-    torch::Tensor polish = direct & (out.residual_norm > tol);
+    // Where round-off still keeps the factor's answer above the tolerance, CG finishes the job from it: its
+    // right-hand side is r, so its tolerance is relative to ||r||.
+    torch::Tensor polish = direct & (out.residual > rtol);
     if (polish.any().item<bool>()) {
-      CGResult fix = conjugate_gradient(point.hvp, torch::where(polish.unsqueeze(1), r, torch::zeros_like(r)), tol,
-                                        max_iter, /*truncate=*/false, point.precondition);
+      torch::Tensor fix_rtol = rtol / torch::where(polish, out.residual, torch::ones_like(out.residual));
+      CGResult fix = conjugate_gradient(point.hvp, torch::where(polish.unsqueeze(1), r, torch::zeros_like(r)),
+                                        fix_rtol, max_iter, /*truncate=*/false, point.precondition);
       out.iterations += fix.iterations;
       out.x = out.x + fix.x;
-      out.residual_norm = torch::where(polish, fix.residual_norm, out.residual_norm);
+      out.residual = torch::where(polish, fix.residual * out.residual, out.residual);
     }
-    out.converged = out.converged && (out.residual_norm <= tol).all().item<bool>();
+    out.converged = out.converged && (out.residual <= rtol).all().item<bool>();
   }
+  out.x = out.x * scale;
   if (direct_rows) *direct_rows = direct;
   return out;
 }

@@ -30,21 +30,22 @@ SecondOrderPoint::SecondOrderPoint(const EnergyFn& energy, const torch::Tensor& 
         ", got " + (e.defined() ? "shape " + shape_str(e) : std::string("an undefined tensor")));
   }
   if (!e.is_floating_point()) throw std::invalid_argument("energy must return a floating-point tensor");
-  if (!e.requires_grad()) {
-    // The energy does not depend on x: its gradient and Hessian are zero.
-    energy_ = e.detach();
-    grad_ = torch::zeros_like(x_rows);
-    return;
-  }
+  // An energy with no graph to x would have a zero gradient everywhere, and Newton would report any x as
+  // converged: a silent wrong answer, so it is refused.
+  const char* no_graph =
+      "the energy does not depend on x: its value has no autograd graph to x (a constant, or computed from a "
+      "detached copy, .item() or under torch.no_grad()), so every x would be a minimum. Compute it from x "
+      "with torch ops";
+  if (!e.requires_grad()) throw std::invalid_argument(no_graph);
   grad_graph_ = torch::autograd::grad({e.sum()}, {x_}, {}, /*retain_graph=*/true, /*create_graph=*/true,
                                       /*allow_unused=*/true)[0];
-  if (!grad_graph_.defined()) grad_graph_ = torch::zeros_like(x_rows);
+  if (!grad_graph_.defined()) throw std::invalid_argument(no_graph);
   energy_ = e.detach();
   grad_ = grad_graph_.detach();
 }
 
 torch::Tensor SecondOrderPoint::hvp(const torch::Tensor& v) const {
-  if (!grad_graph_.defined() || !grad_graph_.requires_grad()) return torch::zeros_like(v);
+  if (!grad_graph_.requires_grad()) return torch::zeros_like(v);  // E linear in x: H = 0
   torch::AutoGradMode grad_mode(true);
   auto hv = torch::autograd::grad({grad_graph_}, {x_}, {v}, /*retain_graph=*/true, /*create_graph=*/false,
                                   /*allow_unused=*/true)[0];
@@ -53,7 +54,7 @@ torch::Tensor SecondOrderPoint::hvp(const torch::Tensor& v) const {
 
 std::vector<torch::Tensor> SecondOrderPoint::mixed_vjp(const torch::Tensor& w,
                                                        const std::vector<torch::Tensor>& wrt) const {
-  if (wrt.empty() || !grad_graph_.defined() || !grad_graph_.requires_grad()) {
+  if (wrt.empty() || !grad_graph_.requires_grad()) {
     return std::vector<torch::Tensor>(wrt.size());
   }
   torch::AutoGradMode grad_mode(true);

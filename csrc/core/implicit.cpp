@@ -17,6 +17,7 @@ struct Problem : torch::CustomClassHolder {
   std::shared_ptr<SolveInfo> info;
   std::shared_ptr<const AnalyticEnergy> analytic;
   LinearOperator factor;  // with options.keep_factor: the solve of the forward's last factorization
+  RaiseFn raise_backward;
 };
 
 class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
@@ -45,6 +46,14 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
   // iterations the forward took.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
+    // The engine runs a backward in grad mode exactly when create_graph=True. This backward's gradients carry
+    // no graph (the adjoint solve is not differentiated), so a second derivative through it would be silently
+    // wrong: refused.
+    if (torch::GradMode::is_enabled()) {
+      throw std::runtime_error(
+          "diffsoft.minimize's backward is first order only: create_graph=True (and so higher-order gradients, "
+          "gradgradcheck, Hessians) through minimize is not supported");
+    }
     auto problem = ctx->saved_data["problem"].toCapsule();
     auto* pb = static_cast<Problem*>(problem.get());
     torch::autograd::variable_list saved = ctx->get_saved_variables();
@@ -89,16 +98,15 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
       };
     }
     const int64_t max_iter = opt.backward_max_iter > 0 ? opt.backward_max_iter : 10 * n;
-    torch::Tensor b_norm = dl_dx.square().sum(1).sqrt();
     torch::Tensor direct_rows;
-    CGResult cg = solve_rows(point, dl_dx, opt.backward_rtol * b_norm, max_iter, /*truncate=*/false, &direct_rows);
-    torch::Tensor rel = cg.residual_norm / b_norm.clamp_min(1e-300);
+    CGResult cg = solve_rows(point, dl_dx, torch::full({batch}, opt.backward_rtol, dl_dx.options()), max_iter,
+                             /*truncate=*/false, &direct_rows);
 
     SolveInfo& info = *pb->info;
     info.backward_ran = true;
     info.backward_cg_iterations = cg.iterations;
     info.backward_direct = direct_rows.all().item<bool>();
-    info.backward_residual = rel.max().item<double>();
+    info.backward_residual = cg.residual.max().item<double>();
     info.backward_converged = cg.converged;
     std::ostringstream msg;
     if (cg.negative_curvature) {
@@ -117,7 +125,11 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
     }
     info.backward_message = msg.str();
     if (!info.backward_converged) {
-      if (opt.raise_on_failure) throw ConvergenceError("adjoint solve failed: " + info.backward_message);
+      if (opt.raise_on_failure) {
+        const std::string what = "adjoint solve failed: " + info.backward_message;
+        if (pb->raise_backward) pb->raise_backward(what);
+        throw ConvergenceError(what);
+      }
       TORCH_WARN("diffsoft: adjoint solve failed: ", info.backward_message);
     }
 
@@ -137,7 +149,8 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
 
 torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
                                 const SolverOptions& options, std::shared_ptr<SolveInfo> info,
-                                std::shared_ptr<const AnalyticEnergy> analytic, const torch::Tensor& sparsity) {
+                                std::shared_ptr<const AnalyticEnergy> analytic, const torch::Tensor& sparsity,
+                                RaiseFn raise_backward) {
   if (sparsity.defined() && !analytic) {
     analytic = std::make_shared<AnalyticEnergy>(
         probed_energy(energy, params, x0.sizes(), options.batched, sparsity, std::make_shared<FactorCache>()));
@@ -146,6 +159,7 @@ torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const 
   problem->analytic = std::move(analytic);
   problem->energy = std::move(energy);
   problem->options = options;
+  problem->raise_backward = std::move(raise_backward);
   problem->info = info ? std::move(info) : std::make_shared<SolveInfo>();
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];

@@ -10,10 +10,6 @@ namespace diffsoft {
 
 namespace {
 
-torch::Tensor row_norm(const torch::Tensor& a) { return a.square().sum(1).sqrt(); }
-
-torch::Tensor row_dot(const torch::Tensor& a, const torch::Tensor& b) { return (a * b).sum(1); }
-
 // "3, 7, 12" for the true entries of a (B,) mask (at most the first 10, then "...").
 std::string indices(const torch::Tensor& mask) {
   torch::Tensor idx = torch::nonzero(mask.cpu()).flatten();
@@ -101,7 +97,9 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       why << "the gradient is not finite at Newton iteration " << it << " for problem(s) " << indices(bad) << "; ";
       failed = failed | bad;
     }
-    info.grad_norm = torch::where(failed, torch::zeros_like(g_norm), g_norm).max().item<double>();
+    // Failed problems count too (frozen at their last point): the record says where the solve ended.
+    const double inf = std::numeric_limits<double>::infinity();
+    info.grad_norm = torch::where(torch::isnan(g_norm), torch::full_like(g_norm, inf), g_norm).max().item<double>();
     torch::Tensor active = (g_norm > threshold) & failed.logical_not();
     if (!active.any().item<bool>()) break;
     if (it == opt.max_iter) {
@@ -114,8 +112,11 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
 
     // Newton direction: H p = -g on the unconverged rows, to a relative tolerance eta (the forcing term).
     torch::Tensor rhs = torch::where(active.unsqueeze(1), -g, torch::zeros_like(g));
-    torch::Tensor eta = torch::clamp_max((g_norm / g0_norm.clamp_min(1e-300)).sqrt(), opt.cg_rtol);
-    CGResult cg = solve_rows(point, rhs, eta * g_norm, cg_max_iter, /*truncate=*/true);
+    // Active rows have ||g0|| > 0 (a zero gradient at x0 has converged); the others get cg_rtol, not 0 / 0.
+    torch::Tensor eta = torch::clamp_max(
+        (g_norm / torch::where(active, g0_norm, torch::ones_like(g0_norm))).sqrt(), opt.cg_rtol);
+    eta = torch::where(active, eta, torch::full_like(eta, opt.cg_rtol));
+    CGResult cg = solve_rows(point, rhs, eta, cg_max_iter, /*truncate=*/true);
     if (point.factorizations) info.factorizations += point.factorizations();
     if (point.probes) info.hvp_count += point.probes();
     if (last_solve && point.solve) *last_solve = point.solve;

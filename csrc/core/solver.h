@@ -87,7 +87,7 @@ struct SolveInfo {
   int64_t factorizations = 0;      // factorizations of H made for Newton's steps (a factored Hessian)
   int64_t line_search_steps = 0;
   double energy = 0.0;
-  double grad_norm = 0.0;          // max over problems of ||grad E(x*)||
+  double grad_norm = 0.0;          // max over problems of ||grad E(x*)|| (failed ones too; inf if not finite)
   double grad_norm_initial = 0.0;  // max over problems of ||grad E(x0)||
   std::vector<bool> problem_converged;
   std::string message;
@@ -116,19 +116,25 @@ class SecondOrderPoint {
   torch::Tensor x_, grad_graph_, energy_, grad_;
 };
 
+// Row-wise 2-norms of (B, n) rows, scale-safe: each row is divided by its largest magnitude before squaring
+// (as LAPACK's nrm2 does), so that a gradient of 1e-300 or 1e160 has its true norm, not 0 or inf.
+torch::Tensor row_norm(const torch::Tensor& a);
+torch::Tensor row_dot(const torch::Tensor& a, const torch::Tensor& b);  // (B, n), (B, n) -> (B,)
+
 struct CGResult {
-  torch::Tensor x;              // (B, n)
-  int64_t iterations = 0;       // = number of Hessian-vector products
-  bool converged = false;       // every row met its tolerance
+  torch::Tensor x;          // (B, n)
+  int64_t iterations = 0;   // = number of Hessian-vector products
+  bool converged = false;   // every row met its tolerance
   bool negative_curvature = false;
-  torch::Tensor residual_norm;  // (B,)
+  torch::Tensor residual;   // (B,) relative residuals ||b - A x|| / ||b|| (0 where b = 0)
 };
 
 // (Preconditioned) conjugate gradient on rows: solves A x_b = b_b for each row b, stopping row b at
-// ||r_b|| <= tol_b (tol: (B,); the true residual, not the preconditioned one). With truncate=true (Newton), a
+// ||r_b|| <= rtol_b ||b_b|| (rtol: (B,); the true residual, not the preconditioned one). The rows are solved
+// scaled to norm 1, so that neither they nor the tolerance under- or overflow. With truncate=true (Newton), a
 // row that meets non-positive curvature stops and returns its current iterate, or M^-1 b if that happens on
 // the first iteration: always a descent direction for -g = b. precondition may be empty (M = I).
-CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& b, const torch::Tensor& tol,
+CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& b, const torch::Tensor& rtol,
                             int64_t max_iter, bool truncate, const LinearOperator& precondition = nullptr);
 
 // Newton's method with backtracking line search and truncated CG. Returns x* with x0's shape; fills info.
@@ -139,14 +145,20 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
                               const SolverOptions& options, SolveInfo& info,
                               const AnalyticEnergy* analytic = nullptr, LinearOperator* last_solve = nullptr);
 
+// Throws the caller's own exception for a message (e.g. a Python exception the autograd engine passes through
+// unchanged, where it would turn a C++ ConvergenceError into a plain error).
+using RaiseFn = std::function<void(const std::string& message)>;
+
 // x* = argmin_x energy(x, params) as a differentiable function of params (implicit function theorem).
 // info, if given, receives the forward's record, and the backward's when it runs. sparsity, if defined and
 // analytic is not given, is the (E, k) pattern of probed_energy below: the energy's Hessian is then probed
-// and factored (with a FactorCache of this solve's own).
+// and factored (with a FactorCache of this solve's own). With options.raise_on_failure, a failed adjoint
+// solve calls raise_backward if given (which must throw), else throws ConvergenceError. The backward is first
+// order: run with create_graph=True it throws.
 torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
                                 const SolverOptions& options, std::shared_ptr<SolveInfo> info = nullptr,
                                 std::shared_ptr<const AnalyticEnergy> analytic = nullptr,
-                                const torch::Tensor& sparsity = torch::Tensor());
+                                const torch::Tensor& sparsity = torch::Tensor(), RaiseFn raise_backward = nullptr);
 
 // A user energy's analytic path when its Hessian's sparsity is known: x is (N, d) per problem (batched: (B, N, d))
 // and the energy couples only vertices that share one of `elements` ((E, k) int64). The vertices get a
@@ -166,10 +178,11 @@ AnalyticDerivatives derivatives_at(const EnergyFn& energy, const AnalyticEnergy*
 
 void check_options(const SolverOptions& options);
 
-// Solves H x = b on rows: by the point's factorization where it has one and H is positive definite there,
-// by CG (preconditioned if the point offers it) on the remaining rows; direct_rows, if given, receives the
-// (B,) mask of the rows solved by the factorization. CGResult.iterations counts CG's only.
-CGResult solve_rows(const AnalyticDerivatives& point, const torch::Tensor& b, const torch::Tensor& tol,
+// Solves H x = b on rows to relative residuals rtol ((B,), as conjugate_gradient): by the point's factorization
+// where it has one and H is positive definite there, by CG (preconditioned if the point offers it) on the
+// remaining rows; direct_rows, if given, receives the (B,) mask of the rows solved by the factorization.
+// CGResult.iterations counts CG's only.
+CGResult solve_rows(const AnalyticDerivatives& point, const torch::Tensor& b, const torch::Tensor& rtol,
                     int64_t max_iter, bool truncate, torch::Tensor* direct_rows = nullptr);
 
 }  // namespace diffsoft

@@ -112,8 +112,9 @@ def minimize(
     for i, t in zip(tensor_slots, tensors):
         if t.device != x0.device:
             raise ValueError(f"params[{i}] is on {t.device} but x0 is on {x0.device}")
-        if t.is_floating_point() and t.dtype != x0.dtype:
-            raise TypeError(f"params[{i}] has dtype {t.dtype} but x0 has dtype {x0.dtype}")
+        if (t.is_floating_point() or t.is_complex()) and t.dtype != x0.dtype:
+            raise TypeError(f"params[{i}] has dtype {t.dtype} but x0 has dtype {x0.dtype}: floating-point params "
+                            f"must have x0's dtype (the solver runs in float32 or float64, real only)")
     if len(tensors) == len(params):
         fn = energy
     else:

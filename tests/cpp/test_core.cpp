@@ -1,6 +1,9 @@
 // GoogleTest suite of the C++ core, used from LibTorch alone (energies as C++ callables).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "core/solver.h"
 
 using diffsoft::EnergyFn;
@@ -57,7 +60,7 @@ TEST_F(Core, ConjugateGradientSolvesSpdRowsToTheirTolerances) {
   auto apply = [&](const Tensor& v) { return torch::stack({a1.mv(v[0]), a2.mv(v[1])}); };
   Tensor b = torch::randn({2, n}, f64);
   Tensor tol = 1e-10 * b.norm(2, 1);
-  auto r = diffsoft::conjugate_gradient(apply, b, tol, 10 * n, /*truncate=*/false);
+  auto r = diffsoft::conjugate_gradient(apply, b, torch::full({2}, 1e-10, f64), 10 * n, /*truncate=*/false);
   ASSERT_TRUE(r.converged);
   EXPECT_FALSE(r.negative_curvature);
   EXPECT_LE(r.iterations, 3 * n);
@@ -65,6 +68,25 @@ TEST_F(Core, ConjugateGradientSolvesSpdRowsToTheirTolerances) {
   EXPECT_LE(resid[0].norm().item<double>(), 1.01 * tol[0].item<double>() + 1e-12);
   EXPECT_LE(resid[1].norm().item<double>(), 1.01 * tol[1].item<double>() + 1e-12);
   EXPECT_TRUE(torch::allclose(r.x[0], torch::linalg::solve(a1, b[0], true), 1e-8, 1e-10));
+}
+
+TEST_F(Core, RowNormsAndConjugateGradientAreScaleSafe) {
+  Tensor a = torch::tensor({3e-300, 4e-300, 0.0, 3e200, 4e200, 0.0, 0.0, 0.0, 0.0}, f64).view({3, 3});
+  Tensor norms = diffsoft::row_norm(a);
+  EXPECT_NEAR(norms[0].item<double>() / 5e-300, 1.0, 1e-15);
+  EXPECT_NEAR(norms[1].item<double>() / 5e200, 1.0, 1e-15);
+  EXPECT_EQ(norms[2].item<double>(), 0.0);
+  a[2][1] = std::numeric_limits<double>::infinity();
+  EXPECT_TRUE(std::isinf(diffsoft::row_norm(a)[2].item<double>()));
+
+  // H = 1e-300 A, b = 1e-300 c: x solves A x = c, though H b underflows to 0.
+  const int64_t n = 8;
+  Tensor m = spd(n), c = torch::randn({1, n}, f64);
+  auto apply = [&](const Tensor& v) { return (1e-300 * m).mm(v.t()).t(); };
+  auto r = diffsoft::conjugate_gradient(apply, 1e-300 * c, torch::full({1}, 1e-10, f64), 10 * n, false);
+  ASSERT_TRUE(r.converged);
+  EXPECT_TRUE(torch::allclose(r.x[0], torch::linalg::solve(m, c[0], true), 1e-8, 1e-10));
+  EXPECT_LE(r.residual[0].item<double>(), 1e-10);
 }
 
 TEST_F(Core, TruncatedConjugateGradientReturnsADescentDirectionOnIndefiniteSystems) {

@@ -1,0 +1,161 @@
+"""The core never answers silently: norms that neither under- nor overflow, an energy that does not depend on x,
+second derivatives through minimize, errors that keep their type through the backward, picklable records, and
+parameter dtypes the solver cannot run in (issue 12)."""
+import multiprocessing
+import pickle
+
+import pytest
+import torch
+
+import diffsoft
+
+F64 = torch.float64
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e160, 1e300])
+def test_tiny_and_huge_energies_converge_to_their_minimum(scale):
+    x, info = diffsoft.minimize(lambda x: scale * ((x - 1) ** 2).sum(), torch.zeros(3, dtype=F64),
+                                return_info=True, on_failure="raise")
+    assert info.converged and info.iterations >= 1
+    assert torch.allclose(x, torch.ones(3, dtype=F64), rtol=0, atol=1e-10)
+    # ||g(x0)|| = 2 sqrt(3) scale, exactly what the record says
+    assert info.grad_norm_initial == pytest.approx(2 * 3 ** 0.5 * scale, rel=1e-12)
+    assert info.grad_norm <= 1e-8 * info.grad_norm_initial
+
+
+def test_batched_problems_of_very_different_scales_each_converge():
+    scales = torch.tensor([1e-300, 1.0, 1e160], dtype=F64).unsqueeze(1)
+    x, info = diffsoft.minimize(lambda x: (scales * (x - 2) ** 2).sum(1), torch.zeros(3, 4, dtype=F64),
+                                batched=True, return_info=True, on_failure="raise")
+    assert info.converged and info.problem_converged == [True, True, True]
+    assert torch.allclose(x, torch.full((3, 4), 2.0, dtype=F64), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e160])
+def test_implicit_gradient_of_a_tiny_or_huge_energy(scale):
+    # x* = b, so dx*/db = I whatever the scale; the adjoint residual is a true relative one.
+    b = torch.tensor([0.5, -1.0, 2.0], dtype=F64, requires_grad=True)
+    x, info = diffsoft.minimize(lambda x, b: scale * ((x - b) ** 2).sum(), torch.zeros(3, dtype=F64), b,
+                                return_info=True, on_failure="raise")
+    (g,) = torch.autograd.grad(x.sum(), b)
+    assert torch.allclose(g, torch.ones(3, dtype=F64), atol=1e-8)
+    assert info.backward_converged and 0 <= info.backward_residual <= 1e-10
+
+
+def test_record_is_true_after_a_failure():
+    # max_iter = 0: nothing moves, and the record holds the true (tiny) norms rather than 0.
+    with pytest.warns(RuntimeWarning, match="max_iter = 0"):
+        _, info = diffsoft.minimize(lambda x: 1e-300 * ((x - 1) ** 2).sum(), torch.zeros(3, dtype=F64),
+                                    max_iter=0, return_info=True)
+    assert not info.converged
+    assert info.grad_norm == info.grad_norm_initial == pytest.approx(2 * 3 ** 0.5 * 1e-300, rel=1e-12)
+    assert info.energy == pytest.approx(3e-300, rel=1e-12)
+
+
+@pytest.mark.parametrize("energy", [
+    lambda x, k: k * 2,                                  # a constant
+    lambda x, k: (k * x.detach()).sum(),                 # no graph to x
+    lambda x, k: torch.tensor(float((x * k).sum())),     # through a Python float
+], ids=["constant", "detached", "item"])
+def test_an_energy_that_does_not_depend_on_x_is_refused(energy):
+    k = torch.tensor(3.0, dtype=F64, requires_grad=True)
+    with pytest.raises(ValueError, match="the energy does not depend on x"):
+        diffsoft.minimize(energy, torch.zeros(3, dtype=F64), k)
+
+
+def _quartic(x, k):
+    return (0.5 * k * x * x + 0.25 * x ** 4 - x).sum()
+
+
+def test_second_derivatives_through_minimize_are_refused():
+    k = torch.tensor([1.0, 2.0, 3.0], dtype=F64, requires_grad=True)
+    x = diffsoft.minimize(_quartic, torch.zeros(3, dtype=F64), k)
+    with pytest.raises(RuntimeError, match="first order only.*create_graph"):
+        torch.autograd.grad(x.sum(), k, create_graph=True)
+    # First-order gradients still work, by backward() and by grad().
+    x = diffsoft.minimize(_quartic, torch.zeros(3, dtype=F64), k)
+    (g,) = torch.autograd.grad(x.sum(), k, create_graph=False)
+    x = diffsoft.minimize(_quartic, torch.zeros(3, dtype=F64), k)
+    x.sum().backward()
+    assert torch.allclose(k.grad, g)
+    assert torch.autograd.gradcheck(lambda k: diffsoft.minimize(_quartic, torch.zeros(3, dtype=F64), k,
+                                                                rtol=1e-13), (k,))
+
+
+class MyError(Exception):
+    pass
+
+
+def test_an_energy_error_in_backward_keeps_its_type():
+    calls = {"n": 0}
+    k = torch.tensor([1.0, 2.0], dtype=F64, requires_grad=True)
+
+    def energy(x, k):
+        if torch.is_grad_enabled() and k.requires_grad:  # only the backward passes params that need grad
+            calls["n"] += 1
+            raise MyError("boom in backward")
+        return _quartic(x, k)
+
+    x = diffsoft.minimize(energy, torch.zeros(2, dtype=F64), k)
+    with pytest.raises(MyError, match="boom in backward"):
+        x.sum().backward()
+    assert calls["n"] == 1
+
+
+def test_an_energy_error_in_forward_keeps_its_type():
+    def energy(x):
+        raise KeyError("no such term")
+
+    with pytest.raises(KeyError, match="no such term"):
+        diffsoft.minimize(energy, torch.zeros(2, dtype=F64))
+
+
+def test_an_adjoint_failure_raises_convergence_error_with_its_record():
+    k = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=F64, requires_grad=True)
+    # A diagonal Hessian k + 3 x^2 with distinct entries needs 4 CG iterations; 1 is not enough.
+    x = diffsoft.minimize(_quartic, torch.zeros(4, dtype=F64), k, on_failure="raise", backward_max_iter=1)
+    with pytest.raises(diffsoft.ConvergenceError, match="adjoint solve failed") as caught:
+        x.sum().backward()
+    info = caught.value.info
+    assert isinstance(info, diffsoft.SolveInfo)
+    assert info.converged and info.backward_ran and not info.backward_converged
+    assert info.backward_residual > 1e-10 and "backward_max_iter = 1" in info.backward_message
+
+
+def _fields(info):
+    return {name: getattr(info, name) for name in dir(info) if not name.startswith("_")}
+
+
+def test_solve_info_and_convergence_error_pickle():
+    with pytest.warns(RuntimeWarning):
+        _, info = diffsoft.minimize(_quartic, torch.zeros((2, 3), dtype=F64), torch.ones(3, dtype=F64),
+                                    batched=True, max_iter=1, return_info=True)
+    copy = pickle.loads(pickle.dumps(info))
+    assert isinstance(copy, diffsoft.SolveInfo) and _fields(copy) == _fields(info)
+    assert copy.problem_converged == [False, False] and copy.message == info.message
+
+    with pytest.raises(diffsoft.ConvergenceError) as caught:
+        diffsoft.minimize(_quartic, torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64), max_iter=1,
+                          on_failure="raise")
+    error = pickle.loads(pickle.dumps(caught.value))
+    assert type(error) is diffsoft.ConvergenceError and str(error) == str(caught.value)
+    assert _fields(error.info) == _fields(caught.value.info)
+
+
+def _fail_in_worker(_):
+    diffsoft.minimize(_quartic, torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64), max_iter=1,
+                      on_failure="raise")
+
+
+def test_convergence_error_crosses_a_process_pool():
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        with pytest.raises(diffsoft.ConvergenceError, match="max_iter = 1") as caught:
+            pool.map(_fail_in_worker, [0])
+    assert caught.value.info.iterations == 1 and not caught.value.info.converged
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.complex64, torch.complex128])
+def test_params_of_dtypes_the_solver_cannot_run_in_are_refused(dtype):
+    k = torch.ones(3, dtype=dtype)
+    with pytest.raises(TypeError, match=rf"params\[0\] has dtype {dtype}"):
+        diffsoft.minimize(lambda x, k: (k.real.to(F64) * x * x).sum() - x.sum(), torch.zeros(3, dtype=F64), k)
