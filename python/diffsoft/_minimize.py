@@ -1,10 +1,10 @@
 """The implicit layer: ``x* = argmin_x energy(x, *params)``, differentiable with respect to params."""
-import math
 import numbers
 import warnings
 
 import torch
 
+from ._checks import is_finite_real
 from ._extension import ConvergenceError, SolveInfo, SolverOptions, _C
 
 
@@ -93,7 +93,7 @@ def minimize(
         raise TypeError(f"x0 must be a float32 or float64 tensor (the dtypes the solver runs in), got {x0.dtype}")
     if on_failure not in ("warn", "raise"):
         raise ValueError(f'on_failure must be "warn" or "raise", got {on_failure!r}')
-    if _real(atol) and atol > torch.finfo(x0.dtype).max:
+    if is_finite_real(atol) and atol > torch.finfo(x0.dtype).max:
         raise ValueError(f"atol must be a finite number >= 0 in x0's dtype {x0.dtype}, got {atol!r}")
     options = _options(
         batched=batched, rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol, cg_max_iter=cg_max_iter,
@@ -170,20 +170,16 @@ def _options(**kw):
     bounds = {"rtol": (0, 1), "cg_rtol": (0, 1), "backward_rtol": (0, 1), "ls_c1": (0, 0.5), "ls_shrink": (0, 1)}
     if kw["rtol"] is None:
         kw["rtol"] = 0.0  # the C++ side picks the dtype's default
-    elif not _real(kw["rtol"]) or not 0 < kw["rtol"] < 1:
+    elif not is_finite_real(kw["rtol"]) or not 0 < kw["rtol"] < 1:
         raise ValueError(f"rtol must be None or in (0, 1), got {kw['rtol']!r}")
     for name, (lo, hi) in bounds.items():
-        if name != "rtol" and (not _real(kw[name]) or not lo < kw[name] < hi):
+        if name != "rtol" and (not is_finite_real(kw[name]) or not lo < kw[name] < hi):
             raise ValueError(f"{name} must be in ({lo}, {hi}), got {kw[name]!r}")
-    if not _real(kw["atol"]) or kw["atol"] < 0:
+    if not is_finite_real(kw["atol"]) or kw["atol"] < 0:
         raise ValueError(f"atol must be a finite number >= 0, got {kw['atol']!r}")
     for name, v in kw.items():
         setattr(o, name, v)
     return o
-
-
-def _real(v):
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _tensors_requiring_grad_in(value):

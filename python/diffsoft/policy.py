@@ -10,12 +10,12 @@ body, and outputs a change of each muscle's activation:
 Both trainers use it: :mod:`diffsoft.training` (gradients through the simulator) and :mod:`diffsoft.ppo`.
 """
 import json
-import math
 import numbers
 
 import torch
 from torch import nn
 
+from ._checks import is_finite_real
 from ._io import read_json
 
 POLICY_KEYS = ("fc1", "fc2", "min_a", "max_abs_da", "center_vertex_id", "forward_vertex_id")
@@ -82,9 +82,9 @@ class FramePolicy(nn.Module):
     def __init__(self, num_vertices, num_muscles, dim, center_vertex_id, forward_vertex_id, hidden=32,
                  min_a=0.25, max_abs_da=0.3):
         super().__init__()
-        if not (_real(min_a) and 0 < min_a < 1):
+        if not (is_finite_real(min_a) and 0 < min_a < 1):
             raise ValueError(f"min_a must be a number in (0, 1), got {min_a!r}")
-        if not (_real(max_abs_da) and max_abs_da > 0):
+        if not (is_finite_real(max_abs_da) and max_abs_da > 0):
             raise ValueError(f"max_abs_da must be a positive finite number, got {max_abs_da!r}")
         if isinstance(hidden, bool) or not isinstance(hidden, numbers.Integral) or hidden < 1:
             raise ValueError(f"hidden must be a positive integer (the hidden layer's width), got {hidden!r}")
@@ -223,8 +223,3 @@ def distance_walked(sim, policy, steps):
     policy from the rest pose (relaxed muscles)."""
     xs, _ = run_policy(sim, policy, steps)
     return (center_of_mass_x(sim, xs[-1]) - center_of_mass_x(sim, xs[0])).item()
-
-
-def _real(value):
-    """A finite real number (numpy's included), not a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)

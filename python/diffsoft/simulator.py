@@ -15,6 +15,7 @@ import numbers
 
 import torch
 
+from ._checks import is_finite_real
 from ._extension import _C
 from ._minimize import minimize
 from .energies import (determinant, elastic_energy, gravity_energy, ground_contact_energy, muscle_energy,
@@ -78,13 +79,13 @@ class Simulator:
                  keep_factors=False):
         # The step divides by dt^2, and its kernels compute in the body's dtype.
         lo, hi = math.sqrt(torch.finfo(body.dtype).tiny), math.sqrt(torch.finfo(body.dtype).max)
-        if not (_real(dt) and lo <= dt <= hi):
+        if not (is_finite_real(dt) and lo <= dt <= hi):
             raise ValueError(f"dt must be a positive number in [{lo:.1g}, {hi:.1g}] (seconds; its square must be a "
                              f"normal {body.dtype}), got {dt!r}")
-        if ground is not None and not (_real(ground) and abs(ground) <= hi):
+        if ground is not None and not (is_finite_real(ground) and abs(ground) <= hi):
             raise ValueError(f"ground must be a number (the ground's height, at most {hi:.1g} in size) or None, "
                              f"got {ground!r}")
-        if not (_real(friction_eps) and 0 <= friction_eps <= hi):
+        if not (is_finite_real(friction_eps) and 0 <= friction_eps <= hi):
             raise ValueError(f"friction_eps must be a number in [0, {hi:.1g}], got {friction_eps!r}")
         self.body = body
         self.dt = float(dt)
@@ -348,8 +349,3 @@ class Simulator:
             raise ValueError(f"activation must be in [{_MIN_ACTIVATION:g}, 1] (1 is relaxed; a muscle's rest length "
                              f"is scaled by it, and cannot vanish), got {bad:g}")
         return a
-
-
-def _real(value):
-    """A finite real number (numpy's included), not a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)

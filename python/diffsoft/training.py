@@ -48,8 +48,6 @@ adds ``learning_curve.png`` and ``walk.gif``.
 import copy
 import dataclasses
 import json
-import math
-import numbers
 import os
 import time
 import warnings
@@ -57,6 +55,7 @@ import warnings
 import torch
 from torch import nn
 
+from ._checks import is_finite_real
 from ._optional import require
 from .creatures import make_creature
 from .policy import FramePolicy, center_of_mass_x, distance_walked, observe, save_algovivo_policy
@@ -134,7 +133,7 @@ class TrainConfig:
         for f in dataclasses.fields(self):
             v, kind = getattr(self, f.name), type(getattr(defaults, f.name))
             if kind is float:
-                ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+                ok = is_finite_real(v)
             else:
                 ok = isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
             if not ok:
