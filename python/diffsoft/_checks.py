@@ -1,8 +1,47 @@
 """Checks shared by the entry points that take plain numbers."""
+import dataclasses
 import math
 import numbers
+
+_RANGES = {
+    ">0": (lambda v: v > 0, "positive"),
+    ">=0": (lambda v: v >= 0, "non-negative"),
+    "(0,1)": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "[0,1]": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+}
 
 
 def is_finite_real(value):
     """A finite real number (numpy's included), not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_integer(value):
+    """An integer (numpy's included), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_fields(config, ranges):
+    """Checks a dataclass of settings before anything is built, raising ValueError naming the first field at
+    fault: every field has its default's kind (a float field takes any finite real number, an int field any
+    integer, numpy's included), and the fields in ``ranges`` lie in theirs: ``">0"``, ``">=0"``, ``"(0,1)"``,
+    ``"[0,1]"``, or a tuple of the values allowed. Numpy numbers become Python's (configs are written as
+    JSON)."""
+    defaults = type(config)()
+    for f in dataclasses.fields(config):
+        value, kind = getattr(config, f.name), type(getattr(defaults, f.name))
+        ok = {float: is_finite_real, int: is_integer}.get(kind, lambda v: isinstance(v, kind))(value)
+        if not ok:
+            what = "a finite float" if kind is float else f"an {kind.__name__}" if kind is int else f"a {kind.__name__}"
+            raise ValueError(f"{f.name} must be {what}, got {value!r}")
+        if kind in (float, int):
+            value = kind(value)
+            setattr(config, f.name, value)
+        allowed = ranges.get(f.name)
+        if isinstance(allowed, tuple):
+            if value not in allowed:
+                raise ValueError(f"{f.name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+        elif allowed is not None:
+            inside, words = _RANGES[allowed]
+            if not inside(value):
+                raise ValueError(f"{f.name} must be {words}, got {value!r}")

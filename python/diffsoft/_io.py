@@ -1,6 +1,7 @@
 """Reading the project's JSON files (creatures, policies): every way a file can be unreadable becomes an
 error that names the file and what is wrong with it, never a bare decoder error."""
 import json
+import numbers
 import os
 
 
@@ -25,3 +26,11 @@ def read_json(path):
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object with named keys, got {type(data).__name__}")
     return data
+
+
+def only_numbers(value):
+    """Whether ``value`` is a number or (nested) lists of numbers: no strings, booleans or nulls, which numpy and
+    torch would otherwise turn into numbers without a word."""
+    if isinstance(value, list):
+        return all(only_numbers(v) for v in value)
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

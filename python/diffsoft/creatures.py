@@ -25,7 +25,7 @@ import os
 import numpy as np
 import torch
 
-from ._io import read_json
+from ._io import only_numbers, read_json
 from .body import SoftBody
 from .mesh import grid, voxels
 from .simulator import ALGOVIVO_VERTEX_MASS, Simulator
@@ -68,6 +68,11 @@ def load_algovivo(path, dtype=None):
                          f"got shape {rsi.shape}")
     muscles = _array(data, "muscles", int, (None, 2), path) if "muscles" in data else np.zeros((0, 2), np.int64)
     l0 = _array(data, "l0", float, (len(muscles),), path) if "l0" in data else None
+    info = torch.finfo(dtype or torch.get_default_dtype())
+    if l0 is not None and not ((l0 >= info.tiny) & (l0 <= info.max)).all():
+        bad = l0[(l0 < info.tiny) | (l0 > info.max)][0]
+        raise ValueError(f"{path}: key 'l0' (the muscles' rest lengths) must be positive numbers that "
+                         f"{info.dtype} holds, in [{info.tiny:.3g}, {info.max:.3g}], got {bad:g}")
     for key, idx in (("triangles", triangles), ("muscles", muscles)):
         if idx.size and (idx.min() < 0 or idx.max() >= n):
             raise ValueError(f"{path}: key '{key}' has vertex index {idx.max() if idx.max() >= n else idx.min()}, "
@@ -227,6 +232,8 @@ def _array(data, key, kind, shape, path):
     if key not in data:
         raise ValueError(f"{path}: missing key '{key}'")
     try:
+        if not only_numbers(data[key]):
+            raise TypeError
         a = np.array(data[key], dtype=np.float64)
     except (TypeError, ValueError):
         raise ValueError(f"{path}: key '{key}' must be a (nested) list of numbers of equal lengths") from None

@@ -11,9 +11,12 @@ Two families of cases:
   :func:`check_steps` asserts that each step converges (checked on the plain-torch reference residual) or says
   it did not, with finite states and no inverted neo-Hookean element.
 """
+import json
 import math
 import numbers
+import os
 import re
+import tempfile
 import warnings
 
 import numpy as np
@@ -23,10 +26,13 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 import diffsoft
+from . import creatures, policy, render
 from .body import SoftBody
 from .energies import MATERIALS, deformation_gradient, determinant, reference_step_energy
 from .mesh import box, rectangle
+from .ppo import PPOConfig
 from .simulator import Simulator
+from .training import TrainConfig
 
 # No shrinking: a failing example is printed as found (shrinking a slow simulation can take many minutes).
 _FUZZ = settings(derandomize=True, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
@@ -369,6 +375,77 @@ def _policy(dtype, **kw):
     return list(FramePolicy(4, 2, 2, 0, 1, **args).to(dtype).parameters())
 
 
+def _config(cls, **kw):
+    cls(**kw).check()
+    return []
+
+
+def _render(dtype, rollout=False, **kw):
+    v, t, args = _body_args(dtype)
+    sim = Simulator(SoftBody(v, t, **args), dt=0.01)
+    x = sim.rest_state[0]
+    if rollout:
+        return render.render_rollout(sim, torch.stack([x, x]), **kw) and []
+    return render.render_frame(sim, x, **kw) and []
+
+
+def _as_json(v):
+    """What a file can hold of ``v``: its number(s) for numpy numbers and tensors, else ``v`` itself (a
+    string for what JSON cannot write)."""
+    if isinstance(v, (np.generic, torch.Tensor)):
+        v = v.tolist()
+    return str(v) if isinstance(v, complex) else v
+
+
+def _edit_file(path, key, value, every=False):
+    """Rewrites the JSON file ``path`` with ``key`` (``"a.b"`` for a nested key) set to ``value``, or with every
+    entry of the list at ``key`` set to it (``every``); NaN and infinities as Python's json writes them."""
+    with open(path) as f:
+        data = json.load(f)
+    *outer, last = key.split(".")
+    node = data
+    for k in outer:
+        node = node[k]
+    value = _as_json(value)
+    if every:
+        node[last] = [[value] * len(r) if isinstance(r, list) else value for r in node[last]]
+    else:
+        node[last] = value
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+def _creature_file(dtype, key, value, algovivo=False):
+    v, t, args = _body_args(dtype)
+    sim = Simulator(SoftBody(v, t, **args), dt=0.01)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "creature.json")
+        (creatures.save_algovivo if algovivo else creatures.save)(sim, path)
+        _edit_file(path, key, value, every=not key.startswith("simulator."))
+        loaded = creatures.load_algovivo(path, dtype) if algovivo else creatures.load(path, dtype)
+        return list(loaded.step(*loaded.rest_state))
+
+
+def _policy_file(dtype, key, value):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "policy.json")
+        policy.save_algovivo_policy(policy.FramePolicy(4, 2, 2, 0, 1, hidden=8), path)
+        if key == "fc1.weight":  # one weight
+            with open(path) as f:
+                data = json.load(f)
+            data["fc1"]["weight"][0][0] = _as_json(value)
+            with open(path, "w") as f:
+                json.dump(data, f)
+        else:
+            _edit_file(path, key, value)
+        return list(policy.load_algovivo_policy(path, dtype).parameters())
+
+
+def _json_real(v):
+    """A finite real number as a file holds it (a bool is not one)."""
+    return _real(_as_json(v))
+
+
 def _whole(v):
     return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
 
@@ -409,10 +486,55 @@ MISUSE_TARGETS = (
     + [("FramePolicy", name, (lambda dtype, v, name=name: _policy(dtype, **{name: v})), ok) for name, ok in (
         ("min_a", lambda v, d: _unit_open(v)), ("max_abs_da", lambda v, d: _positive(v)),
         ("hidden", lambda v, d: _count(v) and v < 1000))]
+    + [("PPOConfig", name, (lambda dtype, v, name=name: _config(PPOConfig, **{name: v})), ok) for name, ok in (
+        ("lr", lambda v, d: _positive(v)), ("gamma", lambda v, d: _real(v) and 0 <= v <= 1),
+        ("lam", lambda v, d: _real(v) and 0 <= v <= 1), ("clip_ratio", lambda v, d: _positive(v)),
+        ("entropy_coef", lambda v, d: _nonneg(v)), ("value_coef", lambda v, d: _nonneg(v)),
+        ("max_grad_norm", lambda v, d: _positive(v)), ("init_log_std", lambda v, d: _real(v)),
+        ("min_a", lambda v, d: _unit_open(v)), ("horizon", lambda v, d: _count(v)),
+        ("envs", lambda v, d: _count(v)), ("minibatch", lambda v, d: _count(v)), ("epochs", lambda v, d: _count(v)),
+        ("steps", lambda v, d: _count(v)), ("seed", lambda v, d: _whole(v) and v >= 0),
+        ("dtype", lambda v, d: v in ("float32", "float64") and isinstance(v, str)))]
+    + [("TrainConfig", name, (lambda dtype, v, name=name: _config(TrainConfig, **{name: v})), ok) for name, ok in (
+        ("lr", lambda v, d: _positive(v)), ("gamma", lambda v, d: _real(v) and 0 <= v <= 1),
+        ("backward_rtol", lambda v, d: _unit_open(v)), ("action_noise", lambda v, d: _nonneg(v)),
+        ("batch", lambda v, d: _count(v)), ("window", lambda v, d: _count(v) and 256 % v == 0),
+        ("iterations", lambda v, d: _whole(v) and v >= 0), ("init_activation", lambda v, d: _real(v) and 0 <= v <= 0.75),
+        ("straight_through", lambda v, d: isinstance(v, bool)),
+        ("on_failure", lambda v, d: isinstance(v, str) and v in ("skip", "stop")))]
+    + [("render_frame", name, (lambda dtype, v, name=name, wrap=wrap: _render(dtype, **{name: wrap(v)})), ok)
+       for name, wrap, ok in (
+        ("size", lambda v: (v, 40), lambda v, d: _whole(v) and 1 <= v <= 16384),
+        ("bounds", lambda v: (-1.0, v, -1.0, 1.0), lambda v, d: _real(v) and v > -1),
+        ("yaw", lambda v: v, lambda v, d: _real(v)), ("pitch", lambda v: v, lambda v, d: _real(v)))]
+    + [("render_rollout", name, (lambda dtype, v, name=name: _render(dtype, rollout=True, **{name: v})), ok)
+       for name, ok in (("fps", lambda v, d: v is None or _positive(v)), ("every", lambda v, d: _count(v)))]
+    + [("creature file", key, (lambda dtype, v, key=key: _creature_file(dtype, key, v)), ok) for key, ok in (
+        ("simulator.dt", lambda v, d: _json_real(v) and v > 0 and v * v >= torch.finfo(d).tiny
+         and _within_sqrt_max(v, d)),
+        ("simulator.gravity", lambda v, d: _json_real(v) and v >= 0),
+        ("simulator.ground", lambda v, d: v is None or (_json_real(v) and _within_sqrt_max(v, d))),
+        ("simulator.contact_stiffness", lambda v, d: _json_real(v) and v >= torch.finfo(d).tiny),
+        ("simulator.friction", lambda v, d: _json_real(v) and v >= 0),
+        ("simulator.friction_eps", lambda v, d: _json_real(v) and v >= 0 and _within_sqrt_max(v, d)),
+        ("mass", lambda v, d: _json_real(v) and v >= torch.finfo(d).tiny),
+        ("mu", lambda v, d: _json_real(v) and v >= torch.finfo(d).tiny),
+        ("lam", lambda v, d: _json_real(v) and v >= 0),
+        ("muscle_rest_length", lambda v, d: _json_real(v) and v >= torch.finfo(d).tiny),
+        ("muscle_stiffness", lambda v, d: _json_real(v) and v >= torch.finfo(d).tiny))]
+    + [("algovivo creature file", "l0", lambda dtype, v: _creature_file(dtype, "l0", v, algovivo=True),
+        lambda v, d: _json_real(v) and v >= torch.finfo(d).tiny)]
+    + [("policy file", key, (lambda dtype, v, key=key: _policy_file(dtype, key, v)), ok) for key, ok in (
+        ("min_a", lambda v, d: _json_real(v) and 0 < v < 1), ("max_abs_da", lambda v, d: _json_real(v) and v > 0),
+        ("center_vertex_id", lambda v, d: _whole(_as_json(v)) and v in (0, 2, 3)),
+        ("space_dim", lambda v, d: _whole(_as_json(v)) and v == 2),
+        ("fc1.weight", lambda v, d: _json_real(v)))]
 )
 
 
 _PHYSICAL = ("gravity", "contact_stiffness", "friction", "friction_eps", "ground")
+# Entry points whose numbers are plain Python numbers, not held in the simulation's dtype.
+_PLAIN = ("FramePolicy", "PPOConfig", "TrainConfig", "render_frame", "render_rollout", "policy file")
 
 misuse_cases = st.fixed_dictionaries(dict(
     target=st.integers(0, len(MISUSE_TARGETS) - 1),
@@ -434,10 +556,11 @@ def check_misuse(target, value, dtype=torch.float64):
     entry, name, call, valid = MISUSE_TARGETS[target]
     # A number beyond the dtype's largest is a mistake for anything computed in that dtype (the policy's
     # bounds are plain Python numbers).
-    fits = entry == "FramePolicy" or not _real(value) or abs(float(value)) <= torch.finfo(dtype).max
+    fits = entry in _PLAIN or not _real(value) or abs(float(value)) <= torch.finfo(dtype).max
     # A physical constant is judged as the dtype holds it (a subnormal float64 may be 0 in float32); tolerances
     # and sizes are plain Python numbers.
-    physical = entry.startswith("SoftBody") or entry == "Simulator.step" or name in _PHYSICAL
+    physical = entry.startswith("SoftBody") or entry in ("Simulator.step", "creature file",
+                                                          "algovivo creature file") or name in _PHYSICAL
     held = value
     if physical and _real(value) and fits and not _whole(value):
         held = float(torch.tensor(float(value), dtype=torch.float64).to(dtype))
@@ -449,7 +572,8 @@ def check_misuse(target, value, dtype=torch.float64):
         except _CLEAR as e:
             # Refused, naming the argument: a clear error, also for a value the predicate took for valid but
             # the library refuses knowingly (a derived quantity that overflows, a state whose energy does).
-            named = name in str(e)
+            # An error about a file names the file too.
+            named = name.split(".")[-1] in str(e) and (not entry.endswith("file") or ".json" in str(e))
             why = "refused a valid value" if ok else "refused"
             return ("clear error" if named else "unclear error"), f"{entry}({name}={value!r}) {why}: {type(e).__name__}: {e}"
         except Exception as e:  # noqa: BLE001 - any other exception is a finding

@@ -10,13 +10,12 @@ body, and outputs a change of each muscle's activation:
 Both trainers use it: :mod:`diffsoft.training` (gradients through the simulator) and :mod:`diffsoft.ppo`.
 """
 import json
-import numbers
 
 import torch
 from torch import nn
 
-from ._checks import is_finite_real
-from ._io import read_json
+from ._checks import is_finite_real, is_integer
+from ._io import only_numbers, read_json
 
 POLICY_KEYS = ("fc1", "fc2", "min_a", "max_abs_da", "center_vertex_id", "forward_vertex_id")
 
@@ -86,15 +85,15 @@ class FramePolicy(nn.Module):
             raise ValueError(f"min_a must be a number in (0, 1), got {min_a!r}")
         if not (is_finite_real(max_abs_da) and max_abs_da > 0):
             raise ValueError(f"max_abs_da must be a positive finite number, got {max_abs_da!r}")
-        if isinstance(hidden, bool) or not isinstance(hidden, numbers.Integral) or hidden < 1:
+        if not (is_integer(hidden) and hidden >= 1):
             raise ValueError(f"hidden must be a positive integer (the hidden layer's width), got {hidden!r}")
         for name, i in (("center_vertex_id", center_vertex_id), ("forward_vertex_id", forward_vertex_id)):
-            if not (isinstance(i, int) and 0 <= i < num_vertices):
+            if not (is_integer(i) and 0 <= i < num_vertices):
                 raise ValueError(f"{name} must be a vertex index in [0, {num_vertices}), got {i!r}")
         if center_vertex_id == forward_vertex_id:
             raise ValueError("center_vertex_id and forward_vertex_id must differ (they define the frame)")
         self.num_vertices, self.num_muscles, self.dim = num_vertices, num_muscles, dim
-        self.center_vertex_id, self.forward_vertex_id = center_vertex_id, forward_vertex_id
+        self.center_vertex_id, self.forward_vertex_id = int(center_vertex_id), int(forward_vertex_id)
         self.min_a, self.max_abs_da = float(min_a), float(max_abs_da)
         self.fc1 = nn.Linear(2 * dim * num_vertices, hidden)
         self.fc2 = nn.Linear(hidden, num_muscles)
@@ -156,10 +155,12 @@ def load_algovivo_policy(path, dtype=torch.float32):
     layers = {}
     for name in ("fc1", "fc2"):
         try:
+            if not (only_numbers(data[name]["weight"]) and only_numbers(data[name]["bias"])):
+                raise TypeError
             w = torch.tensor(data[name]["weight"], dtype=torch.float64)
             b = torch.tensor(data[name]["bias"], dtype=torch.float64)
         except (TypeError, KeyError, ValueError):
-            raise ValueError(f"{path}: key '{name}' must be {{'weight': [[...]], 'bias': [...]}}") from None
+            raise ValueError(f"{path}: key '{name}' must be {{'weight': [[...]], 'bias': [...]}} of numbers") from None
         if w.dim() != 2 or b.shape != (w.shape[0],):
             raise ValueError(f"{path}: key '{name}' must have weight (out, in) and bias (out,), got "
                              f"{tuple(w.shape)} and {tuple(b.shape)}")
@@ -178,14 +179,20 @@ def load_algovivo_policy(path, dtype=torch.float32):
     if w1.shape[1] % (2 * dim):
         raise ValueError(f"{path}: fc1 takes {w1.shape[1]} inputs, not 2 * space_dim * num_vertices "
                          f"with space_dim {dim}")
-    policy = FramePolicy(w1.shape[1] // (2 * dim), w2.shape[0], dim, data["center_vertex_id"],
-                         data["forward_vertex_id"], hidden=w1.shape[0], min_a=data["min_a"],
-                         max_abs_da=data["max_abs_da"])
+    try:
+        policy = FramePolicy(w1.shape[1] // (2 * dim), w2.shape[0], dim, data["center_vertex_id"],
+                             data["forward_vertex_id"], hidden=w1.shape[0], min_a=data["min_a"],
+                             max_abs_da=data["max_abs_da"])
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     with torch.no_grad():
         for name, (w, b) in layers.items():
             getattr(policy, name).weight.copy_(w)
             getattr(policy, name).bias.copy_(b)
-    return policy.to(dtype)
+    policy = policy.to(dtype)
+    if not all(torch.isfinite(p).all() for p in policy.parameters()):
+        raise ValueError(f"{path}: weights too large for {dtype} (they overflow to infinity); load it in a wider dtype")
+    return policy
 
 
 def center_of_mass_x(sim, x):

@@ -19,6 +19,7 @@ import time
 import torch
 from torch import nn
 
+from ._checks import check_fields
 from ._optional import require
 from .creatures import make_creature
 from .policy import FramePolicy, center_of_mass_x, observe
@@ -54,6 +55,14 @@ class PPOConfig:
     eval_every: int = 2
     dtype: str = "float32"
     seed: int = 0
+
+    def check(self):
+        """Every field's type and range, each error naming the field: called before anything is built."""
+        check_fields(self, dict(
+            horizon=">0", envs=">0", steps=">0", hidden=">0", value_hidden=">0", min_a="(0,1)", max_abs_da=">0",
+            epochs=">0", minibatch=">0", lr=">0", gamma="[0,1]", lam="[0,1]", clip_ratio=">0", value_coef=">=0",
+            entropy_coef=">=0", max_grad_norm=">0", reward_scale=">0", eval_every=">0",
+            dtype=("float32", "float64"), seed=">=0"))
 
 
 class RunningNorm(nn.Module):
@@ -202,6 +211,7 @@ def train_ppo(cfg, progress=True):
         ``eval_every`` updates, ``eval_distance`` (mean action, from rest, before the update) at
         ``eval_sim_steps``.
     """
+    cfg.check()
     torch.manual_seed(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
     sim = make_creature(cfg.creature, getattr(torch, cfg.dtype))

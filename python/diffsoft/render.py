@@ -11,6 +11,7 @@ import os
 import numpy as np
 import torch
 
+from ._checks import is_finite_real, is_integer
 from ._optional import require
 from .mesh import boundary_facets
 
@@ -20,6 +21,7 @@ _BODY = (120, 170, 220)
 _EDGE = (60, 90, 130)
 _RELAXED = np.array([90, 100, 140])
 _CONTRACTED = np.array([225, 40, 40])
+_MAX_PIXELS = 16384
 
 
 def render_frame(sim, x, activation=None, size=(480, 360), bounds=None, yaw=-35.0, pitch=20.0):
@@ -36,6 +38,7 @@ def render_frame(sim, x, activation=None, size=(480, 360), bounds=None, yaw=-35.
     Returns:
         a PIL RGB image.
     """
+    _check_view(size, bounds, yaw, pitch)
     p, depth = _project(_positions("x", x, sim.body), yaw, pitch)
     if bounds is None:
         bounds = _bounds(p[None], sim)
@@ -99,6 +102,13 @@ def render_rollout(sim, xs, activations=None, gif=None, frames_dir=None, fps=Non
         the list of PIL images.
     """
     xs = _positions("xs", xs, sim.body, frames=True)
+    if len(xs) == 0:
+        raise ValueError("xs must hold at least one frame, got 0")
+    if not (is_integer(every) and every >= 1):
+        raise ValueError(f"every must be an integer >= 1, got {every!r}")
+    if fps is not None and not (is_finite_real(fps) and fps > 0):
+        raise ValueError(f"fps must be a positive number or None, got {fps!r}")
+    _check_view(size, None, view.get("yaw", -35.0), view.get("pitch", 20.0))
     acts = None if activations is None else _numpy(activations)
     if acts is not None and len(acts) == len(xs) - 1:
         acts = np.concatenate([np.ones_like(acts[:1]), acts])
@@ -131,6 +141,21 @@ def _positions(name, x, body, frames=False):
         where = f" (frame {int(np.argmax(bad))})" if frames else ""
         raise ValueError(f"{name} has non-finite (NaN or infinite) positions{where}: nothing to draw")
     return x
+
+
+def _check_view(size, bounds, yaw, pitch):
+    """A ValueError naming the first of the view's arguments that is not what :func:`render_frame` takes."""
+    if not (isinstance(size, (tuple, list)) and len(size) == 2
+            and all(is_integer(n) and 1 <= n <= _MAX_PIXELS for n in size)):
+        raise ValueError(f"size must be (width, height), two integers in [1, {_MAX_PIXELS}] (pixels), got {size!r}")
+    if bounds is not None and not (isinstance(bounds, (tuple, list)) and len(bounds) == 4
+                                   and all(is_finite_real(b) for b in bounds)
+                                   and bounds[0] < bounds[1] and bounds[2] < bounds[3]):
+        raise ValueError(f"bounds must be (xmin, xmax, ymin, ymax), finite numbers with xmin < xmax and ymin < ymax, "
+                         f"or None, got {bounds!r}")
+    for name, angle in (("yaw", yaw), ("pitch", pitch)):
+        if not is_finite_real(angle):
+            raise ValueError(f"{name} must be a finite number (degrees), got {angle!r}")
 
 
 def _numpy(a):

@@ -55,7 +55,7 @@ import warnings
 import torch
 from torch import nn
 
-from ._checks import is_finite_real
+from ._checks import check_fields
 from ._optional import require
 from .creatures import make_creature
 from .policy import FramePolicy, center_of_mass_x, distance_walked, observe, save_algovivo_policy
@@ -129,43 +129,18 @@ class TrainConfig:
 
     def check(self):
         """Every field's type and range, each error naming the field: called before anything is built."""
-        defaults = TrainConfig()
-        for f in dataclasses.fields(self):
-            v, kind = getattr(self, f.name), type(getattr(defaults, f.name))
-            if kind is float:
-                ok = is_finite_real(v)
-            else:
-                ok = isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
-            if not ok:
-                raise ValueError(f"{f.name} must be a{' finite' if kind is float else ''} {kind.__name__}, got {v!r}")
-        for name in ("batch", "window", "episode", "lr_decay_iterations", "critic_hidden", "critic_iterations",
-                     "critic_minibatches", "hidden", "checkpoint_every", "eval_every", "eval_horizon"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        for name in ("iterations", "seed"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
+        check_fields(self, dict(
+            batch=">0", window=">0", episode=">0", lr_decay_iterations=">0", critic_hidden=">0",
+            critic_iterations=">0", critic_minibatches=">0", hidden=">0", checkpoint_every=">0", eval_every=">0",
+            eval_horizon=">0", iterations=">=0", seed=">=0", dtype=("float32", "float64"), lr=">0", lr_end=">0",
+            clip=">0", critic_lr=">0", reward_scale=">0", max_abs_da=">0", upright_weight=">=0",
+            action_noise=">=0", saturation_penalty=">=0", gamma="[0,1]", lam="[0,1]", target_alpha="[0,1]",
+            backward_rtol="(0,1)", min_a="(0,1)", on_failure=("skip", "stop")))
         if self.episode % self.window:
             raise ValueError(f"episode ({self.episode}) must be a multiple of window ({self.window})")
         if self.critic_minibatches > self.batch * self.window:
             raise ValueError(f"critic_minibatches ({self.critic_minibatches}) must be at most batch * window "
                              f"({self.batch * self.window})")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
-        for name in ("lr", "lr_end", "clip", "critic_lr", "reward_scale", "max_abs_da"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("upright_weight", "action_noise", "saturation_penalty"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be non-negative, got {getattr(self, name)!r}")
-        for name in ("gamma", "lam", "target_alpha"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
-        for name in ("backward_rtol", "min_a"):
-            if not 0 < getattr(self, name) < 1:
-                raise ValueError(f"{name} must be in (0, 1), got {getattr(self, name)!r}")
-        if self.on_failure not in ("skip", "stop"):
-            raise ValueError(f"on_failure must be 'skip' or 'stop', got {self.on_failure!r}")
         if not 0 <= self.init_activation <= 1 - self.min_a:
             raise ValueError(f"init_activation must be in [0, 1 - min_a] = [0, {1 - self.min_a:g}], "
                              f"got {self.init_activation!r}")

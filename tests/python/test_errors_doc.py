@@ -1,0 +1,305 @@
+"""docs/errors.md quotes the messages users meet: each row's messages are raised here by the misuse they
+describe, and must match what the library says (the doc's placeholders, such as N, PATH or ..., match
+anything). A row without a trigger below fails the coverage test, so the catalogue cannot drift."""
+import json
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import diffsoft
+from diffsoft import Simulator, SoftBody, creatures, mesh, policy, render
+from diffsoft.training import TrainConfig
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "errors.md"
+# Rows left to other tests, with where and why.
+UNTRIGGERED = {
+    "ImportError: diffsoft was built against torch A": "needs a build for another torch (test_packaging)",
+    "ImportError: diffsoft's compiled core failed to load": "needs a broken build",
+    "diffsoft.training.SimulationFailure": "a training run that fails (test_training, on_failure='stop')",
+    "ValueError: the fused step kernels run on CPU tensors only": "needs a non-CPU device",
+}
+_PLACEHOLDER = re.compile(r"\\\.\\\.\\\.|\\\(\\\.\\\.\\\.\\\)|\\\[\\\.\\\.\\\.\\\]|<criterion>|"
+                          r"\b(?:[A-Z]|PATH|NAME|DTYPE|lo|hi|[ijkteravdn])\b")
+
+
+def _rows():
+    """``(section, [quoted messages])`` of every table row of the catalogue that quotes a message."""
+    section, rows = None, []
+    for line in DOC.read_text().splitlines():
+        if line.startswith("## "):
+            section = line[3:]
+        elif line.startswith("| `") and section != "Autograd modes":
+            rows.append((section, re.findall(r"`([^`]+)`", line.split(" | ")[0])))
+    return rows
+
+
+def _pattern(quoted):
+    """The exception's class name (or None) and a regex for its message, placeholders matching anything."""
+    m = re.match(r"^([\w.]+(?:Error|Warning|Failure)): (.*)$", quoted)
+    kind, text = (m.group(1).split(".")[-1], m.group(2)) if m else (None, quoted)
+    return kind, re.compile(_PLACEHOLDER.sub(".*?", re.escape(text)), re.S)
+
+
+def _body(**kw):
+    v, t = mesh.rectangle(0.6, 0.2, 3, 1, dtype=torch.float64)
+    args = dict(density=1000.0, youngs_modulus=1e4, poisson_ratio=0.3, muscles=[[0, 6]])
+    args.update(kw)
+    return SoftBody(v, t, **args)
+
+
+def _sim(**kw):
+    return Simulator(_body(), dt=0.01, **kw)
+
+
+def _quadratic(x, k):
+    return 0.5 * (k * x * x).sum() - x.sum()
+
+
+def _json_file(tmp, data, name="f.json"):
+    path = tmp / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+def _policy_file(tmp, **edits):
+    path = str(tmp / "policy.json")
+    policy.save_algovivo_policy(policy.FramePolicy(4, 2, 2, 0, 1, hidden=8), path)
+    data = json.loads(Path(path).read_text())
+    for key, value in edits.items():
+        if key == "fc1_weight":
+            data["fc1"]["weight"][0][0] = value
+        else:
+            data[key] = value
+    return _json_file(tmp, json.dumps(data), "policy.json")
+
+
+def _creature_file(tmp, **edits):
+    path = str(tmp / "creature.json")
+    creatures.save(_sim(), path)
+    data = json.loads(Path(path).read_text())
+    data.update(edits)
+    return _json_file(tmp, json.dumps(data), "creature.json")
+
+
+def _algovivo_file(tmp, **edits):
+    path = str(tmp / "creature.json")
+    creatures.save_algovivo(_sim(), path)
+    data = json.loads(Path(path).read_text())
+    data.update(edits)
+    return creatures.load_algovivo(_json_file(tmp, json.dumps(data), "creature.json"))
+
+
+def _not_converging():
+    diffsoft.minimize(lambda x: (x ** 4).sum() - x.sum(), torch.full((3,), 1e3, dtype=torch.float64), max_iter=2)
+
+
+def _kink():
+    """Not smooth at its minimum: Newton's model is wrong there and the line search runs out of trials."""
+    diffsoft.minimize(lambda x: (x - 1).abs().sum() + 1e-3 * (x * x).sum(), torch.zeros(3, dtype=torch.float64),
+                      rtol=1e-14)
+
+
+class _NanGradientAbove(torch.autograd.Function):
+    """``sum (x - 1)^2``, whose gradient is NaN where ``x > 0.5``: finite where its gradient is not."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return ((x - 1) ** 2).sum()
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * torch.where(x > 0.5, torch.full_like(x, float("nan")), 2 * (x - 1))
+
+
+def _saddle_backward():
+    k = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
+    x = diffsoft.minimize(lambda x, k: k * (x[0] ** 2 - x[1] ** 2), torch.zeros(2, dtype=torch.float64), k)
+    x.sum().backward()
+
+
+def _loose_backward():
+    k = torch.linspace(1, 1e6, 30, dtype=torch.float64, requires_grad=True)
+    x = diffsoft.minimize(_quadratic, torch.zeros(30, dtype=torch.float64), k, backward_max_iter=1)
+    x.sum().backward()
+
+
+def _create_graph():
+    k = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+    x = diffsoft.minimize(_quadratic, torch.zeros(3, dtype=torch.float64), k)
+    torch.autograd.grad(x.sum(), k, create_graph=True)
+
+
+def _mesh_read(tmp, kind):
+    if kind == "empty":
+        return mesh.read(_json_file(tmp, "", "empty.vtu"))
+    if kind == "missing":
+        return mesh.read(str(tmp / "nothing.vtu"))
+    if kind == "dir":
+        return mesh.read(str(tmp))
+    meshio = pytest.importorskip("meshio")
+    import numpy as np
+    path = str(tmp / "m.vtu")
+    if kind == "lines":
+        meshio.write_points_cells(path, np.zeros((2, 3)), [("line", np.array([[0, 1]]))])
+    elif kind == "tetra2d":
+        meshio.write_points_cells(path, np.eye(4, 3), [("tetra", np.array([[0, 1, 2, 3]]))])
+        return mesh.read(path, dim=2)
+    elif kind == "surface":
+        meshio.write_points_cells(path, np.eye(3), [("triangle", np.array([[0, 1, 2]]))])
+    return mesh.read(path)
+
+
+F64 = torch.float64
+X3 = torch.zeros(3, dtype=F64)
+# (the message as quoted in docs/errors.md, the misuse that raises or warns it; tmp is a temporary directory)
+TRIGGERS = [
+    ("RuntimeWarning: diffsoft.minimize did not converge: max_iter = N Newton iterations reached with the gradient "
+     "norm at R x its tolerance ...", lambda tmp: _not_converging()),
+    ("... the line search found no decrease of the energy after K trials at Newton iteration i for problem(s) ... "
+     "(||g|| = ..., tolerance ...)", lambda tmp: _kink()),
+    ("... the gradient is not finite at Newton iteration i",
+     lambda tmp: diffsoft.minimize(_NanGradientAbove.apply, torch.zeros(3, dtype=F64))),
+    ("UserWarning: diffsoft: adjoint solve failed: the Hessian at x* is not positive definite ...",
+     lambda tmp: _saddle_backward()),
+    ("... the adjoint solve's relative residual is r > backward_rtol = t after N CG iterations "
+     "(backward_max_iter = M)", lambda tmp: _loose_backward()),
+    ("RuntimeError: diffsoft.minimize's backward is first order only: create_graph=True (and so higher-order "
+     "gradients, gradgradcheck, Hessians) through minimize is not supported", lambda tmp: _create_graph()),
+    ("TypeError: energy must be callable", lambda tmp: diffsoft.minimize(3, X3)),
+    ("TypeError: x0 must be a torch.Tensor", lambda tmp: diffsoft.minimize(_quadratic, [0.0], 1.0)),
+    ("TypeError: params[i] is a list holding K tensor(s) that require grad: they would get no "
+     "gradient through the implicit backward",
+     lambda tmp: diffsoft.minimize(lambda x, ks: _quadratic(x, ks[0]), X3, [torch.ones((), dtype=F64,
+                                                                                        requires_grad=True)])),
+    ("ValueError: x0 is empty", lambda tmp: diffsoft.minimize(_quadratic, torch.zeros(0, dtype=F64), 2.0)),
+    ("ValueError: batched=True needs x0 with a leading batch dimension",
+     lambda tmp: diffsoft.minimize(_quadratic, torch.zeros((), dtype=F64), 2.0, batched=True)),
+    ("TypeError: params[i] has dtype A but x0 has dtype B: floating-point params must have x0's dtype ...",
+     lambda tmp: diffsoft.minimize(_quadratic, X3, torch.ones(3))),
+    ('ValueError: on_failure must be "warn" or "raise"',
+     lambda tmp: diffsoft.minimize(_quadratic, X3, 2.0, on_failure="ignore")),
+    ("ValueError: rtol must be None or in (0, 1)", lambda tmp: diffsoft.minimize(_quadratic, X3, 2.0, rtol=2.0)),
+    ("ValueError: energy must return a torch.Tensor, got T", lambda tmp: diffsoft.minimize(lambda x: 1.0, X3)),
+    ("ValueError: energy must return a 0-dim tensor, got shape S", lambda tmp: diffsoft.minimize(lambda x: x * x, X3)),
+    ("ValueError: energy must return a floating-point tensor",
+     lambda tmp: diffsoft.minimize(lambda x: (x > 0).sum(), X3)),
+    ("ValueError: the energy does not depend on x: its value has no autograd graph to x ...",
+     lambda tmp: diffsoft.minimize(lambda x, k: k * 2, X3, torch.ones((), dtype=F64))),
+    ("TypeError: sparsity must be an (E, k) int64 tensor of vertex indices",
+     lambda tmp: diffsoft.minimize(_quadratic, torch.zeros(3, 2, dtype=F64), 2.0, sparsity=[[0, 1]])),
+    ("ValueError: energy or its gradient is not finite at x0 (energy = e, problem(s) ...)",
+     lambda tmp: diffsoft.minimize(lambda x: (x.log() ** 2).sum(), -torch.ones(3, dtype=F64))),
+    ("ValueError: material must be one of ('algovivo', 'neo_hookean', 'stable_neo_hookean')",
+     lambda tmp: _body(material="rubber")),
+    ("ValueError: vertices must be (N, 2) or (N, 3) with N > d",
+     lambda tmp: SoftBody(torch.zeros(2, 2), [[0, 1, 0]], density=1.0, youngs_modulus=1.0, poisson_ratio=0.3)),
+    ("TypeError: vertices must be numbers",
+     lambda tmp: SoftBody([["a", "b"]] * 3, [[0, 1, 2]], density=1.0, youngs_modulus=1.0, poisson_ratio=0.3)),
+    ("ValueError: elements is empty",
+     lambda tmp: SoftBody(torch.eye(3, 2), torch.zeros(0, 3, dtype=torch.long), density=1.0, youngs_modulus=1.0,
+                          poisson_ratio=0.3)),
+    ("ValueError: element i [...] is degenerate (zero rest area)",
+     lambda tmp: SoftBody([[0.0, 0.0], [1.0, 0.0], [2.0, 0.0]], [[0, 1, 2]], density=1.0, youngs_modulus=1.0,
+                          poisson_ratio=0.3)),
+    ("ValueError: element i [...] is inverted (negatively oriented) in the rest pose",
+     lambda tmp: SoftBody([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]], [[0, 2, 1]], density=1.0, youngs_modulus=1.0,
+                          poisson_ratio=0.3)),
+    ("ValueError: Dm_inv must be (E, d, d)", lambda tmp: _body(Dm_inv=torch.eye(2, dtype=F64))),
+    ("ValueError: give the material either as youngs_modulus and poisson_ratio, or as mu and lam",
+     lambda tmp: _body(mu=1.0, lam=1.0)),
+    ("ValueError: NAME has non-finite entries in DTYPE: v", lambda tmp: _body(density=float("nan"))),
+    ("ValueError: poisson_ratio must be >= 0 for material 'neo_hookean', whose energy is unbounded below when lam < 0",
+     lambda tmp: _body(poisson_ratio=-0.2)),
+    ("AttributeError: SoftBody.rest_positions cannot be reassigned",
+     lambda tmp: setattr(_body(), "rest_positions", torch.zeros(8, 2, dtype=F64))),
+    ("ValueError: youngs_modulus must be positive", lambda tmp: _body(youngs_modulus=-1.0)),
+    ("ValueError: NAME must be a number or one value per element (K,)",
+     lambda tmp: _body(density=[1.0, 2.0])),
+    ("ValueError: give exactly one of density ... and mass", lambda tmp: _body(mass=1.0)),
+    ("ValueError: vertex i belongs to no element, so it has no mass",
+     lambda tmp: SoftBody(torch.eye(4, 2), [[0, 1, 2]], density=1.0, youngs_modulus=1.0, poisson_ratio=0.3)),
+    ("ValueError: fixed lists a vertex twice", lambda tmp: _body(fixed=[0, 0])),
+    ("ValueError: muscle i joins vertex j to itself", lambda tmp: _body(muscles=[[1, 1]])),
+    ("ValueError: dt must be a positive number in [lo, hi] (seconds; its square must be a normal DTYPE)",
+     lambda tmp: Simulator(_body(), dt=-1.0)),
+    ("ValueError: Simulator.step: energy or its gradient is not finite at x0 ... The step's energy overflows at the "
+     "start state: check x0, v0 and the constants ...",
+     lambda tmp: _sim().step(torch.full((8, 2), -1e300, dtype=F64), torch.zeros(8, 2, dtype=F64))),
+    ("TypeError: x0 must be a torch.Tensor", lambda tmp: _sim().step([[0.0]], [[0.0]])),
+    ("ValueError: x0 must be (N, d) = ... or (B, N, d), got shape S",
+     lambda tmp: _sim().step(torch.zeros(3, 2, dtype=F64), torch.zeros(3, 2, dtype=F64))),
+    ("ValueError: activation must have shape (M,) (one per muscle), got S",
+     lambda tmp: _sim().step(*_sim().rest_state, torch.ones(5, dtype=F64))),
+    ("ValueError: activation must be in [1e-06, 1] (1 is relaxed; ...), got a",
+     lambda tmp: _sim().step(*_sim().rest_state, torch.zeros(1, dtype=F64))),
+    ("ValueError: give activations or controller, not both",
+     lambda tmp: _sim().rollout(*_sim().rest_state, torch.ones(1, 1, dtype=F64), controller=lambda x, v, t: None)),
+    ("ValueError: nx must be a positive integer", lambda tmp: mesh.rectangle(nx=0)),
+    ("ValueError: PATH: meshio could not read it (...)", lambda tmp: _mesh_read(tmp, "empty")),
+    ("ValueError: PATH: no triangle or tetra cells", lambda tmp: _mesh_read(tmp, "lines")),
+    ("ValueError: positions must be (T, N, d)",
+     lambda tmp: mesh.write_vtk_series(str(tmp), torch.zeros(3, 2), torch.zeros(1, 3, dtype=torch.long))),
+    ("ValueError: PATH: not valid JSON (...)", lambda tmp: creatures.make_creature(_json_file(tmp, "{", "c.json"))),
+    ("ValueError: PATH: key 'fc1' has non-finite (NaN or infinite) weights",
+     lambda tmp: policy.load_algovivo_policy(_policy_file(tmp, fc1_weight=float("nan")))),
+    ("ValueError: PATH: not valid JSON",
+     lambda tmp: creatures.load(_json_file(tmp, '{"format": ', "creature.json"))),
+    ("ValueError: algovivo's format is 2D; this body is 3D (use diffsoft.creatures.save)",
+     lambda tmp: creatures.save_algovivo(creatures.tetrapod(dtype=F64), str(tmp / "t.json"))),
+    ("ValueError: segments must be an integer >= 2", lambda tmp: creatures.worm(segments=1)),
+    ("ValueError: x must be (N, d) positions of the body",
+     lambda tmp: render.render_frame(_sim(), torch.zeros(3, 2))),
+    ("ValueError: material must be one of ...",
+     lambda tmp: diffsoft.energies.elastic_energy(torch.zeros(3, 2), torch.tensor([[0, 1, 2]]),
+                                                  torch.eye(2)[None], torch.ones(1), torch.ones(1), "rubber")),
+    ("ValueError: PATH: key 'fc1' must be {'weight': [[...]], 'bias': [...]} of numbers",
+     lambda tmp: policy.load_algovivo_policy(_policy_file(tmp, fc1_weight=True))),
+    ("ValueError: PATH: weights too large for DTYPE (they overflow to infinity); load it in a wider dtype",
+     lambda tmp: policy.load_algovivo_policy(_policy_file(tmp, fc1_weight=1e300))),
+    ("ValueError: PATH: key 'mass' must be a (nested) list of numbers of equal lengths",
+     lambda tmp: creatures.load(_creature_file(tmp, mass=["1"] * 8))),
+    ("ValueError: PATH: key 'l0' (the muscles' rest lengths) must be positive numbers that DTYPE holds, in [lo, hi], "
+     "got v", lambda tmp: _algovivo_file(tmp, l0=[0.0])),
+    ("ValueError: size must be (width, height), two integers in [1, 16384] (pixels), got ...",
+     lambda tmp: render.render_frame(_sim(), _sim().rest_state[0], size=(0, 10))),
+    ("ValueError: x0 is on D but the body is on E",
+     lambda tmp: _sim().step(*(torch.zeros(8, 2, dtype=F64, device="meta"),) * 2)),
+    ("ValueError: NAME must be positive, got v", lambda tmp: TrainConfig(batch=0).check()),
+    ("ValueError: episode (E) must be a multiple of window (W)",
+     lambda tmp: TrainConfig(window=30, episode=256).check()),
+]
+
+
+def _raised(trigger, tmp):
+    """The exception or warning the trigger raises first: ``(class, message)``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            trigger(tmp)
+        except Exception as e:  # noqa: BLE001 - what the library raised is what is checked
+            return type(e), str(e)
+    warned = [w for w in caught if issubclass(w.category, (RuntimeWarning, UserWarning))]
+    assert warned, "the misuse raised and warned nothing"
+    return warned[0].category, str(warned[0].message)
+
+
+@pytest.mark.parametrize("quoted, trigger", TRIGGERS, ids=[q[:60] for q, _ in TRIGGERS])
+def test_the_quoted_message_is_what_the_library_says(quoted, trigger, tmp_path):
+    assert any(quoted in messages for _, messages in _rows()), f"not quoted in docs/errors.md: {quoted}"
+    kind, pattern = _pattern(quoted)
+    cls, message = _raised(trigger, tmp_path)
+    if kind is not None and "/" not in kind:
+        assert kind in [c.__name__ for c in cls.__mro__], f"{cls.__name__} raised, the doc says {kind}: {message}"
+    assert pattern.search(message), f"the doc quotes {quoted!r}; the library says {message!r}"
+
+
+def test_every_row_of_the_catalogue_is_triggered():
+    triggered = {q for q, _ in TRIGGERS}
+    missing = [messages[0] for _, messages in _rows()
+               if not triggered & set(messages) and not any(messages[0].startswith(k) for k in UNTRIGGERED)]
+    assert not missing, "rows of docs/errors.md that no test raises:\n" + "\n".join(missing)
