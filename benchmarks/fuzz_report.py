@@ -52,7 +52,11 @@ def main():
     ap.add_argument("--cases", type=int, default=300, help="cases per row")
     ap.add_argument("--steps", type=int, default=3, help="steps per simulator case")
     ap.add_argument("--misuse-cases", type=int, default=10_000, help="cases of the misuse campaign")
+    ap.add_argument("--misuse-only", action="store_true", help="run the misuse campaign alone")
     args = ap.parse_args()
+    if args.misuse_only:
+        misuse_report(args.misuse_cases)
+        return
     rows = [
         ("Simulator.step, float64 (2D/3D, 1+ elements, E 1e1..1e7, dt 1e-4..1 s, impacts to 30 m/s)", cases(),
          lambda c: check_steps(*make_case(**c), steps=args.steps)),
