@@ -418,13 +418,13 @@ def _dense_adjoint(hess, top, rhs, b, n, kept):
         L, status = torch.linalg.cholesky_ex(H)
         pd = status == 0
     rhs = rhs.double()
-    lam = torch.cholesky_solve(rhs[..., None], L)[..., 0]
+    lam = _cholesky_solve(L, rhs)
     if not bool(pd.all()):  # a decision (and an LU factorization) only the backward of such a batch pays
         lam = torch.where(pd[:, None], lam, torch.linalg.solve(H, rhs))
     r = rhs - (H @ lam[..., None])[..., 0]
     res = _row_norm(r)
     for _ in range(2):  # iterative refinement, kept where it lowers the residual
-        lam_try = lam + torch.where(pd[:, None], torch.cholesky_solve(r[..., None], L)[..., 0], torch.zeros_like(r))
+        lam_try = lam + torch.where(pd[:, None], _cholesky_solve(L, r), torch.zeros_like(r))
         r_try = rhs - (H @ lam_try[..., None])[..., 0]
         res_try = _row_norm(r_try)
         better = res_try < res
@@ -477,8 +477,15 @@ def _cholesky_direction(hess, top, g, b, n):
     Hessians were positive definite (the others get the scaled gradient step)."""
     L, status = torch.linalg.cholesky_ex(_assemble(hess, top, b, n))
     pd = status == 0
-    newton = torch.cholesky_solve(-g[..., None], L)[..., 0]
+    newton = _cholesky_solve(L, -g)
     return torch.where(pd[:, None], newton, -g / _scale(hess, b, n)), pd
+
+
+def _cholesky_solve(L, rhs):
+    """``(L L^T)^-1 rhs`` for rows ``rhs`` ``(B, n)``, by two triangular solves (``torch.cholesky_solve``
+    checks LAPACK's status on the host: a device synchronisation per call)."""
+    z = torch.linalg.solve_triangular(L, rhs[..., None], upper=False)
+    return torch.linalg.solve_triangular(L.mT, z, upper=True)[..., 0]
 
 
 def _scale(hess, b, n):
@@ -506,7 +513,7 @@ def _block_jacobi(hess, top, b, f, d):
     L, status = torch.linalg.cholesky_ex(blocks)
     L = torch.where((status == 0)[..., None, None], L, diag.clamp_min(torch.finfo(diag.dtype).tiny).sqrt() * (diag > 0))
     eye = torch.eye(d, dtype=blocks.dtype, device=blocks.device).expand_as(blocks)
-    inverse = torch.cholesky_solve(eye, L)  # (B, F, d, d)
+    inverse = torch.linalg.solve_triangular(L.mT, torch.linalg.solve_triangular(L, eye, upper=False), upper=True)
     return lambda r: (inverse @ r.view(b, f, d, 1)).reshape(b, f * d)
 
 
