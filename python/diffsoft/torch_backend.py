@@ -192,13 +192,14 @@ class ImplicitStep(torch.autograd.Function):
         grads = [None] * len(tensors)
         if not wanted:
             return (None, None, None, *grads)
-        p = StepParams(*(t if t is None else t.detach() for t in tensors))
         kept, ctx.kept = ctx.kept, None  # the factor's memory goes with the backward
-        lam = _adjoint(y, p, top, dl_dy, options, info, kept)
         with torch.enable_grad():
-            leaves = [t if t is None or i not in wanted else t.detach().requires_grad_() for i, t in enumerate(p)]
-            g, _ = _gradient_and_hessian(y, StepParams(*leaves), top)
-            vjp = torch.autograd.grad(g, [leaves[i] for i in wanted], lam, allow_unused=True)
+            # One evaluation at y*: its gradient's graph gives the vector-Jacobian product, its Hessian blocks
+            # (used without a graph) the adjoint system, unless the forward kept its own.
+            leaves = [t if t is None else t.detach().requires_grad_(i in wanted) for i, t in enumerate(tensors)]
+            g, hess = _gradient_and_hessian(y, StepParams(*leaves), top)
+        lam = _adjoint(y, top, hess, dl_dy, options, info, kept)
+        vjp = torch.autograd.grad(g, [leaves[i] for i in wanted], lam, allow_unused=True)
         for i, v in zip(wanted, vjp):
             grads[i] = None if v is None else -v
         return (None, None, None, *grads)
@@ -242,13 +243,16 @@ def _newton(p, top, o, info):
     counts = torch.zeros(2, dtype=torch.long, device=device)  # line-search trials, gradient fallbacks
     fail_iteration = torch.full((b,), -1, dtype=torch.long, device=device)
     iterations, factorizations, cg_iterations = 0, 0, 0
+    if o.linear_solver == "cholesky":
+        workspace = (x_hat.new_empty(b, n * n), x_hat.new_empty(b, n, n).mT,
+                     torch.empty(b, dtype=torch.int32, device=device))
     for it in range(o.max_iter):
         if it % o.check_every == 0 and bool(done.all()):
             break
         iterations += 1
         active = ~done
         if o.linear_solver == "cholesky":
-            direction, pd = _cholesky_direction(hess, top, g, b, n)
+            direction, pd = _cholesky_direction(hess, top, g, b, n, workspace)
             factorizations += 1
         else:
             # The forcing term of the C++ Newton: min(cg_rtol, sqrt(|g| / |g0|)).
@@ -347,8 +351,9 @@ def _record_forward(info, o, iterations, factorizations, cg_iterations, counts, 
 # The backward's adjoint solve
 
 
-def _adjoint(y, p, top, dl_dy, o, info, kept):
-    """``lambda`` with ``H(y*) lambda = dL/dy*`` per creature (``(B, F, d)``), and the record's backward fields.
+def _adjoint(y, top, hess, dl_dy, o, info, kept):
+    """``lambda`` with ``H(y*) lambda = dL/dy*`` per creature (``(B, F, d)``), ``H`` from the blocks ``hess`` (or
+    the forward's, ``kept``), and the record's backward fields.
 
     The Cholesky path solves in float64 whatever the working dtype, from the Hessian assembled in it, with
     two rounds of iterative refinement against the same dense Hessian (so that ``backward_rtol`` means the
@@ -356,9 +361,7 @@ def _adjoint(y, p, top, dl_dy, o, info, kept):
     working dtype."""
     b, f, d = y.shape
     n = f * d
-    if kept is None:
-        _, hess = _gradient_and_hessian(y, p, top)
-    else:
+    if kept is not None:
         hess = kept[0]
     rhs = dl_dy.reshape(b, n)
     # Solved for b / ||b||: the residual is then the relative one (rows with b = 0 get lambda = 0).
@@ -461,9 +464,10 @@ def _assembly_indices(hess, top, n):
     return out
 
 
-def _assemble(hess, top, b, n):
-    """Each creature's dense Hessian ``(B, n, n)`` over the free unknowns, scatter-added from the blocks."""
-    H = hess.diag.new_zeros(b, n * n)
+def _assemble(hess, top, b, n, out=None):
+    """Each creature's dense Hessian ``(B, n, n)`` over the free unknowns, scatter-added from the blocks (into
+    ``out``, a ``(B, n * n)`` buffer, when given)."""
+    H = hess.diag.new_zeros(b, n * n) if out is None else out.zero_()
     for (_, K), (keep, flat) in zip(hess.blocks, _assembly_indices(hess, top, n)):
         values = K.reshape(b, -1)
         H.index_add_(1, flat, values if keep is None else values[:, keep])
@@ -472,10 +476,13 @@ def _assemble(hess, top, b, n):
     return H
 
 
-def _cholesky_direction(hess, top, g, b, n):
+def _cholesky_direction(hess, top, g, b, n, workspace):
     """Newton's direction ``-H^-1 g`` per creature by one batched Cholesky factorization, and which creatures'
-    Hessians were positive definite (the others get the scaled gradient step)."""
-    L, status = torch.linalg.cholesky_ex(_assemble(hess, top, b, n))
+    Hessians were positive definite (the others get the scaled gradient step). ``workspace``: buffers for the
+    Hessian and its factor, reused by every Newton iteration (fresh allocations of this size cost page faults
+    on CPU)."""
+    H_buffer, L, status = workspace
+    torch.linalg.cholesky_ex(_assemble(hess, top, b, n, out=H_buffer), out=(L, status))
     pd = status == 0
     newton = _cholesky_solve(L, -g)
     return torch.where(pd[:, None], newton, -g / _scale(hess, b, n)), pd
