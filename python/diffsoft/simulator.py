@@ -66,9 +66,9 @@ class Simulator:
         keep_factors: with the direct solver, each step keeps Newton's last factorization for its backward,
             which then costs back-substitutions instead of a fresh factorization (about 4x cheaper on large
             meshes), at the memory of one factor (and the Hessian blocks it was made from) per step of a
-            rollout until its backward has run. On the torch backend: the Hessian blocks at the solution and
-            their factor (dense Cholesky) or block-Jacobi preconditioner (CG), so that the backward skips
-            evaluating the Hessian again.
+            rollout until its backward has run. On the torch backend: the Hessian blocks at the solution with
+            their float64 factor (dense Cholesky) or block-Jacobi preconditioner (CG), which the backward
+            then does not make again.
         backend: where the fused step is solved (``docs/design.md``, "Backends and devices"): ``"cpp"``, the
             C++ kernels and sparse factorizations (CPU tensors only); ``"torch"``, the same problem in batched
             torch ops (:mod:`diffsoft.torch_backend`) on any device: each creature's dense Hessian factored by

@@ -38,6 +38,7 @@ import weakref
 import torch
 
 from ._extension import ConvergenceError
+from ._minimize import _options
 from .energies import reference_step_energy
 from .fused import _gradient_and_hessian
 from .step import StepParams
@@ -135,8 +136,9 @@ def solve_step(params, top, linear_solver, rtol=None, atol=0.0, max_iter=100, cg
             (default: 10 x the unknowns per creature).
         on_failure: ``"warn"`` or ``"raise"`` (:class:`diffsoft.ConvergenceError` with ``.info``), forward
             and backward alike.
-        keep_factor: keep what Newton made at ``y*`` (the Cholesky factor, or the Hessian blocks and the
-            block-Jacobi preconditioner) for the backward, which then skips re-evaluating the Hessian.
+        keep_factor: keep what Newton's last evaluation made at ``y*`` (the Hessian blocks with their float64
+            Cholesky factor, or with the block-Jacobi preconditioner) for the backward, which then skips that
+            factorization (it still evaluates the gradient at ``y*`` once, for the vector-Jacobian product).
         check_every: Newton and CG iterations between host reads (default 1 on CPU, else
             :data:`CHECK_EVERY_OFF_CPU`).
 
@@ -147,6 +149,14 @@ def solve_step(params, top, linear_solver, rtol=None, atol=0.0, max_iter=100, cg
         raise ValueError(f"linear_solver must be one of {LINEAR_SOLVERS}, got {linear_solver!r}")
     if on_failure not in ("warn", "raise"):
         raise ValueError(f'on_failure must be "warn" or "raise", got {on_failure!r}')
+    if check_every is not None and (isinstance(check_every, bool) or not isinstance(check_every, int)
+                                    or check_every < 1):
+        raise ValueError(f"check_every must be None or an integer >= 1, got {check_every!r}")
+    # The same checks, and errors naming the option, as diffsoft.minimize's.
+    _options(batched=True, rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol, cg_max_iter=cg_max_iter,
+             backward_rtol=backward_rtol, backward_max_iter=backward_max_iter, ls_c1=Options.ls_c1,
+             ls_shrink=Options.ls_shrink, ls_max_iter=Options.ls_max_iter, raise_on_failure=on_failure == "raise",
+             keep_factor=bool(keep_factor))
     dtype = params.x_hat.dtype
     if rtol is None:
         rtol = 1e-8 if dtype == torch.float64 else 1e-4

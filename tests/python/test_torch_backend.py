@@ -242,5 +242,9 @@ def test_backend_option_is_checked():
     with pytest.raises(ValueError, match="needs fused=True"):
         Simulator(body, backend="torch", fused=False)
     sim = Simulator(body, backend="torch")
+    x0, v0 = sim.rest_state
+    sim.solver_options["max_iter"] = -1
+    with pytest.raises(ValueError, match="max_iter must be an integer >= 0"):
+        sim.step(x0, v0)
     copy = sim.to("cpu", torch.float64)  # a device first, as torch.Tensor.to
     assert copy.backend == "torch" and copy.body.dtype == torch.float64 and copy.body.device.type == "cpu"
