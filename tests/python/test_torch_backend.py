@@ -59,6 +59,20 @@ def test_torch_backend_matches_the_cpp_path_on_64_bipeds(device):
         torch.testing.assert_close(g_out.cpu(), g_ref, rtol=1e-8, atol=1e-8 * g_ref.abs().max().item())
 
 
+def test_one_material_per_creature_matches_the_cpp_path():
+    sim, x0, v0, acts = _biped_batch(4)
+    mu0 = sim.body.mu.detach()
+    out = {}
+    for backend in ("cpp", "torch"):
+        sim.backend = backend
+        mu = (mu0 * torch.tensor([[0.5], [1.0], [1.5], [2.0]], dtype=F64)).requires_grad_()  # (B, E)
+        sim.body.mu = mu
+        x1, _ = sim.step(x0, v0, acts[0])
+        out[backend] = (x1.detach(), torch.autograd.grad((x1 ** 2).sum(), mu)[0])
+    torch.testing.assert_close(out["torch"][0], out["cpp"][0], rtol=0, atol=1e-10)
+    torch.testing.assert_close(out["torch"][1], out["cpp"][1], rtol=1e-8, atol=1e-8 * out["cpp"][1].abs().max().item())
+
+
 def _small_sim(material, fixed=None, **kw):
     """2 x 1 cells (6 vertices), 2 muscles, resting near the ground: contact and friction are active."""
     v, t = rectangle(0.4, 0.2, 2, 1, dtype=F64)
