@@ -111,8 +111,8 @@ def main():
     for r in rows:
         ratio = (f"{r['slowdown_forward']:.2f}x / {r['slowdown_forward_backward']:.2f}x"
                  if "slowdown_forward" in r else "")
-        print(f"{r['device']:<8} {r['backend']:<18} {r['batch']:>6} {r['forward']:>12.0f} {r['forward_backward']:>12.0f}"
-              f"  {ratio}")
+        print(f"{r['device']:<8} {r['backend']:<18} {r['batch']:>6} {r['forward']:>12.0f} "
+              f"{r['forward_backward']:>12.0f}  {ratio}")
     if args.json:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         with open(args.json, "w") as f:

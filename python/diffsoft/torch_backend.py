@@ -301,8 +301,8 @@ def _newton(p, top, o, info):
 
     kept = None
     if o.keep_factor:
-        # What Newton's last evaluation made at y* (for every creature: the frozen ones were re-evaluated
-        # where they stand), so that the backward skips the Hessian's evaluation.
+        # Newton's last evaluation is at y* (for every creature: the frozen ones were re-evaluated where they
+        # stand); its blocks and their factor or preconditioner spare the backward that work.
         if o.linear_solver == "cholesky":  # float64, as the backward's solve (see _adjoint)
             L, status = torch.linalg.cholesky_ex(_assemble(hess, top, b, n).double())
             kept = (hess, L, status == 0)
@@ -347,7 +347,7 @@ def _record_forward(info, o, iterations, factorizations, cg_iterations, counts, 
     note = ""
     if info.fallback_steps:
         note = (f" ({info.fallback_steps} Newton step(s) replaced by scaled gradient steps where the Hessian was "
-                f"not positive definite)")
+                f"not positive definite or its step not a descent direction)")
     info.message = ("converged" if info.converged else "; ".join(why)) + note
     if not info.converged:
         if o.on_failure == "raise":
