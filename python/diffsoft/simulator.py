@@ -106,11 +106,6 @@ class Simulator:
         if solver not in ("auto", "direct", "cg"):
             raise ValueError(f"solver must be 'auto', 'direct' or 'cg', got {solver!r}")
         self.solver = solver
-        if backend not in ("auto", "cpp", "torch"):
-            raise ValueError(f"backend must be 'auto', 'cpp' or 'torch', got {backend!r}")
-        if backend != "auto" and not self.fused:
-            raise ValueError(f"backend={backend!r} needs fused=True: fused=False always solves with "
-                             f"diffsoft.minimize (CG on double-backward products, any device)")
         self.backend = backend
         self.gravity = self._scalar("gravity", gravity, allow_zero=True)
         self.contact_stiffness, self.friction = contact_stiffness, friction
@@ -235,6 +230,20 @@ class Simulator:
         x1 = top.full_positions(y, x0)
         v1 = (x1 - x0) / self.dt
         return (x1, v1, info) if return_info else (x1, v1)
+
+    @property
+    def backend(self):
+        """``"auto"``, ``"cpp"`` or ``"torch"`` (see the class docstring); may be assigned, and is checked."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, value):
+        if value not in ("auto", "cpp", "torch"):
+            raise ValueError(f"backend must be 'auto', 'cpp' or 'torch', got {value!r}")
+        if value != "auto" and not self.fused:
+            raise ValueError(f"backend={value!r} needs fused=True: fused=False always solves with "
+                             f"diffsoft.minimize (CG on double-backward products, any device)")
+        self._backend = value
 
     def _backend_for(self, x0):
         """``"torch"`` or ``"cpp"`` (also meaning :func:`minimize`'s path with ``fused=False``) for a state."""

@@ -255,6 +255,8 @@ def test_backend_option_is_checked():
         Simulator(body, backend="cuda")
     with pytest.raises(ValueError, match="needs fused=True"):
         Simulator(body, backend="torch", fused=False)
+    with pytest.raises(ValueError, match="backend must be"):
+        Simulator(body).backend = "gpu"
     sim = Simulator(body, backend="torch")
     x0, v0 = sim.rest_state
     sim.solver_options["max_iter"] = -1
