@@ -318,9 +318,17 @@ def _record_forward(info, o, iterations, factorizations, cg_iterations, counts, 
                     reason, failed, fail_iteration, b):
     """The record, from one host read of the device state; raises or warns as ``minimize`` does."""
     ok = (g_norm <= threshold) & ~failed
-    host = dict(ok=ok.tolist(), reason=reason.tolist(), fail_it=fail_iteration.tolist(), counts=counts.tolist(),
-                energy=float(e.sum()), g_norm=torch.nan_to_num(g_norm, nan=float("inf")).tolist(),
-                g0_norm=g0_norm.tolist(), threshold=threshold.tolist())
+    fields = dict(ok=ok, reason=reason, fail_it=fail_iteration, counts=counts, energy=e.sum()[None],
+                  g_norm=torch.nan_to_num(g_norm, nan=float("inf")), g0_norm=g0_norm, threshold=threshold)
+    # One transfer (float64 holds the flags and counts exactly).
+    flat = torch.cat([t.to(torch.float64).reshape(-1) for t in fields.values()]).tolist()
+    host, at = {}, 0
+    for name, t in fields.items():
+        host[name], at = flat[at:at + t.numel()], at + t.numel()
+    host["ok"] = [bool(v) for v in host["ok"]]
+    for name in ("reason", "fail_it", "counts"):
+        host[name] = [int(v) for v in host[name]]
+    host["energy"] = host["energy"][0]
     if 1 in host["reason"]:
         bad = [i for i, r in enumerate(host["reason"]) if r == 1]
         raise ValueError(f"energy or its gradient is not finite at x0 (problem(s) {_names(bad)})")
