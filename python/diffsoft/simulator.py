@@ -22,6 +22,7 @@ from .energies import (determinant, elastic_energy, gravity_energy, ground_conta
                        reference_step_energy)
 from .fused import analytic_energy, step_energy, with_kernel_model
 from .step import Material, StepParams, StepTopology
+from . import torch_backend
 
 _HAS_CHOLMOD = _C.HAS_CHOLMOD
 
@@ -60,11 +61,21 @@ class Simulator:
             of each creature's Hessian (CG where it is not positive definite); ``"cg"``, Jacobi-preconditioned
             CG on the kernels' Hessian products; ``"auto"`` (default), direct, except CG for 3D bodies of more
             than 5000 unknowns when diffsoft was built without CHOLMOD.
-            Other devices, and ``fused=False`` (the paper's plain CG on double-backward products), use CG.
+            ``fused=False`` (the paper's plain CG on double-backward products) uses CG. See ``backend`` for
+            what it means on the torch backend.
         keep_factors: with the direct solver, each step keeps Newton's last factorization for its backward,
             which then costs back-substitutions instead of a fresh factorization (about 4x cheaper on large
             meshes), at the memory of one factor (and the Hessian blocks it was made from) per step of a
-            rollout until its backward has run.
+            rollout until its backward has run. On the torch backend: the Hessian blocks at the solution with
+            their float64 factor (dense Cholesky) or block-Jacobi preconditioner (CG), which the backward
+            then does not make again.
+        backend: where the fused step is solved (``docs/design.md``, "Backends and devices"): ``"cpp"``, the
+            C++ kernels and sparse factorizations (CPU tensors only); ``"torch"``, the same problem in batched
+            torch ops (:mod:`diffsoft.torch_backend`) on any device: each creature's dense Hessian factored by
+            one batched Cholesky (``solver="direct"``, and ``"auto"`` up to 1000 unknowns per creature), or
+            block-Jacobi CG on the Hessian's element blocks (``"cg"``, and ``"auto"`` above); its record is a
+            :class:`~diffsoft.torch_backend.TorchSolveInfo`. ``"auto"`` (default): ``"cpp"`` for CPU tensors,
+            ``"torch"`` for any other device. ``fused=False`` always takes :func:`diffsoft.minimize`'s path.
         max_iter, cg_rtol, cg_max_iter, backward_rtol, backward_max_iter, on_failure: passed to
             :func:`diffsoft.minimize`; all are kept in ``self.solver_options``, which may be edited.
 
@@ -76,7 +87,7 @@ class Simulator:
     def __init__(self, body, dt=1 / 30, gravity=9.8, ground=0.0, contact_stiffness=None, friction=None,
                  friction_eps=0.01, rtol=None, atol=None, max_iter=100, cg_rtol=0.5, cg_max_iter=None,
                  backward_rtol=1e-10, backward_max_iter=None, on_failure="warn", fused=True, solver="auto",
-                 keep_factors=False):
+                 keep_factors=False, backend="auto"):
         # The step divides by dt^2, and its kernels compute in the body's dtype.
         lo, hi = math.sqrt(torch.finfo(body.dtype).tiny), math.sqrt(torch.finfo(body.dtype).max)
         if not (is_finite_real(dt) and lo <= dt <= hi):
@@ -95,6 +106,7 @@ class Simulator:
         if solver not in ("auto", "direct", "cg"):
             raise ValueError(f"solver must be 'auto', 'direct' or 'cg', got {solver!r}")
         self.solver = solver
+        self.backend = backend
         self.gravity = self._scalar("gravity", gravity, allow_zero=True)
         self.contact_stiffness, self.friction = contact_stiffness, friction
         if atol is None:
@@ -140,7 +152,11 @@ class Simulator:
         return b.mass.detach().sum().item() * max(abs(self.gravity.item()), 1.0) + elastic
 
     def to(self, dtype=None, device=None):
-        """A copy on ``device`` in ``dtype`` (body included); solver options are kept, the default atol too."""
+        """A copy on ``device`` in ``dtype`` (body included); solver options, the backend and the default atol
+        are kept (with ``backend="auto"`` the copy's steps take the torch backend off the CPU). As
+        ``torch.Tensor.to``, a device may come first: ``sim.to("cuda")``."""
+        if isinstance(dtype, (str, torch.device)):
+            dtype, device = device, dtype
         out = object.__new__(Simulator)
         out.__dict__.update(self.__dict__)
         out.body = self.body.to(dtype=dtype, device=device)
@@ -198,7 +214,52 @@ class Simulator:
         """
         batched = self._check_state(x0, v0)
         params, top = self.step_problem(x0, v0, self._check_activation(activation, x0))
-        if self.fused and x0.device.type == "cpu":
+        backend = self._backend_for(x0)
+        try:
+            if backend == "torch":
+                solver = torch_backend.linear_solver_for(self.solver, len(self.body.free) * self.body.dim)
+                y, info = torch_backend.solve_step(params, top, solver, **self.solver_options)
+            else:
+                y, info = self._minimize(params, top, batched)
+        except ValueError as e:
+            if "not finite at x0" not in str(e):
+                raise
+            raise ValueError(f"Simulator.step: {e}. The step's energy overflows at the start state: check x0, v0 "
+                             f"and the constants (dt, gravity, ground, contact_stiffness, friction, and the body's "
+                             f"masses, moduli and muscles)") from None
+        x1 = top.full_positions(y, x0)
+        v1 = (x1 - x0) / self.dt
+        return (x1, v1, info) if return_info else (x1, v1)
+
+    @property
+    def backend(self):
+        """``"auto"``, ``"cpp"`` or ``"torch"`` (see the class docstring); may be assigned, and is checked."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, value):
+        if value not in ("auto", "cpp", "torch"):
+            raise ValueError(f"backend must be 'auto', 'cpp' or 'torch', got {value!r}")
+        if value != "auto" and not self.fused:
+            raise ValueError(f"backend={value!r} needs fused=True: fused=False always solves with "
+                             f"diffsoft.minimize (CG on double-backward products, any device)")
+        self._backend = value
+
+    def _backend_for(self, x0):
+        """``"torch"`` or ``"cpp"`` (also meaning :func:`minimize`'s path with ``fused=False``) for a state."""
+        if not self.fused:
+            return "cpp"
+        if self.backend == "cpp" and x0.device.type != "cpu":
+            raise ValueError(f"backend='cpp' runs on CPU tensors only, and the state is on {x0.device}: use "
+                             f"backend='torch' or 'auto'")
+        if self.backend == "auto":
+            return "cpp" if x0.device.type == "cpu" else "torch"
+        return self.backend
+
+    def _minimize(self, params, top, batched):
+        """The C++ path: :func:`minimize` with the fused kernels' analytic energy (``fused=False``: the plain
+        energy's double-backward products)."""
+        if self.fused:
             top = with_kernel_model(top, params)
         energy = step_energy if self.fused else reference_step_energy
         with torch.no_grad():
@@ -209,18 +270,8 @@ class Simulator:
             better = energy(x_hat, *params, top) <= energy(start, *params, top)
             guess = torch.where(better[..., None, None], x_hat, start)
         analytic = analytic_energy(guess, *params, top, factorize=self._factorizes()) if self.fused else None
-        try:
-            y, info = minimize(energy, guess, *params, top, batched=batched, return_info=True, _analytic=analytic,
-                               **self.solver_options)
-        except ValueError as e:
-            if "not finite at x0" not in str(e):
-                raise
-            raise ValueError(f"Simulator.step: {e}. The step's energy overflows at the start state: check x0, v0 "
-                             f"and the constants (dt, gravity, ground, contact_stiffness, friction, and the body's "
-                             f"masses, moduli and muscles)") from None
-        x1 = top.full_positions(y, x0)
-        v1 = (x1 - x0) / self.dt
-        return (x1, v1, info) if return_info else (x1, v1)
+        return minimize(energy, guess, *params, top, batched=batched, return_info=True, _analytic=analytic,
+                        **self.solver_options)
 
     def step_problem(self, x0, v0, activation):
         """The step from ``(x0, v0)`` under ``activation`` as the problem the solver minimises:

@@ -1,5 +1,5 @@
-"""Shared by every Python test: the dtypes tests run in, and seeded random state, so that a test's data does
-not depend on which tests ran before it (``pytest -k``, ``-x`` and a full run see the same numbers)."""
+"""Shared by every Python test: the dtypes and devices tests run in, and seeded random state, so that a test's
+data does not depend on which tests ran before it (``pytest -k``, ``-x`` and a full run see the same numbers)."""
 import pytest
 import torch
 
@@ -18,6 +18,18 @@ def _seeded():
 def dtype(request):
     """Runs a test once per dtype of :data:`DTYPES`."""
     return request.param
+
+
+DEVICES = ("cpu", "cuda")
+"""The CPU always; CUDA where ``torch.cuda.is_available()`` (skipped elsewhere)."""
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """Runs a test once per device of :data:`DEVICES`, skipping those this machine lacks."""
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return torch.device(request.param)
 
 
 @pytest.fixture

@@ -1,0 +1,603 @@
+"""The step's solver in torch ops: Newton and the implicit backward on any device (``Simulator(backend="torch")``).
+
+The C++ path (``_C.minimize`` with the fused kernels and sparse factorizations) runs on CPU tensors only. This
+module solves the same step problem, ``y* = argmin_y E(y; theta)`` with ``E`` the step energy of
+:mod:`diffsoft.step`, with nothing but batched torch ops, so that it runs wherever torch does, and the CPU test
+suite exercises every line of it.
+
+- Derivatives: the closed-form gradient and per-element Hessian blocks of :func:`diffsoft.fused._gradient_and_hessian`
+  (a :class:`~diffsoft.fused.BlockHessian`); energies of :func:`diffsoft.energies.reference_step_energy`, one per
+  creature, for the line search.
+- Linear solves, per creature of the batch:
+
+  * ``"cholesky"`` (creature-sized bodies): each creature's dense ``(n, n)`` Hessian is scatter-added from the
+    blocks and the batch is factored by one ``torch.linalg.cholesky_ex``; Newton takes exact steps. A creature
+    whose Hessian is not positive definite at an iterate takes a Jacobi-scaled gradient step there instead,
+    and the record counts those steps (``fallback_steps``).
+  * ``"block_jacobi_cg"`` (larger bodies): CG on the blocks' Hessian products, preconditioned by each free
+    vertex's ``d x d`` diagonal block, truncated at non-positive curvature (inexact Newton, as the C++ CG).
+
+- Line search: one Armijo trial per creature and Newton iteration, fixed-shape masks, no host reads. A
+  creature whose trial is rejected stays put, its step size shrinks, and the next iteration tries again from
+  the same point; after an accepted step the size doubles back towards 1. Rejections are counted as line
+  search steps; ``ls_max_iter`` consecutive ones freeze the creature as failed.
+- Host synchronisation: per-creature convergence, failure and counters stay on the device. The host reads
+  whether every creature is done every ``check_every`` Newton iterations (1 on CPU, where a read costs
+  nothing; :data:`CHECK_EVERY_OFF_CPU` elsewhere), once at the end for the record, and, in the backward,
+  once for the record (and a second time only if some creature's Hessian at ``y*`` is not positive
+  definite). Truncated CG reads its convergence every ``check_every`` CG iterations too.
+- Backward (implicit function theorem; the derivation is above :meth:`ImplicitStep.backward`): the adjoint
+  system at ``y*`` by the same kind of solve, then ONE first-order vector-Jacobian product through the
+  closed-form gradient with respect to the parameters (no double backward through an energy).
+"""
+import dataclasses
+import typing
+import warnings
+import weakref
+
+import torch
+
+from ._extension import ConvergenceError
+from ._minimize import _options
+from .energies import reference_step_energy
+from .fused import _gradient_and_hessian
+from .step import StepParams
+
+CHECK_EVERY_OFF_CPU = 4
+"""Newton (and CG) iterations between host reads of "is every creature done?" on devices other than the CPU:
+each read drains the device's queue; up to this many iterations are spent on creatures already done."""
+
+DENSE_MAX_UNKNOWNS = 1000
+"""``solver="auto"``: the dense batched Cholesky up to this many unknowns per creature (the Hessian costs
+``B n^2`` memory and ``B n^3 / 3`` flops), block-Jacobi CG above. A judgement, not a measured crossover."""
+
+LINEAR_SOLVERS = ("cholesky", "block_jacobi_cg")
+
+
+@dataclasses.dataclass
+class TorchSolveInfo:
+    """The torch backend's solve record: the fields of :class:`diffsoft.SolveInfo` (whose fields cannot be set
+    from Python), with the same meanings, plus ``linear_solver`` and ``fallback_steps``.
+
+    ``iterations`` counts Newton iterations (a rejected line-search trial is one: the creature retries from
+    the same point); ``line_search_steps`` the trials of all creatures; ``factorizations`` batched Cholesky
+    factorizations; ``fallback_steps`` the (creature, iteration) pairs where the Hessian was not positive
+    definite and a Jacobi-scaled gradient step was taken instead of Newton's. ``energy`` is the creatures'
+    total energy at the end, ``grad_norm`` / ``grad_norm_initial`` the largest gradient norm at the end / the
+    start (failed creatures included). The ``backward_*`` fields are filled in by the backward.
+    """
+    converged: bool = False
+    iterations: int = 0
+    cg_iterations: int = 0
+    hvp_count: int = 0
+    factorizations: int = 0
+    line_search_steps: int = 0
+    energy: float = 0.0
+    grad_norm: float = 0.0
+    grad_norm_initial: float = 0.0
+    problem_converged: typing.List[bool] = dataclasses.field(default_factory=list)
+    message: str = ""
+    linear_solver: str = ""
+    fallback_steps: int = 0
+    backward_ran: bool = False
+    backward_converged: bool = False
+    backward_cg_iterations: int = 0
+    backward_direct: bool = False
+    backward_residual: float = 0.0
+    backward_message: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The solver options of :class:`~diffsoft.simulator.Simulator` (``solver_options``) as this backend uses
+    them; ``linear_solver`` is one of :data:`LINEAR_SOLVERS`."""
+    linear_solver: str
+    rtol: float
+    atol: float
+    max_iter: int
+    cg_rtol: float
+    cg_max_iter: typing.Optional[int]
+    backward_rtol: float
+    backward_max_iter: typing.Optional[int]
+    on_failure: str
+    keep_factor: bool
+    check_every: int
+    ls_c1: float = 1e-4
+    ls_shrink: float = 0.5
+    ls_max_iter: int = 30
+
+
+def linear_solver_for(solver, unknowns):
+    """The linear solver of :class:`~diffsoft.simulator.Simulator`'s ``solver`` option on this backend:
+    ``"direct"`` -> ``"cholesky"``, ``"cg"`` -> ``"block_jacobi_cg"``, ``"auto"`` -> by size
+    (:data:`DENSE_MAX_UNKNOWNS` unknowns per creature)."""
+    if solver == "direct" or (solver == "auto" and unknowns <= DENSE_MAX_UNKNOWNS):
+        return "cholesky"
+    if solver in ("cg", "auto"):
+        return "block_jacobi_cg"
+    raise ValueError(f"solver must be 'auto', 'direct' or 'cg', got {solver!r}")
+
+
+def solve_step(params, top, linear_solver, rtol=None, atol=0.0, max_iter=100, cg_rtol=0.5, cg_max_iter=None,
+               backward_rtol=1e-10, backward_max_iter=None, on_failure="warn", keep_factor=False, check_every=None):
+    """Solves one step problem: ``y* = argmin_y E(y; params)``, differentiable with respect to every tensor of
+    ``params`` that requires grad.
+
+    Args:
+        params: the step's :class:`~diffsoft.step.StepParams`; ``x_hat`` ``(F, d)`` or ``(B, F, d)``.
+        top: its :class:`~diffsoft.step.StepTopology`.
+        linear_solver: one of :data:`LINEAR_SOLVERS` (see :func:`linear_solver_for`).
+        rtol, atol: per creature, converged when ``|grad E| <= max(atol, rtol |grad E(start)|)``;
+            ``rtol=None``: 1e-8 (float64) or 1e-4 (float32).
+        max_iter: Newton iterations.
+        cg_rtol, cg_max_iter: the forcing term's cap and the iteration cap of the truncated CG (block-Jacobi
+            CG only; default cap: the unknowns per creature).
+        backward_rtol, backward_max_iter: the adjoint solve's relative residual, and CG's iteration cap
+            (default: 10 x the unknowns per creature).
+        on_failure: ``"warn"`` or ``"raise"`` (:class:`diffsoft.ConvergenceError` with ``.info``), forward
+            and backward alike.
+        keep_factor: keep what Newton's last evaluation made at ``y*`` (the Hessian blocks with their float64
+            Cholesky factor, or with the block-Jacobi preconditioner) for the backward, which then skips that
+            factorization (it still evaluates the gradient at ``y*`` once, for the vector-Jacobian product).
+        check_every: Newton and CG iterations between host reads (default 1 on CPU, else
+            :data:`CHECK_EVERY_OFF_CPU`).
+
+    Returns:
+        ``(y*, info)``: ``y*`` shaped like ``params.x_hat``, and a :class:`TorchSolveInfo`.
+    """
+    if linear_solver not in LINEAR_SOLVERS:
+        raise ValueError(f"linear_solver must be one of {LINEAR_SOLVERS}, got {linear_solver!r}")
+    if on_failure not in ("warn", "raise"):
+        raise ValueError(f'on_failure must be "warn" or "raise", got {on_failure!r}')
+    if check_every is not None and (isinstance(check_every, bool) or not isinstance(check_every, int)
+                                    or check_every < 1):
+        raise ValueError(f"check_every must be None or an integer >= 1, got {check_every!r}")
+    # The same checks, and errors naming the option, as diffsoft.minimize's.
+    _options(batched=True, rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol, cg_max_iter=cg_max_iter,
+             backward_rtol=backward_rtol, backward_max_iter=backward_max_iter, ls_c1=Options.ls_c1,
+             ls_shrink=Options.ls_shrink, ls_max_iter=Options.ls_max_iter, raise_on_failure=on_failure == "raise",
+             keep_factor=bool(keep_factor))
+    dtype = params.x_hat.dtype
+    if rtol is None:
+        rtol = 1e-8 if dtype == torch.float64 else 1e-4
+    if check_every is None:
+        check_every = 1 if params.x_hat.device.type == "cpu" else CHECK_EVERY_OFF_CPU
+    options = Options(linear_solver=linear_solver, rtol=float(rtol), atol=float(atol), max_iter=int(max_iter),
+                      cg_rtol=float(cg_rtol), cg_max_iter=cg_max_iter, backward_rtol=float(backward_rtol),
+                      backward_max_iter=backward_max_iter, on_failure=on_failure, keep_factor=bool(keep_factor),
+                      check_every=int(check_every))
+    squeeze = params.x_hat.dim() == 2
+    if squeeze:  # one batch layout inside; the unsqueezes are differentiable, outside the Function
+        act = params.activation
+        params = params._replace(x_hat=params.x_hat[None], x0=params.x0[None], x0_free=params.x0_free[None],
+                                 activation=None if act is None else act.reshape(1, -1))
+    info = TorchSolveInfo(linear_solver=linear_solver)
+    y = ImplicitStep.apply(options, info, top, *params)
+    return (y[0] if squeeze else y), info
+
+
+class ImplicitStep(torch.autograd.Function):
+    """Forward: Newton on the step problem, no graph. Backward: the adjoint solve at ``y*`` and one
+    vector-Jacobian product of the closed-form gradient with respect to the parameters."""
+
+    @staticmethod
+    def forward(ctx, options, info, top, *tensors):
+        p = StepParams(*tensors)
+        y, kept = _newton(p, top, options, info)
+        ctx.save_for_backward(y, *tensors)
+        ctx.options, ctx.info, ctx.top, ctx.kept = options, info, top, kept
+        return y
+
+    # Derivation. At the solution g(y*, theta) = grad_y E(y*, theta) = 0 for every theta nearby, so
+    # H dy*/dtheta + dg/dtheta = 0 with H = d2E/dy2 at y*. For a loss L, dL/dtheta = dL/dy* . dy*/dtheta
+    # = -(H^-1 dL/dy*) . dg/dtheta = -lambda . dg/dtheta with H lambda = dL/dy* (H is symmetric): one adjoint
+    # solve, then one first-order vector-Jacobian product of the closed-form gradient g with respect to theta
+    # (autograd through _gradient_and_hessian's torch ops), with lambda as the vector.
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dl_dy):
+        y, *tensors = ctx.saved_tensors
+        top, options, info = ctx.top, ctx.options, ctx.info
+        wanted = [i for i in range(len(tensors)) if ctx.needs_input_grad[3 + i]]
+        grads = [None] * len(tensors)
+        if not wanted:
+            return (None, None, None, *grads)
+        kept, ctx.kept = ctx.kept, None  # the factor's memory goes with the backward
+        with torch.enable_grad():
+            # One evaluation at y*: its gradient's graph gives the vector-Jacobian product, its Hessian blocks
+            # (used without a graph) the adjoint system, unless the forward kept its own.
+            leaves = [t if t is None else t.detach().requires_grad_(i in wanted) for i, t in enumerate(tensors)]
+            g, hess = _gradient_and_hessian(y, StepParams(*leaves), top)
+        lam = _adjoint(y, top, hess, dl_dy, options, info, kept)
+        vjp = torch.autograd.grad(g, [leaves[i] for i in wanted], lam, allow_unused=True)
+        for i, v in zip(wanted, vjp):
+            grads[i] = None if v is None else -v
+        return (None, None, None, *grads)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Newton
+
+
+def _newton(p, top, o, info):
+    """Newton on a batch ``(B, F, d)``; returns ``y*`` and what the backward may keep (or None)."""
+    x_hat = p.x_hat.detach()
+    b, f, d = x_hat.shape
+    n = f * d
+    dtype, device = x_hat.dtype, x_hat.device
+    e_noise = 16 * torch.finfo(dtype).eps  # the C++ Newton's round-off allowance in the Armijo test
+
+    def energy(y):
+        return reference_step_energy(y, *p, top)
+
+    # Each creature starts from the lower-energy of the inertial prediction and x0 (NaN at the prediction, an
+    # inverted element or an overflow, selects x0), as the C++ path does.
+    start = p.x0_free.detach().expand_as(x_hat)
+    e_hat, e_start = energy(x_hat), energy(start)
+    better = e_hat <= e_start
+    y = torch.where(better[:, None, None], x_hat, start).clone()
+    e = torch.where(better, e_hat, e_start)
+    g, hess = _gradient_and_hessian(y, p, top)
+    g = g.reshape(b, n)
+    g_norm = _row_norm(g)
+    finite_start = torch.isfinite(e) & torch.isfinite(g_norm)
+    g0_norm = g_norm
+    threshold = torch.clamp_min(g_norm * o.rtol, o.atol)
+    # Why a creature stopped: 0 still going or converged, 1 not finite at the start, 2 gradient not finite,
+    # 3 line search exhausted. Counters per creature; all on the device until the end.
+    reason = torch.where(finite_start, 0, 1).to(torch.int8)
+    failed = ~finite_start
+    done = failed | (g_norm <= threshold)
+    step = torch.ones(b, dtype=dtype, device=device)
+    rejections = torch.zeros(b, dtype=torch.long, device=device)
+    counts = torch.zeros(2, dtype=torch.long, device=device)  # line-search trials, gradient fallbacks
+    fail_iteration = torch.full((b,), -1, dtype=torch.long, device=device)
+    iterations, factorizations, cg_iterations = 0, 0, 0
+    if o.linear_solver == "cholesky":
+        workspace = (x_hat.new_empty(b, n * n), x_hat.new_empty(b, n, n).mT,
+                     torch.empty(b, dtype=torch.int32, device=device))
+    for it in range(o.max_iter):
+        if it % o.check_every == 0 and bool(done.all()):
+            break
+        iterations += 1
+        active = ~done
+        if o.linear_solver == "cholesky":
+            direction, pd = _cholesky_direction(hess, top, g, b, n, workspace)
+            factorizations += 1
+        else:
+            # The forcing term of the C++ Newton: min(cg_rtol, sqrt(|g| / |g0|)).
+            eta = torch.clamp_max(torch.sqrt(g_norm / torch.where(active, g0_norm, torch.ones_like(g0_norm))),
+                                  o.cg_rtol)
+            cg = _cg(_hessian_product(hess, b, f, d), -g, eta, o.cg_max_iter or n, _block_jacobi(hess, top, b, f, d),
+                     active, truncate=True, check_every=o.check_every)
+            direction, pd = cg.x, torch.ones_like(active)
+            cg_iterations += cg.iterations
+        slope = (g * direction).sum(1)
+        # A direction without descent (round-off in an ill-conditioned solve) falls back to the scaled gradient.
+        descent = slope < 0
+        direction = torch.where(descent[:, None], direction, -g / _scale(hess, b, n))
+        slope = (g * direction).sum(1)
+        counts[1] += (active & ~(pd & descent)).sum()
+
+        trial = y + (step[:, None] * direction).view(b, f, d)
+        e_trial = energy(trial)
+        counts[0] += active.sum()
+        ok = active & torch.isfinite(e_trial) & (e_trial <= e + o.ls_c1 * step * slope + e_noise * e.abs())
+        y = torch.where(ok[:, None, None], trial, y)
+        e = torch.where(ok, e_trial, e)
+        rejections = torch.where(ok, 0, rejections + active.long())
+        step = torch.where(ok, torch.clamp_max(step / o.ls_shrink, 1.0), torch.where(active, step * o.ls_shrink, step))
+        stuck = active & (rejections >= o.ls_max_iter)
+
+        g, hess = _gradient_and_hessian(y, p, top)
+        g = g.reshape(b, n)
+        g_norm = _row_norm(g)
+        not_finite = active & ~torch.isfinite(g_norm)
+        newly = (stuck | not_finite) & ~failed
+        reason = torch.where(newly, torch.where(not_finite, 2, 3).to(torch.int8), reason)
+        fail_iteration = torch.where(newly, it, fail_iteration)
+        failed = failed | newly
+        done = done | failed | (g_norm <= threshold)
+
+    kept = None
+    if o.keep_factor:
+        # Newton's last evaluation is at y* (for every creature: the frozen ones were re-evaluated where they
+        # stand); its blocks and their factor or preconditioner spare the backward that work.
+        if o.linear_solver == "cholesky":  # float64, as the backward's solve (see _adjoint)
+            L, status = torch.linalg.cholesky_ex(_assemble(hess, top, b, n).double())
+            kept = (hess, L, status == 0)
+            factorizations += 1
+        else:
+            kept = (hess, _block_jacobi(hess, top, b, f, d))
+    _record_forward(info, o, iterations, factorizations, cg_iterations, counts, e, g_norm, g0_norm, threshold,
+                    reason, failed, fail_iteration, b)
+    return y, kept
+
+
+def _record_forward(info, o, iterations, factorizations, cg_iterations, counts, e, g_norm, g0_norm, threshold,
+                    reason, failed, fail_iteration, b):
+    """The record, from one host read of the device state; raises or warns as ``minimize`` does."""
+    ok = (g_norm <= threshold) & ~failed
+    fields = dict(ok=ok, reason=reason, fail_it=fail_iteration, counts=counts, energy=e.sum()[None],
+                  g_norm=torch.nan_to_num(g_norm, nan=float("inf")), g0_norm=g0_norm, threshold=threshold)
+    # One transfer (float64 holds the flags and counts exactly).
+    flat = torch.cat([t.to(torch.float64).reshape(-1) for t in fields.values()]).tolist()
+    host, at = {}, 0
+    for name, t in fields.items():
+        host[name], at = flat[at:at + t.numel()], at + t.numel()
+    host["ok"] = [bool(v) for v in host["ok"]]
+    for name in ("reason", "fail_it", "counts"):
+        host[name] = [int(v) for v in host[name]]
+    host["energy"] = host["energy"][0]
+    if 1 in host["reason"]:
+        bad = [i for i, r in enumerate(host["reason"]) if r == 1]
+        raise ValueError(f"energy or its gradient is not finite at x0 (problem(s) {_names(bad)})")
+    info.converged = all(host["ok"])
+    info.iterations = iterations
+    info.line_search_steps, info.fallback_steps = host["counts"]
+    info.cg_iterations = info.hvp_count = cg_iterations
+    info.factorizations = factorizations
+    info.energy = host["energy"]
+    info.grad_norm, info.grad_norm_initial = max(host["g_norm"]), max(host["g0_norm"])
+    info.problem_converged = host["ok"]
+    why = []
+    for code, text in ((2, "the gradient is not finite (Newton iteration {it}) for problem(s) {who}"),
+                       (3, f"the line search found no decrease of the energy after {o.ls_max_iter} trials "
+                           f"(Newton iteration {{it}}) for problem(s) {{who}}")):
+        rows = [i for i, r in enumerate(host["reason"]) if r == code]
+        if rows:
+            why.append(text.format(it=max(host["fail_it"][i] for i in rows), who=_names(rows)))
+    unfinished = [i for i in range(b) if not host["ok"][i] and host["reason"][i] == 0]
+    if unfinished:
+        ratio = max(host["g_norm"][i] / max(host["threshold"][i], 1e-300) for i in unfinished)
+        why.append(f"max_iter = {o.max_iter} Newton iterations reached with the gradient norm at {ratio:.3g} x "
+                   f"its tolerance for problem(s) {_names(unfinished)}")
+    note = ""
+    if info.fallback_steps:
+        note = (f" ({info.fallback_steps} Newton step(s) replaced by scaled gradient steps where the Hessian was "
+                f"not positive definite or its step not a descent direction)")
+    info.message = ("converged" if info.converged else "; ".join(why)) + note
+    if not info.converged:
+        if o.on_failure == "raise":
+            error = ConvergenceError(f"Newton did not converge: {info.message}")
+            error.info = info
+            raise error
+        warnings.warn(f"diffsoft (torch backend) did not converge: {info.message}", RuntimeWarning, stacklevel=4)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The backward's adjoint solve
+
+
+def _adjoint(y, top, hess, dl_dy, o, info, kept):
+    """``lambda`` with ``H(y*) lambda = dL/dy*`` per creature (``(B, F, d)``), ``H`` from the blocks ``hess`` (or
+    the forward's, ``kept``), and the record's backward fields.
+
+    The Cholesky path solves in float64 whatever the working dtype, from the Hessian assembled in it, with
+    two rounds of iterative refinement against the same dense Hessian (so that ``backward_rtol`` means the
+    same in float32 as in float64, as on the C++ path, whose factorizations are float64 too); CG solves in the
+    working dtype."""
+    b, f, d = y.shape
+    n = f * d
+    if kept is not None:
+        hess = kept[0]
+    rhs = dl_dy.reshape(b, n)
+    # Solved for b / ||b||: the residual is then the relative one (rows with b = 0 get lambda = 0).
+    scale = _row_norm(rhs)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))[:, None]
+    rhs = rhs / scale
+    info.backward_ran = True
+    if o.linear_solver == "cholesky":
+        lam, residual, pd = _dense_adjoint(hess, top, rhs, b, n, kept)
+        info.backward_direct = True
+        info.backward_cg_iterations = 0
+        problem = ~pd
+        what = ("the Hessian at y* is not positive definite (y* is not a strict minimum; solved by LU there) for "
+                "problem(s) {who}; the implicit gradient is unreliable")
+    else:
+        precondition = kept[1] if kept is not None else _block_jacobi(hess, top, b, f, d)
+        apply = _hessian_product(hess, b, f, d)
+        rtol = torch.full((b,), o.backward_rtol, dtype=rhs.dtype, device=rhs.device)
+        cg = _cg(apply, rhs, rtol, o.backward_max_iter or 10 * n, precondition, torch.ones_like(rtol, dtype=torch.bool),
+                 truncate=False, check_every=o.check_every)
+        lam, residual, problem = cg.x, cg.residual, cg.negative_curvature
+        info.backward_direct = False
+        info.backward_cg_iterations = cg.iterations
+        what = ("the Hessian at y* is not positive definite (non-positive curvature met by CG) for problem(s) "
+                "{who}; the implicit gradient is unreliable")
+    host_residual, host_problem = residual.tolist(), problem.tolist()
+    info.backward_residual = max(host_residual)
+    bad = [i for i, v in enumerate(host_problem) if v]
+    slow = [i for i, r in enumerate(host_residual) if not r <= o.backward_rtol]
+    info.backward_converged = not bad and not slow
+    if bad:
+        info.backward_message = what.format(who=_names(bad))
+    elif slow:
+        how = ("a dense Cholesky factorization with iterative refinement (H too ill-conditioned for this "
+               "tolerance)" if info.backward_direct else
+               f"{info.backward_cg_iterations} block-Jacobi CG iterations (backward_max_iter = "
+               f"{o.backward_max_iter or 10 * n})")
+        info.backward_message = (f"the adjoint solve's relative residual is {info.backward_residual:.3g} > "
+                                 f"backward_rtol = {o.backward_rtol:g} after {how} for problem(s) {_names(slow)}")
+    else:
+        info.backward_message = "converged"
+    if not info.backward_converged:
+        if o.on_failure == "raise":
+            error = ConvergenceError(f"adjoint solve failed: {info.backward_message}")
+            error.info = info
+            raise error
+        warnings.warn(f"diffsoft (torch backend): adjoint solve failed: {info.backward_message}", RuntimeWarning)
+    return (lam.to(y.dtype) * scale).view(b, f, d)
+
+
+def _dense_adjoint(hess, top, rhs, b, n, kept):
+    """The dense adjoint solve in float64: ``(lambda, relative residual, positive definite)`` per row."""
+    H = _assemble(hess, top, b, n).double()
+    if kept is not None:
+        L, pd = kept[1], kept[2]
+    else:
+        L, status = torch.linalg.cholesky_ex(H)
+        pd = status == 0
+    rhs = rhs.double()
+    lam = _cholesky_solve(L, rhs)
+    if not bool(pd.all()):  # a decision (and an LU factorization) only the backward of such a batch pays
+        lam = torch.where(pd[:, None], lam, torch.linalg.solve(H, rhs))
+    r = rhs - (H @ lam[..., None])[..., 0]
+    res = _row_norm(r)
+    for _ in range(2):  # iterative refinement, kept where it lowers the residual
+        lam_try = lam + torch.where(pd[:, None], _cholesky_solve(L, r), torch.zeros_like(r))
+        r_try = rhs - (H @ lam_try[..., None])[..., 0]
+        res_try = _row_norm(r_try)
+        better = res_try < res
+        lam, r, res = (torch.where(better[:, None], lam_try, lam), torch.where(better[:, None], r_try, r),
+                       torch.where(better, res_try, res))
+    return lam, res, pd
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Linear algebra on the element blocks
+
+
+_ASSEMBLY = weakref.WeakKeyDictionary()
+
+
+def _assembly_indices(hess, top, n):
+    """For each block kind of ``hess``: ``(keep, flat)``, the entries of its flattened blocks that couple two
+    free unknowns (None: all of them) and their positions in the flattened ``(n, n)`` Hessian. Cached per
+    topology (the index tensors depend on it alone)."""
+    cached = _ASSEMBLY.get(top)
+    if cached is not None:
+        return cached
+    d = hess.diag.shape[-1]
+    out = []
+    for idx, _ in hess.blocks:
+        k = idx.shape[1]
+        slot = top.free_index[idx]  # (E, k): each local vertex's index among the free ones, -1 if fixed
+        dof = (slot[:, :, None] * d + torch.arange(d, device=idx.device)).reshape(-1, k * d)  # (E, kd)
+        free = (slot[:, :, None] >= 0).expand(-1, -1, d).reshape(-1, k * d)
+        flat = (dof[:, :, None] * n + dof[:, None, :]).reshape(-1)
+        pair = (free[:, :, None] & free[:, None, :]).reshape(-1)
+        out.append((None, flat) if bool(pair.all()) else (torch.nonzero(pair).flatten(), flat[pair]))
+    _ASSEMBLY[top] = out
+    return out
+
+
+def _assemble(hess, top, b, n, out=None):
+    """Each creature's dense Hessian ``(B, n, n)`` over the free unknowns, scatter-added from the blocks (into
+    ``out``, a ``(B, n * n)`` buffer, when given)."""
+    H = hess.diag.new_zeros(b, n * n) if out is None else out.zero_()
+    for (_, K), (keep, flat) in zip(hess.blocks, _assembly_indices(hess, top, n)):
+        values = K.reshape(b, -1)
+        H.index_add_(1, flat, values if keep is None else values[:, keep])
+    H = H.view(b, n, n)
+    H.diagonal(dim1=-2, dim2=-1).add_(hess.diag.reshape(b, n))
+    return H
+
+
+def _cholesky_direction(hess, top, g, b, n, workspace):
+    """Newton's direction ``-H^-1 g`` per creature by one batched Cholesky factorization, and which creatures'
+    Hessians were positive definite (the others get the scaled gradient step). ``workspace``: buffers for the
+    Hessian and its factor, reused by every Newton iteration (fresh allocations of this size cost page faults
+    on CPU)."""
+    H_buffer, L, status = workspace
+    torch.linalg.cholesky_ex(_assemble(hess, top, b, n, out=H_buffer), out=(L, status))
+    pd = status == 0
+    newton = _cholesky_solve(L, -g)
+    return torch.where(pd[:, None], newton, -g / _scale(hess, b, n)), pd
+
+
+def _cholesky_solve(L, rhs):
+    """``(L L^T)^-1 rhs`` for rows ``rhs`` ``(B, n)``, by two triangular solves (``torch.cholesky_solve``
+    checks LAPACK's status on the host: a device synchronisation per call)."""
+    z = torch.linalg.solve_triangular(L, rhs[..., None], upper=False)
+    return torch.linalg.solve_triangular(L.mT, z, upper=True)[..., 0]
+
+
+def _scale(hess, b, n):
+    """The per-vertex diagonal terms (inertia ``m / h^2``, contact, friction), positive: the scaling of the
+    fallback gradient steps (an inertia-scaled gradient step is an explicit step of the dynamics)."""
+    return hess.diag.reshape(b, n).clamp_min(torch.finfo(hess.diag.dtype).tiny)
+
+
+def _hessian_product(hess, b, f, d):
+    return lambda v: hess.apply(v.view(b, f, d)).reshape(b, f * d)
+
+
+def _block_jacobi(hess, top, b, f, d):
+    """The block-Jacobi preconditioner: ``r -> D^-1 r`` with ``D`` each free vertex's ``d x d`` diagonal block
+    of the Hessian (its diagonal terms only where that block is not positive definite)."""
+    blocks = hess.diag.new_zeros(b, hess.num_vertices, d, d)
+    for idx, K in hess.blocks:
+        e, k = idx.shape
+        per_vertex = K.view(b, e, k, d, k, d).diagonal(dim1=2, dim2=4).permute(0, 1, 4, 2, 3)  # (B, E, k, d, d)
+        blocks.index_add_(1, idx.reshape(-1), per_vertex.reshape(b, e * k, d, d))
+    if not hess.all_free:
+        blocks = blocks[:, hess.free]
+    diag = torch.diag_embed(hess.diag)
+    blocks = blocks + diag
+    L, status = torch.linalg.cholesky_ex(blocks)
+    L = torch.where((status == 0)[..., None, None], L, diag.clamp_min(torch.finfo(diag.dtype).tiny).sqrt() * (diag > 0))
+    eye = torch.eye(d, dtype=blocks.dtype, device=blocks.device).expand_as(blocks)
+    inverse = torch.linalg.solve_triangular(L.mT, torch.linalg.solve_triangular(L, eye, upper=False), upper=True)
+    return lambda r: (inverse @ r.view(b, f, d, 1)).reshape(b, f * d)
+
+
+class _CGResult(typing.NamedTuple):
+    x: torch.Tensor                   # (B, n)
+    residual: torch.Tensor            # (B,) relative residual
+    negative_curvature: torch.Tensor  # (B,) bool: stopped (or, truncated, would have) at p.Hp <= 0
+    iterations: int
+
+
+def _cg(apply, rhs, rtol, max_iter, precondition, active, truncate, check_every):
+    """Preconditioned CG on rows ``(B, n)`` of independent systems ``H x = rhs``, masked per row, each to its
+    relative tolerance ``rtol`` ``(B,)``; rows not ``active`` return 0. ``truncate``: a row meeting non-positive
+    curvature stops with its iterate (the preconditioned right-hand side if on its first iteration: a descent
+    direction for ``rhs = -g``), as the C++ truncated CG. Host reads every ``check_every`` iterations."""
+    eps = 1e-14 if rhs.dtype == torch.float64 else 1e-6
+    scale = _row_norm(rhs)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))[:, None]
+    r = torch.where(active[:, None], rhs / scale, torch.zeros_like(rhs))
+    x = torch.zeros_like(r)
+    z = precondition(r)
+    p, first = z, z
+    rz = (r * z).sum(1)
+    r_norm = _row_norm(r)
+    done = ~active | (r_norm <= rtol)
+    negative = torch.zeros_like(done)
+    fallback = torch.zeros_like(done)
+    its = 0
+    for k in range(max_iter):
+        if k % check_every == 0 and bool(done.all()):
+            break
+        its += 1
+        ap = apply(p)
+        pap = (p * ap).sum(1)
+        bad = ~done & (pap <= eps * _row_norm(p) * _row_norm(ap))
+        negative = negative | bad
+        if truncate:
+            fallback = fallback | (bad & (k == 0))
+        done = done | bad
+        run = ~done
+        alpha = torch.where(run, rz / torch.where(run, pap, torch.ones_like(pap)), torch.zeros_like(pap))[:, None]
+        x = x + alpha * p
+        r = r - alpha * ap
+        z = precondition(r)
+        rz_new = (r * z).sum(1)
+        r_norm = torch.where(run, _row_norm(r), r_norm)
+        done = done | (r_norm <= rtol)
+        keep_going = ~done & (rz != 0)
+        beta = torch.where(keep_going, rz_new / torch.where(keep_going, rz, torch.ones_like(rz)), torch.zeros_like(rz))
+        p = torch.where(run[:, None], z + beta[:, None] * p, p)
+        rz = torch.where(run, rz_new, rz)
+    if truncate:
+        x = torch.where(fallback[:, None], first, x)
+    return _CGResult(x * scale, r_norm, negative, its)
+
+
+def _row_norm(a):
+    return torch.linalg.vector_norm(a, dim=1)
+
+
+def _names(rows, limit=10):
+    return ", ".join(map(str, rows[:limit])) + (f" and {len(rows) - limit} more" if len(rows) > limit else "")
