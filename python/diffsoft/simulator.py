@@ -10,6 +10,7 @@ so its gradient is the residual of the discrete momentum balance ``M a = f`` in 
 solver's tolerances are force tolerances (see :class:`Simulator`). Scaling changes neither the minimiser,
 nor Newton's steps, nor the implicit gradients.
 """
+import functools
 import math
 import numbers
 
@@ -31,6 +32,12 @@ _CONTACT_PER_MASS = 14000.0 / ALGOVIVO_VERTEX_MASS
 _FRICTION_PER_MASS = 300.0 / ALGOVIVO_VERTEX_MASS
 # The smallest activation: a muscle's target length a l0 stays a normal float, and its energy finite.
 _MIN_ACTIVATION = 1e-6
+
+
+@functools.lru_cache(maxsize=64)
+def _constant(value, dtype, device):
+    """A number as a 0-dim tensor, made once (a step's constants given as numbers, read at every step)."""
+    return torch.tensor(value, dtype=dtype, device=device)
 
 
 class Simulator:
@@ -281,8 +288,8 @@ class Simulator:
         body, top = self.body, self.topology
         self._check_parameters(x0.shape[0] if x0.dim() == 3 else None)
         h, gravity, contact_stiffness, friction, ground, friction_eps = (
-            torch.as_tensor(0.0 if c is None else c, dtype=body.dtype, device=body.device) for c in (
-                self.dt, self.gravity, self.contact_stiffness, self.friction, self.ground, self.friction_eps))
+            c if isinstance(c, torch.Tensor) else _constant(0.0 if c is None else c, body.dtype, body.device)
+            for c in (self.dt, self.gravity, self.contact_stiffness, self.friction, self.ground, self.friction_eps))
         x0_free = x0 if top.all_free else x0[..., top.free, :]
         v0_free = v0 if top.all_free else v0[..., top.free, :]
         mu, lam = body.mu, body.lam
@@ -302,17 +309,20 @@ class Simulator:
         of a batch of ``batch`` (None: x0 is one creature), in the body's dtype and device; else a ValueError
         or TypeError naming it."""
         body = self.body
-        e, m, d = body.num_elements, body.num_muscles, body.dim
+        dtype, device = body.dtype, body.device
+        e, m, d = len(body.elements), len(body.muscles), body.dim
         fields = [("body.mass", body.mass, [(body.num_vertices,)]), ("body.Dm_inv", body.Dm_inv, [(e, d, d)]),
                   ("body.mu", body.mu, [(e,), ()]), ("body.lam", body.lam, [(e,), ()]),
                   ("body.muscle_rest_length", body.muscle_rest_length, [(m,)]),
                   ("body.muscle_stiffness", body.muscle_stiffness, [(m,), ()])]
-        fields += [(name, value, [()]) for name, value in (
-            ("dt", self.dt), ("gravity", self.gravity), ("ground", self.ground), ("friction_eps", self.friction_eps),
-            ("contact_stiffness", self._contact_stiffness), ("friction", self._friction))
-            if isinstance(value, torch.Tensor)]
+        for name, value in (("dt", self._dt), ("gravity", self.gravity), ("ground", self._ground),
+                            ("friction_eps", self._friction_eps), ("contact_stiffness", self._contact_stiffness),
+                            ("friction", self._friction)):
+            if isinstance(value, torch.Tensor):
+                fields.append((name, value, [()]))
         for name, t, shapes in fields:
-            self._check_tensor(name, t)
+            if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device != device:
+                self._check_tensor(name, t)  # raises, naming what differs
             shape = tuple(t.shape)
             if shape in shapes or (batch is not None and shape[:1] == (batch,) and shape[1:] == shapes[0]):
                 continue
