@@ -144,6 +144,31 @@ def test_per_creature_parameters_gradcheck():
     assert gradcheck(loss, inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
+def test_rest_positions_density_and_moduli_through_a_new_body_gradcheck():
+    """``body.rest_positions`` cannot be reassigned (``test_misuse.py``); a new SoftBody built from rest positions,
+    density, Young's modulus and Poisson ratio that require grad carries their gradients through the rest shapes,
+    rest volumes, lumped masses, Lame parameters, default muscle rest lengths and stiffnesses, and the default
+    contact and friction constants, into a step with contact: against central differences."""
+    verts, tris = rectangle(0.4, 0.2, 2, 1, dtype=F64)
+    x0 = verts + torch.tensor([0.01, 0.002], dtype=F64)
+    v0 = torch.tensor([0.3, -0.4], dtype=F64).expand_as(x0)
+    w = torch.randn(x0.shape, generator=torch.Generator().manual_seed(8), dtype=F64)
+    a = torch.tensor([0.7, 0.9], dtype=F64)
+
+    def loss(rest, density, youngs_modulus, poisson_ratio):
+        body = SoftBody(rest, tris, density=density, youngs_modulus=youngs_modulus, poisson_ratio=poisson_ratio,
+                        muscles=[[0, 4], [1, 5]])
+        sim = _tight(Simulator(body, dt=0.02))
+        x1, v1 = sim.step(x0, v0, a)
+        return (w * x1).sum() + 0.01 * (v1 ** 2).sum()
+
+    inputs = (verts.clone().requires_grad_(), torch.tensor(100.0, dtype=F64, requires_grad=True),
+              torch.tensor(2e3, dtype=F64, requires_grad=True), torch.tensor(0.3, dtype=F64, requires_grad=True))
+    grads = torch.autograd.grad(loss(*inputs), inputs)
+    assert all(g.abs().max() > 0 for g in grads)
+    assert gradcheck(loss, inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
 CASES = [(2, "algovivo", None), (2, "neo_hookean", [0]), (3, "stable_neo_hookean", [0, 1]), (3, "neo_hookean", None)]
 
 
