@@ -51,7 +51,8 @@ struct StepState {
 constexpr double kMuscleLengthFloor = 1e-6;
 
 // The step energy's parameters, in the order of the reference energy's arguments after y
-// (diffsoft.energies.reference_step_energy) and of diffsoft.step.StepParams; kStepParamNames names them.
+// (diffsoft.energies.reference_step_energy) and of diffsoft.step.StepParams; kStepParamNames names them. The
+// shapes are those of one problem; the model's parameters may also be per problem (StepModel).
 enum class StepParam : int {
   x_hat,               // (B, F, d)
   x0,                  // (B, N, d)
