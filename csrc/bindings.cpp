@@ -199,7 +199,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("contact_stiffness", &StepModel::contact_stiffness)
       .def_readwrite("friction", &StepModel::friction)
       .def_readwrite("ground", &StepModel::ground)
-      .def_readwrite("eps", &StepModel::eps)
+      .def_readwrite("friction_eps", &StepModel::friction_eps)
       .def_readwrite("has_ground", &StepModel::has_ground)
       .def_readwrite("factor_cache", &StepModel::factor_cache);
   py::class_<diffsoft::FactorCache, std::shared_ptr<diffsoft::FactorCache>>(

@@ -23,7 +23,21 @@ using Weights = Eigen::Matrix<S, D + 1, D, Eigen::RowMajor>;
 template <typename S, int D>
 using Tangent = Eigen::Matrix<S, D * D, D * D>;
 
-// The data of one problem of the batch, as raw pointers into contiguous tensors.
+// A parameter of the model as a problem reads it: shared by the batch (stride 0), or one slice per problem
+// (stride = the slice's size). Null for an undefined or empty tensor.
+template <typename S>
+struct PerProblem {
+  const S* data = nullptr;
+  int64_t stride = 0;
+  // t has `dims` dimensions when shared, dims + 1 when per problem.
+  PerProblem(const torch::Tensor& t, int64_t dims)
+      : data(t.defined() && t.numel() ? t.data_ptr<S>() : nullptr),
+        stride(t.defined() && t.dim() > dims ? t.numel() / t.size(0) : 0) {}
+  const S* at(int64_t b) const { return data ? data + b * stride : nullptr; }
+  S value(int64_t b) const { return data ? data[b * stride] : S(0); }
+};
+
+// The data of one problem of the batch, as raw pointers into contiguous tensors, and its scalars.
 template <typename S, int D>
 struct View {
   using scalar = S;
@@ -31,32 +45,40 @@ struct View {
   const StepModel& m;
   int64_t n, f, e, nm;
   const int64_t *elements, *muscles, *slot;
+  // Problem b's (see problem()).
   const S *mass, *dm_inv, *mu, *lam, *rest_length, *stiffness;
-  int64_t material_stride;  // e when the Lame parameters are per problem, (B, E); 0 when shared, (E,)
+  S h, gravity, contact_stiffness, friction, ground, friction_eps;
 
+  // Problem 0's view.
   explicit View(const StepModel& model)
       : m(model),
         n(model.slot.size(0)),
-        f(model.mass.size(0)),
+        f(model.mass.size(-1)),
         e(model.elements.size(0)),
         nm(model.muscles.size(0)),
         elements(model.elements.data_ptr<int64_t>()),
         muscles(model.muscles.data_ptr<int64_t>()),
         slot(model.slot.data_ptr<int64_t>()),
-        mass(model.mass.data_ptr<S>()),
-        dm_inv(model.Dm_inv.data_ptr<S>()),
-        mu(model.mu.data_ptr<S>()),
-        lam(model.lam.data_ptr<S>()),
-        rest_length(nm ? model.rest_length.data_ptr<S>() : nullptr),
-        stiffness(nm ? model.stiffness.data_ptr<S>() : nullptr),
-        material_stride(model.mu.dim() == 2 ? e : 0) {}
+        mass_(model.mass, 1),
+        dm_inv_(model.Dm_inv, 3),
+        mu_(model.mu, 1),
+        lam_(model.lam, 1),
+        rest_length_(model.rest_length, 1),
+        stiffness_(model.stiffness, 1),
+        h_(model.h, 0),
+        gravity_(model.gravity, 0),
+        contact_stiffness_(model.contact_stiffness, 0),
+        friction_(model.friction, 0),
+        ground_(model.ground, 0),
+        friction_eps_(model.friction_eps, 0) {
+    select(0);
+  }
 
-  // Problem b's view: its own Lame parameters when they are per problem (a batch of creatures of different
-  // materials, domain randomisation), else the shared ones.
+  // Problem b's view: its own parameters where they are per problem (a batch of creatures with different
+  // bodies or worlds, domain randomisation), else the shared ones.
   View problem(int64_t b) const {
     View out = *this;
-    out.mu += b * material_stride;
-    out.lam += b * material_stride;
+    out.select(b);
     return out;
   }
 
@@ -91,6 +113,17 @@ struct View {
     Mat<S, D> F = Mat<S, D>::Zero();
     for (int j = 0; j <= D; ++j) F += x(y, x0, elements[k * (D + 1) + j]) * w.row(j);
     return F;
+  }
+
+ private:
+  PerProblem<S> mass_, dm_inv_, mu_, lam_, rest_length_, stiffness_;
+  PerProblem<S> h_, gravity_, contact_stiffness_, friction_, ground_, friction_eps_;
+
+  void select(int64_t b) {
+    mass = mass_.at(b), dm_inv = dm_inv_.at(b), mu = mu_.at(b), lam = lam_.at(b);
+    rest_length = rest_length_.at(b), stiffness = stiffness_.at(b);
+    h = h_.value(b), gravity = gravity_.value(b), contact_stiffness = contact_stiffness_.value(b);
+    friction = friction_.value(b), ground = ground_.value(b), friction_eps = friction_eps_.value(b);
   }
 };
 

@@ -17,18 +17,23 @@
 namespace diffsoft {
 
 // Shapes (B problems, N vertices, F free, E elements, M muscles, d = 2 or 3), all contiguous CPU tensors of one
-// floating dtype unless noted.
+// floating dtype unless noted. Every parameter is shared by the batch with the shape shown, or per problem with a
+// leading B (a batch of creatures with different bodies or worlds: domain randomisation); View::problem(b) reads
+// problem b's.
 struct StepModel {
-  torch::Tensor elements;    // (E, d+1) int64
-  torch::Tensor muscles;     // (M, 2) int64, M may be 0
-  torch::Tensor slot;        // (N,) int64: the free index of each vertex, -1 if fixed
-  torch::Tensor mass;        // (F,) masses of the free vertices
-  torch::Tensor Dm_inv;      // (E, d, d)
-  torch::Tensor mu, lam;     // (E,), or (B, E) per problem, with the elements' weights folded in
-  torch::Tensor rest_length; // (M,)
-  torch::Tensor stiffness;   // (M,)
-  int64_t material = 0;      // 0 algovivo, 1 neo_hookean, 2 stable_neo_hookean
-  double h = 1.0, gravity = 0.0, contact_stiffness = 0.0, friction = 0.0, ground = 0.0, eps = 0.01;
+  torch::Tensor elements;     // (E, d+1) int64
+  torch::Tensor muscles;      // (M, 2) int64, M may be 0
+  torch::Tensor slot;         // (N,) int64: the free index of each vertex, -1 if fixed
+  torch::Tensor mass;         // (F,) masses of the free vertices
+  torch::Tensor Dm_inv;       // (E, d, d)
+  torch::Tensor mu, lam;      // (E,) each, with the elements' weights folded in
+  torch::Tensor rest_length;  // (M,)
+  torch::Tensor stiffness;    // (M,)
+  int64_t material = 0;       // 0 algovivo, 1 neo_hookean, 2 stable_neo_hookean
+  // The scalars, () or (B,): the time step, gravity's acceleration (along -y), and, used only with has_ground
+  // (they may then be undefined without it), the contact stiffness k_c, the friction coefficient k_f, the
+  // ground's height and the friction band eps above it.
+  torch::Tensor h, gravity, contact_stiffness, friction, ground, friction_eps;
   bool has_ground = false;
   std::shared_ptr<FactorCache> factor_cache;  // optional
 };
@@ -46,7 +51,8 @@ struct StepState {
 constexpr double kMuscleLengthFloor = 1e-6;
 
 // The step energy's parameters, in the order of the reference energy's arguments after y
-// (diffsoft.energies.reference_step_energy) and of diffsoft.step.StepParams; kStepParamNames names them.
+// (diffsoft.energies.reference_step_energy) and of diffsoft.step.StepParams; kStepParamNames names them. The
+// shapes are those of one problem; the model's parameters may also be per problem (StepModel).
 enum class StepParam : int {
   x_hat,               // (B, F, d)
   x0,                  // (B, N, d)
@@ -61,13 +67,16 @@ enum class StepParam : int {
   gravity,             // scalar
   contact_stiffness,   // scalar
   friction,            // scalar
+  h,                   // scalar, the time step
+  ground,              // scalar, the ground's height
+  friction_eps,        // scalar, the friction band's height
 };
-constexpr int kNumStepParams = 13;
+constexpr int kNumStepParams = 16;
 constexpr std::array<const char*, kNumStepParams> kStepParamNames = {
-    "x_hat", "x0",   "x0_free", "mass", "Dm_inv", "mu", "lam", "activation", "muscle_rest_length", "muscle_stiffness",
-    "gravity", "contact_stiffness", "friction"};
+    "x_hat",   "x0",  "x0_free", "mass",     "Dm_inv",        "mu",       "lam", "activation", "muscle_rest_length",
+    "muscle_stiffness", "gravity", "contact_stiffness", "friction", "h", "ground", "friction_eps"};
 
-// The parameter at position index of kStepParamNames; throws std::invalid_argument outside [0, 13).
+// The parameter at position index of kStepParamNames; throws std::invalid_argument outside [0, kNumStepParams).
 inline StepParam step_param(int64_t index) {
   if (index < 0 || index >= kNumStepParams)
     throw std::invalid_argument("step parameter index " + std::to_string(index) + " is not in [0, " +

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "physics/contact.h"
 #include "physics/elastic.h"
@@ -20,7 +22,8 @@ namespace kernels {
 StepModel contiguous(const StepModel& m) {
   StepModel c = m;
   for (torch::Tensor* t : {&c.elements, &c.muscles, &c.slot, &c.mass, &c.Dm_inv, &c.mu, &c.lam, &c.rest_length,
-                           &c.stiffness})
+                           &c.stiffness, &c.h, &c.gravity, &c.contact_stiffness, &c.friction, &c.ground,
+                           &c.friction_eps})
     if (t->defined()) *t = t->contiguous();
   return c;
 }
@@ -71,6 +74,15 @@ void problem_param_grads(const View<S, D>& v, const S* y, const S* x0, const S* 
   }
 }
 
+// Whether t is shaped `shape` (shared by the batch) or (batch, *shape) (one per problem), in the dtype of y.
+bool per_problem_or_shared(const torch::Tensor& t, std::vector<int64_t> shape, int64_t batch,
+                           const torch::Tensor& y) {
+  if (!t.defined() || t.scalar_type() != y.scalar_type() || !t.device().is_cpu()) return false;
+  if (t.sizes() == c10::IntArrayRef(shape)) return true;
+  shape.insert(shape.begin(), batch);
+  return t.sizes() == c10::IntArrayRef(shape);
+}
+
 void check(const StepModel& m, const StepState& s) {
   const int64_t d = s.y.size(-1);
   if (!s.y.device().is_cpu()) throw std::invalid_argument("the fused step kernels run on CPU tensors only");
@@ -79,22 +91,43 @@ void check(const StepModel& m, const StepState& s) {
     throw std::invalid_argument("x0_free and x_hat must have the shape of y");
   if (s.x0.dim() != 3 || s.x0.size(0) != s.y.size(0) || s.x0.size(1) != m.slot.size(0) || s.x0.size(2) != d)
     throw std::invalid_argument("x0 must be (B, N, d)");
-  if (m.mass.size(0) != s.y.size(1)) throw std::invalid_argument("mass must have one entry per free vertex");
-  const int64_t nm = m.muscles.size(0);
-  if (nm && (s.activation.dim() != 2 || s.activation.size(0) != s.y.size(0) || s.activation.size(1) != nm))
+  const int64_t batch = s.y.size(0), f = s.y.size(1), e = m.elements.size(0), nm = m.muscles.size(0);
+  if (nm && (s.activation.dim() != 2 || s.activation.size(0) != batch || s.activation.size(1) != nm))
     throw std::invalid_argument("activation must be (B, M)");
-  const int64_t e = m.elements.size(0);
-  const bool shared = m.mu.dim() == 1 && m.mu.size(0) == e;
-  const bool per_problem = m.mu.dim() == 2 && m.mu.size(0) == s.y.size(0) && m.mu.size(1) == e;
-  if (!(shared || per_problem) || m.lam.sizes() != m.mu.sizes() || m.Dm_inv.size(0) != e)
-    throw std::invalid_argument("mu and lam must be (E,), or (B, E) with one row per problem, and Dm_inv (E, d, d)");
-  if (nm && (m.rest_length.numel() != nm || m.stiffness.numel() != nm))
-    throw std::invalid_argument("rest_length and stiffness must have one entry per muscle");
+  // Each parameter: its name, its shape when shared by the batch, and whether it is needed.
+  const struct {
+    const char* name;
+    const torch::Tensor& t;
+    std::vector<int64_t> shape;
+    bool needed;
+  } params[] = {{"mass", m.mass, {f}, true},
+                {"Dm_inv", m.Dm_inv, {e, d, d}, true},
+                {"mu", m.mu, {e}, true},
+                {"lam", m.lam, {e}, true},
+                {"rest_length", m.rest_length, {nm}, nm > 0},
+                {"stiffness", m.stiffness, {nm}, nm > 0},
+                {"h", m.h, {}, true},
+                {"gravity", m.gravity, {}, true},
+                {"contact_stiffness", m.contact_stiffness, {}, m.has_ground},
+                {"friction", m.friction, {}, m.has_ground},
+                {"ground", m.ground, {}, m.has_ground},
+                {"friction_eps", m.friction_eps, {}, m.has_ground}};
+  for (const auto& p : params) {
+    if (!p.needed && !p.t.defined()) continue;
+    if (!per_problem_or_shared(p.t, p.shape, batch, s.y)) {
+      std::string shape = "(";
+      for (size_t k = 0; k < p.shape.size(); ++k) shape += (k ? ", " : "") + std::to_string(p.shape[k]);
+      shape += p.shape.size() == 1 ? ",)" : ")";
+      throw std::invalid_argument(std::string("StepModel.") + p.name + " must be a CPU tensor of y's dtype, " +
+                                  "shaped " + shape + " (shared by the batch) or with a leading B = " +
+                                  std::to_string(batch) + " (one per problem)");
+    }
+  }
   const int64_t n = m.slot.size(0);
   for (const torch::Tensor* idx : {&m.elements, &m.muscles})
     if (idx->numel() && (idx->min().item<int64_t>() < 0 || idx->max().item<int64_t>() >= n))
       throw std::invalid_argument("element or muscle vertex index out of range");
-  if (m.slot.numel() && m.slot.max().item<int64_t>() >= s.y.size(1))
+  if (m.slot.numel() && m.slot.max().item<int64_t>() >= f)
     throw std::invalid_argument("slot refers to a free vertex beyond y");
   if (m.elements.size(1) != d + 1) throw std::invalid_argument("elements must be (E, d + 1)");
   if (m.material < 0 || m.material > 2) throw std::invalid_argument("unknown material code");
@@ -167,13 +200,39 @@ StepParams<torch::Tensor> step_energy_param_grads(const StepModel& model, const 
     throw std::invalid_argument("weight must be (B,), one weight per problem, in y's dtype");
   const int64_t b = y.size(0), f = y.size(1), d = y.size(2), n = model.slot.size(0), e = model.elements.size(0),
                 nm = model.muscles.size(0);
-  // Each parameter's shape per problem, in enum order; the outputs add a leading B.
-  const StepParams<std::vector<int64_t>> shapes{{{{f, d}, {n, d}, {f, d}, {f}, {e, d, d}, {e}, {e}, {nm}, {nm}, {nm},
-                                                  {}, {}, {}}}};
+  // Each parameter's shape per problem; the outputs add a leading B.
+  auto shape_of = [&](StepParam param) -> std::vector<int64_t> {
+    switch (param) {  // no default: -Wswitch names a parameter added to the enum but not here
+      case StepParam::x_hat:
+      case StepParam::x0_free:
+        return {f, d};
+      case StepParam::x0:
+        return {n, d};
+      case StepParam::mass:
+        return {f};
+      case StepParam::Dm_inv:
+        return {e, d, d};
+      case StepParam::mu:
+      case StepParam::lam:
+        return {e};
+      case StepParam::activation:
+      case StepParam::muscle_rest_length:
+      case StepParam::muscle_stiffness:
+        return {nm};
+      case StepParam::gravity:
+      case StepParam::contact_stiffness:
+      case StepParam::friction:
+      case StepParam::h:
+      case StepParam::ground:
+      case StepParam::friction_eps:
+        return {};
+    }
+    throw std::logic_error("step_energy_param_grads: a step parameter without a shape");
+  };
   StepParams<torch::Tensor> out;
   for (int k = 0; k < kNumStepParams; ++k) {
-    std::vector<int64_t> shape = {b};
-    shape.insert(shape.end(), shapes.values[k].begin(), shapes.values[k].end());
+    std::vector<int64_t> shape = shape_of(step_param(k));
+    shape.insert(shape.begin(), b);
     out.values[k] = torch::zeros(shape, y.options());
   }
   torch::Tensor w = mixed ? torch::Tensor() : weight.contiguous();

@@ -2,7 +2,8 @@
 
 Shapes: ``x`` is ``(..., N, d)`` (any leading batch dims, ``d`` = 2 or 3, y = ``x[..., 1]`` up); element and
 muscle index tensors are int64 and shared by the batch; per-vertex, per-element and per-muscle parameters
-broadcast against the batch dims. Every ``*_energy`` function returns the total over vertices/elements/
+broadcast against the batch dims (``(N,)`` shared, ``(B, N)`` one row per problem), and scalars against
+``x.shape[:-2]`` (a number or 0-dim tensor shared, ``(B,)`` one per problem). Every ``*_energy`` function returns the total over vertices/elements/
 muscles with shape ``x.shape[:-2]``; every ``*_density`` function returns one value per element.
 
 They are written with index gathers and elementwise ops only (no Python loop over elements), so the autograd
@@ -13,7 +14,7 @@ import math
 
 import torch
 
-from .step import Material, unpack
+from .step import Material, per_problem, unpack
 
 MATERIALS = tuple(m.value for m in Material)
 """The elastic materials' names (see :class:`diffsoft.step.Material`)."""
@@ -119,7 +120,8 @@ def elastic_energy(x, elements, Dm_inv, mu, lam, material="neo_hookean", weight=
     """``sum_e weight_e psi(F_e; mu_e, lam_e)``.
 
     Args:
-        x: ``(..., N, d)``; elements: ``(E, d + 1)``; Dm_inv: ``(E, d, d)``; mu, lam: ``(E,)`` or broadcastable.
+        x: ``(..., N, d)``; elements: ``(E, d + 1)``; Dm_inv: ``(E, d, d)`` or broadcastable to
+            ``(..., E, d, d)``; mu, lam: ``(E,)`` or broadcastable to ``(..., E)``.
         material: one of :data:`MATERIALS`.
         weight: ``(E,)`` or None (weight 1, algovivo's convention); usually the rest areas/volumes. Every
             density is 1-homogeneous in ``(mu, lam)``, so a weight may equally be folded into them.
@@ -139,7 +141,7 @@ def inertia_energy(x, x_hat, mass):
     """``1/2 sum_i m_i |x_i - x_hat_i|^2``, with ``x_hat = x0 + h v0`` the inertial (free-flight) prediction.
 
     Args:
-        x, x_hat: ``(..., N, d)``; mass: ``(N,)``.
+        x, x_hat: ``(..., N, d)``; mass: ``(N,)`` or broadcastable to ``(..., N)``.
     """
     r = x - x_hat
     return 0.5 * (mass * (r * r).sum(-1)).sum(-1)
@@ -152,7 +154,7 @@ def muscle_energy(x, muscles, activation, rest_length, stiffness):
 
     Args:
         x: ``(..., N, d)``; muscles: ``(M, 2)`` int64 vertex pairs; activation: ``(..., M)``;
-        rest_length: ``(M,)``; stiffness: ``(M,)`` or a 0-dim tensor.
+        rest_length: ``(M,)`` or broadcastable to ``(..., M)``; stiffness: likewise, or a 0-dim tensor.
     """
     delta = x[..., muscles[:, 0], :] - x[..., muscles[:, 1], :]
     length = torch.sqrt((delta * delta).sum(-1) + 1e-6)
@@ -165,7 +167,8 @@ def gravity_energy(x, mass, gravity):
     """``sum_i m_i g y_i``.
 
     Args:
-        x: ``(..., N, d)``; mass: ``(N,)``; gravity: 0-dim tensor or number, the acceleration's magnitude.
+        x: ``(..., N, d)``; mass: ``(N,)`` or broadcastable to ``(..., N)``; gravity: a number or a tensor
+            broadcastable to ``x.shape[:-2]`` (one per problem), the acceleration's magnitude.
     """
     return gravity * (mass * x[..., 1]).sum(-1)
 
@@ -174,9 +177,10 @@ def ground_contact_energy(x, stiffness, ground=0.0):
     """Penalty ``sum_i k_c min(y_i - ground, 0)^2`` of a flat ground at height ``ground``.
 
     Args:
-        x: ``(..., N, d)``; stiffness: 0-dim tensor or number.
+        x: ``(..., N, d)``; stiffness, ground: numbers or tensors broadcastable to ``x.shape[:-2]`` (one per
+            problem).
     """
-    depth = torch.clamp(x[..., 1] - ground, max=0.0)
+    depth = torch.clamp(x[..., 1] - per_problem(ground), max=0.0)
     return stiffness * (depth * depth).sum(-1)
 
 
@@ -188,14 +192,15 @@ def friction_energy(x, x0, h, stiffness, ground=0.0, eps=0.01):
     in 3D.
 
     Args:
-        x, x0: ``(..., N, d)``; h: the time step; stiffness: 0-dim tensor or number.
+        x, x0: ``(..., N, d)``; h (the time step), stiffness, ground, eps: numbers or tensors broadcastable to
+            ``x.shape[:-2]`` (one per problem).
     """
-    weight = stiffness * torch.clamp(eps - (x0[..., 1] - ground), min=0.0)
-    slip = (x - x0) / h
+    weight = torch.clamp(per_problem(eps) - (x0[..., 1] - per_problem(ground)), min=0.0)
+    slip = x - x0
     tangential = slip[..., 0] ** 2
     if x.shape[-1] == 3:
         tangential = tangential + slip[..., 2] ** 2
-    return (weight * tangential).sum(-1)
+    return stiffness * (weight * tangential).sum(-1) / (h * h)
 
 
 def reference_step_energy(y, *args):
@@ -206,6 +211,7 @@ def reference_step_energy(y, *args):
         y: the free vertices' positions, ``(F, d)`` or ``(B, F, d)``.
         *args: the step's :class:`~diffsoft.step.StepParams` fields, then its
             :class:`~diffsoft.step.StepTopology`; ``mu, lam`` arrive with the elements' weights folded in.
+            Any parameter may be per problem (see :class:`~diffsoft.step.StepParams`).
 
     Returns:
         ``y.shape[:-2]``: one energy per problem of a batch (so that each gets its own line search), a 0-dim
@@ -216,10 +222,10 @@ def reference_step_energy(y, *args):
     e = elastic_energy(x, top.elements, p.Dm_inv, p.mu, p.lam, top.material)
     # Gravity relative to the start of the step: the same minimiser and derivatives, but an objective near 0
     # whose changes the line search can still resolve in floating point close to the solution.
-    e = e + inertia_energy(y, p.x_hat, p.mass) / (top.h * top.h) + gravity_energy(y - p.x0_free, p.mass, p.gravity)
+    e = e + inertia_energy(y, p.x_hat, p.mass) / (p.h * p.h) + gravity_energy(y - p.x0_free, p.mass, p.gravity)
     if top.muscles is not None:
         e = e + muscle_energy(x, top.muscles, p.activation, p.muscle_rest_length, p.muscle_stiffness)
-    if top.ground is not None:
-        e = e + ground_contact_energy(y, p.contact_stiffness, top.ground)
-        e = e + friction_energy(y, p.x0_free, top.h, p.friction, top.ground, top.friction_eps)
+    if top.has_ground:
+        e = e + ground_contact_energy(y, p.contact_stiffness, p.ground)
+        e = e + friction_energy(y, p.x0_free, p.h, p.friction, p.ground, p.friction_eps)
     return e

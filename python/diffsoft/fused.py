@@ -31,7 +31,7 @@ import torch
 
 from ._extension import _C
 from .energies import deformation_gradient, determinant, reference_step_energy
-from .step import Material, StepParams, unpack
+from .step import Material, StepParams, per_problem, unpack
 
 
 def analytic_energy(y, *args, factorize=True):
@@ -196,21 +196,28 @@ def _kernel_model(top, p):
     m.elements = top.elements
     m.muscles = top.muscles if top.muscles is not None else top.elements.new_zeros(0, 2)
     m.slot = top.free_index
-    m.mass, m.Dm_inv = p.mass.detach().contiguous(), p.Dm_inv.detach().contiguous()
-    # (E,) shared by a batch, or (B, E): one material per creature (domain randomisation).
-    lame_shape = torch.broadcast_shapes(p.mu.shape, p.lam.shape, top.elements.shape[:1])
-    m.mu = p.mu.detach().expand(lame_shape).contiguous()
-    m.lam = p.lam.detach().expand(lame_shape).contiguous()
-    if top.muscles is not None:
-        m.rest_length = p.muscle_rest_length.detach().contiguous()
-        m.stiffness = p.muscle_stiffness.detach().expand(top.muscles.shape[0]).contiguous()
     m.material = top.material.code
     m.factor_cache = top.factor_cache
-    m.h, m.gravity, m.eps = top.h, float(p.gravity), top.friction_eps
-    m.has_ground = top.ground is not None
-    if m.has_ground:
-        m.ground, m.contact_stiffness, m.friction = top.ground, float(p.contact_stiffness), float(p.friction)
+    m.has_ground = top.has_ground
+    # Every parameter as the kernels read it (model.h): its shape when shared by the batch, or one per problem
+    # with a leading B (domain randomisation). A 0-dim Lame parameter or muscle stiffness is one value for every
+    # element or muscle.
+    e = top.elements.shape[0]
+    m.mass, m.Dm_inv = _values(p.mass), _values(p.Dm_inv)
+    m.mu, m.lam = _values(p.mu, (e,)), _values(p.lam, (e,))
+    if top.muscles is not None:
+        count = (top.muscles.shape[0],)
+        m.rest_length, m.stiffness = _values(p.muscle_rest_length, count), _values(p.muscle_stiffness, count)
+    m.h, m.gravity = _values(p.h), _values(p.gravity)
+    m.contact_stiffness, m.friction = _values(p.contact_stiffness), _values(p.friction)
+    m.ground, m.friction_eps = _values(p.ground), _values(p.friction_eps)
     return m
+
+
+def _values(t, shape=None):
+    """``t``'s values, contiguous, expanded from 0-dim to ``shape`` when one is given."""
+    t = t.detach()
+    return (t.expand(shape) if shape is not None and t.dim() == 0 else t).contiguous()
 
 
 def _kernel_args(y, p, top):
@@ -284,16 +291,18 @@ def _gradient_and_hessian(y, p, top):
         blocks.append((top.muscles, k_mu))
     grad = grad if top.all_free else grad[:, top.free]
 
-    h2 = top.h * top.h
-    m = p.mass[:, None]
-    grad = grad + m * (y - x_hat) / h2
-    grad[..., 1] = grad[..., 1] + p.mass * p.gravity
-    diag = (m / h2).expand_as(y).clone()
-    if top.ground is not None:
-        depth = torch.clamp(y[..., 1] - top.ground, max=0.0)
-        grad[..., 1] = grad[..., 1] + 2 * p.contact_stiffness * depth
-        diag[..., 1] = diag[..., 1] + 2 * p.contact_stiffness * (depth < 0).to(y.dtype)
-        w = 2 * p.friction * torch.clamp(top.friction_eps - (x0_free[..., 1] - top.ground), min=0.0) / h2
+    # Per vertex: a scalar shared by the batch stays 0-dim, one per problem becomes (B, 1).
+    h2, mass = per_problem(p.h * p.h), p.mass
+    grad = grad + mass[..., None] * (y - x_hat) / h2[..., None]
+    grad[..., 1] = grad[..., 1] + mass * per_problem(p.gravity)
+    diag = (mass / h2)[..., None].expand_as(y).clone()
+    if top.has_ground:
+        ground, kc = per_problem(p.ground), per_problem(p.contact_stiffness)
+        depth = torch.clamp(y[..., 1] - ground, max=0.0)
+        grad[..., 1] = grad[..., 1] + 2 * kc * depth
+        diag[..., 1] = diag[..., 1] + 2 * kc * (depth < 0).to(y.dtype)
+        band = torch.clamp(per_problem(p.friction_eps) - (x0_free[..., 1] - ground), min=0.0)
+        w = 2 * per_problem(p.friction) * band / h2
         tangential = [0] if d == 2 else [0, 2]
         for c in tangential:
             grad[..., c] = grad[..., c] + w * (y[..., c] - x0_free[..., c])
@@ -320,9 +329,9 @@ def _elastic_blocks(x, elements, Dm_inv, mu, lam, material):
     if psi_i1i1 is not None:
         A = A + 4 * psi_i1i1[..., None, None] * f[..., :, None] * f[..., None, :]
     # vec F = Bm x_e, Bm[(a, b), (j, c)] = delta_ac W[j, b], W = [-sum_k Dm_inv[k]; Dm_inv] (rows j = vertices)
-    W = torch.cat([-Dm_inv.sum(-2, keepdim=True), Dm_inv], dim=-2)  # (E, d+1, d)
-    Bm = torch.einsum("ac,ejb->eabjc", torch.eye(d, dtype=x.dtype, device=x.device), W)
-    Bm = Bm.reshape(W.shape[0], d * d, (d + 1) * d)
+    W = torch.cat([-Dm_inv.sum(-2, keepdim=True), Dm_inv], dim=-2)  # ([B,] E, d+1, d)
+    Bm = torch.einsum("ac,...ejb->...eabjc", torch.eye(d, dtype=x.dtype, device=x.device), W)
+    Bm = Bm.reshape(*W.shape[:-2], d * d, (d + 1) * d)
     K = Bm.transpose(-1, -2) @ A @ Bm
     g = (W @ P.transpose(-1, -2))  # (B, E, d+1, d): dE/dx_j,a = sum_b P_ab W_jb
     return K, g

@@ -466,12 +466,13 @@ MISUSE_TARGETS = (
         ("gravity", lambda v, d: _real_or_scalar_tensor(v) and v >= 0),
         ("contact_stiffness", lambda v, d: v is None or _normal(v, d)),
         ("friction", lambda v, d: v is None or (_real_or_scalar_tensor(v) and v >= 0)),
-        ("friction_eps", lambda v, d: _nonneg(v) and _within_sqrt_max(v, d)),
-        ("ground", lambda v, d: v is None or (_real(v) and _within_sqrt_max(v, d))),
+        ("friction_eps", lambda v, d: _real_or_scalar_tensor(v) and v >= 0 and _within_sqrt_max(v, d)),
+        ("ground", lambda v, d: v is None or (_real_or_scalar_tensor(v) and _within_sqrt_max(v, d))),
         ("max_iter", lambda v, d: _whole(v) and v >= 0), ("rtol", lambda v, d: v is None or _unit_open(v)),
         ("atol", lambda v, d: v is None or _nonneg(v)), ("cg_rtol", lambda v, d: _unit_open(v)),
         ("backward_rtol", lambda v, d: _unit_open(v)),
-        ("dt", lambda v, d: _real(v) and v > 0 and v * v >= torch.finfo(d).tiny and _within_sqrt_max(v, d)))]
+        ("dt", lambda v, d: _real_or_scalar_tensor(v) and v > 0 and v * v >= torch.finfo(d).tiny
+               and _within_sqrt_max(v, d)))]
     + [("Simulator.step", "activation", _step_activation,
         lambda v, d: v is None or (_real(v) and 1e-6 <= v <= 1))]
     + [("minimize", name, (lambda dtype, v, name=name: _minimize(dtype, **{name: v})), ok) for name, ok in (

@@ -10,6 +10,7 @@ so its gradient is the residual of the discrete momentum balance ``M a = f`` in 
 solver's tolerances are force tolerances (see :class:`Simulator`). Scaling changes neither the minimiser,
 nor Newton's steps, nor the implicit gradients.
 """
+import functools
 import math
 import numbers
 
@@ -32,6 +33,12 @@ _CONTACT_PER_MASS = 14000.0 / ALGOVIVO_VERTEX_MASS
 _FRICTION_PER_MASS = 300.0 / ALGOVIVO_VERTEX_MASS
 # The smallest activation: a muscle's target length a l0 stays a normal float, and its energy finite.
 _MIN_ACTIVATION = 1e-6
+
+
+@functools.lru_cache(maxsize=64)
+def _constant(value, dtype, device):
+    """A number as a 0-dim tensor, made once (a step's constants given as numbers, read at every step)."""
+    return torch.tensor(value, dtype=dtype, device=device)
 
 
 class Simulator:
@@ -79,29 +86,25 @@ class Simulator:
         max_iter, cg_rtol, cg_max_iter, backward_rtol, backward_max_iter, on_failure: passed to
             :func:`diffsoft.minimize`; all are kept in ``self.solver_options``, which may be edited.
 
-    ``gravity``, ``contact_stiffness`` and ``friction`` are 0-dim tensors of the body's dtype and may be
-    assigned tensors that require grad; so may every floating field of ``body``. Left at their defaults,
-    ``contact_stiffness`` and ``friction`` follow the body's masses (and carry their gradients).
+    Differentiable inputs (``docs/parameters.md`` lists them all): the six constants ``dt``, ``gravity``,
+    ``ground``, ``contact_stiffness``, ``friction`` and ``friction_eps`` each take a number, a 0-dim tensor, or
+    a ``(B,)`` tensor with one value per creature of a batched state ``x0`` of shape ``(B, N, d)`` (domain
+    randomisation); a tensor that requires grad keeps its graph, and every step's outputs are differentiable
+    with respect to it (on every path: the fused kernels have its closed-form derivatives). They may also be
+    assigned after construction (``sim.friction = ...``). ``gravity``, ``contact_stiffness`` and ``friction``
+    are kept as tensors of the body's dtype; ``dt``, ``ground`` and ``friction_eps`` as given (a number stays
+    a number). Left at their defaults (None), ``contact_stiffness`` and ``friction`` follow the body's masses
+    (and carry their gradients). Every floating field of ``body`` may likewise require grad, and take a
+    leading batch dimension (see :meth:`step`). Whether there is a ground at all (``ground=None``) is not
+    differentiable.
     """
 
     def __init__(self, body, dt=1 / 30, gravity=9.8, ground=0.0, contact_stiffness=None, friction=None,
                  friction_eps=0.01, rtol=None, atol=None, max_iter=100, cg_rtol=0.5, cg_max_iter=None,
                  backward_rtol=1e-10, backward_max_iter=None, on_failure="warn", fused=True, solver="auto",
                  keep_factors=False, backend="auto"):
-        # The step divides by dt^2, and its kernels compute in the body's dtype.
-        lo, hi = math.sqrt(torch.finfo(body.dtype).tiny), math.sqrt(torch.finfo(body.dtype).max)
-        if not (is_finite_real(dt) and lo <= dt <= hi):
-            raise ValueError(f"dt must be a positive number in [{lo:.1g}, {hi:.1g}] (seconds; its square must be a "
-                             f"normal {body.dtype}), got {dt!r}")
-        if ground is not None and not (is_finite_real(ground) and abs(ground) <= hi):
-            raise ValueError(f"ground must be a number (the ground's height, at most {hi:.1g} in size) or None, "
-                             f"got {ground!r}")
-        if not (is_finite_real(friction_eps) and 0 <= friction_eps <= hi):
-            raise ValueError(f"friction_eps must be a number in [0, {hi:.1g}], got {friction_eps!r}")
         self.body = body
-        self.dt = float(dt)
-        self.ground = None if ground is None else float(ground)
-        self.friction_eps = float(friction_eps)
+        self.dt, self.ground, self.friction_eps = dt, ground, friction_eps  # checked by their setters
         self.fused = bool(fused)
         if solver not in ("auto", "direct", "cg"):
             raise ValueError(f"solver must be 'auto', 'direct' or 'cg', got {solver!r}")
@@ -120,9 +123,11 @@ class Simulator:
     @property
     def topology(self):
         """The step's :class:`~diffsoft.step.StepTopology`, built again (with a new factorization cache) when
-        the body's elements, muscles, fixed vertices or material have changed since the last step."""
-        if self._topology is None or self._topology_of != self.body.structure():
-            self._topology, self._topology_of = self._build_topology(), self.body.structure()
+        the body's elements, muscles, fixed vertices or material, or whether there is a ground, have changed
+        since the last step."""
+        key = (self.body.structure(), self._ground is None)
+        if self._topology is None or self._topology_of != key:
+            self._topology, self._topology_of = self._build_topology(), key
         return self._topology
 
     def _build_topology(self):
@@ -131,8 +136,8 @@ class Simulator:
         free_index[body.free] = torch.arange(len(body.free), device=body.device)
         return StepTopology(
             elements=body.elements, muscles=body.muscles if body.num_muscles else None, free=body.free,
-            free_index=free_index, all_free=len(body.fixed) == 0, material=Material(body.material), h=self.dt,
-            ground=self.ground, friction_eps=self.friction_eps, factor_cache=_C.FactorCache())
+            free_index=free_index, all_free=len(body.fixed) == 0, material=Material(body.material),
+            has_ground=self._ground is not None, factor_cache=_C.FactorCache())
 
     def _factorizes(self):
         """Whether the steps factor their Hessians: ``solver="direct"``, or ``"auto"`` unless the body is 3D,
@@ -145,11 +150,12 @@ class Simulator:
     def _force_scale(self):
         """The body's weight plus the elastic force that would stretch every element by 100%: round-off in
         the step's force residual is relative to forces of this size."""
-        b = self.body
+        b = self.body  # with per-creature fields (a leading batch dimension), the largest creature's
         vol = b.rest_volume.detach()
         weight = vol if b.material != "algovivo" else torch.ones_like(vol)
-        elastic = (b.mu.detach() * weight / vol ** (1.0 / b.dim)).sum().item()
-        return b.mass.detach().sum().item() * max(abs(self.gravity.item()), 1.0) + elastic
+        elastic = (b.mu.detach() * weight / vol ** (1.0 / b.dim)).sum(-1).max().item()
+        gravity = self.gravity.detach().abs().max().item()
+        return b.mass.detach().sum(-1).max().item() * max(gravity, 1.0) + elastic
 
     def to(self, dtype=None, device=None):
         """A copy on ``device`` in ``dtype`` (body included); solver options, the backend and the default atol
@@ -160,20 +166,65 @@ class Simulator:
         out = object.__new__(Simulator)
         out.__dict__.update(self.__dict__)
         out.body = self.body.to(dtype=dtype, device=device)
-        for name in ("gravity", "_contact_stiffness", "_friction"):
+        for name in ("gravity", "_contact_stiffness", "_friction", "_dt", "_ground", "_friction_eps"):
             value = getattr(self, name)
-            setattr(out, name, None if value is None else value.detach().to(device=device, dtype=dtype))
+            if isinstance(value, torch.Tensor):
+                setattr(out, name, value.detach().to(device=device, dtype=dtype))
         out.solver_options = dict(self.solver_options)
         out._topology = None
         return out
 
     @property
+    def dt(self):
+        """The time step ``h`` (s): a number, or a 0-dim or ``(B,)`` tensor of the body's dtype (see the class
+        docstring). Assignable."""
+        return self._dt
+
+    @dt.setter
+    def dt(self, value):
+        # The step divides by dt^2, and its kernels compute in the body's dtype.
+        lo, hi = self._range()
+        self._dt = self._number_or_tensor("dt", value, lambda v: (v >= lo) & (v <= hi),
+                                          f"a positive number in [{lo:.1g}, {hi:.1g}] (seconds; its square must be "
+                                          f"a normal {self.body.dtype})")
+
+    @property
+    def ground(self):
+        """The ground's height: a number, a 0-dim or ``(B,)`` tensor of the body's dtype, or None (no ground:
+        no contact, no friction). Assignable."""
+        return self._ground
+
+    @ground.setter
+    def ground(self, value):
+        _, hi = self._range()
+        self._ground = None if value is None else self._number_or_tensor(
+            "ground", value, lambda v: abs(v) <= hi, f"a number (the ground's height, at most {hi:.1g} in size) or None")
+
+    @property
+    def friction_eps(self):
+        """``eps``, the height above the ground under which friction acts: a number, or a 0-dim or ``(B,)``
+        tensor of the body's dtype. Assignable."""
+        return self._friction_eps
+
+    @friction_eps.setter
+    def friction_eps(self, value):
+        _, hi = self._range()
+        self._friction_eps = self._number_or_tensor("friction_eps", value, lambda v: (v >= 0) & (v <= hi),
+                                                    f"a number in [0, {hi:.1g}]")
+
+    def _range(self):
+        """``(lo, hi)``: the constants' squares stay normal and finite in the body's dtype."""
+        finfo = torch.finfo(self.body.dtype)
+        return math.sqrt(finfo.tiny), math.sqrt(finfo.max)
+
+    @property
     def contact_stiffness(self):
-        """``k_c``, a 0-dim tensor: the value given, or the default, computed from the body's masses at each
-        step, so that gradients with respect to what the masses come from (densities, rest shapes) include it.
-        Assign a number or tensor to set it, None for the default."""
+        """``k_c``, a 0-dim or ``(B,)`` tensor: the value given, or the default, computed from the body's masses
+        at each step (one per creature where the masses are), so that gradients with respect to what the
+        masses come from (densities, rest shapes) include it. Assign a number or tensor to set it, None for the
+        default."""
         if self._contact_stiffness is None:
-            return _CONTACT_PER_MASS * self.body.mass.mean()
+            return _CONTACT_PER_MASS * self.body.mass.mean(-1)
         return self._contact_stiffness
 
     @contact_stiffness.setter
@@ -182,10 +233,10 @@ class Simulator:
 
     @property
     def friction(self):
-        """``k_f``, a 0-dim tensor: the value given, or the default, computed from the body's masses at each
-        step (see :attr:`contact_stiffness`)."""
+        """``k_f``, a 0-dim or ``(B,)`` tensor: the value given, or the default, computed from the body's masses
+        at each step (see :attr:`contact_stiffness`)."""
         if self._friction is None:
-            return _FRICTION_PER_MASS * self.body.mass.mean()
+            return _FRICTION_PER_MASS * self.body.mass.mean(-1)
         return self._friction
 
     @friction.setter
@@ -209,8 +260,13 @@ class Simulator:
         Returns:
             ``(x1, v1)`` shaped like ``x0`` (or ``(x1, v1, info)``), differentiable with respect to ``x0``,
             ``v0``, ``activation``, the body's fields (masses, Lame parameters, rest shapes ``Dm_inv``, muscle
-            rest lengths and stiffnesses) and ``gravity``, ``contact_stiffness``, ``friction``. Fixed vertices
-            keep their ``x0`` positions.
+            rest lengths and stiffnesses) and the constants ``dt``, ``gravity``, ``ground``,
+            ``contact_stiffness``, ``friction``, ``friction_eps``. Fixed vertices keep their ``x0`` positions.
+
+        With a batch ``x0`` of shape ``(B, N, d)``, each of the body's fields (``mass (B, N)``, ``Dm_inv
+        (B, E, d, d)``, ``mu`` and ``lam (B, E)``, ``muscle_rest_length`` and ``muscle_stiffness (B, M)``) and
+        each constant (``(B,)``) may carry one value per creature (domain randomisation), on every path, with
+        gradients; the others are shared by the batch. A batch dimension that is not ``B`` is refused by name.
         """
         batched = self._check_state(x0, v0)
         params, top = self.step_problem(x0, v0, self._check_activation(activation, x0))
@@ -228,7 +284,7 @@ class Simulator:
                              f"and the constants (dt, gravity, ground, contact_stiffness, friction, and the body's "
                              f"masses, moduli and muscles)") from None
         x1 = top.full_positions(y, x0)
-        v1 = (x1 - x0) / self.dt
+        v1 = (x1 - x0) / params.h[..., None, None]  # h: () or (B,), one per creature
         return (x1, v1, info) if return_info else (x1, v1)
 
     @property
@@ -276,10 +332,15 @@ class Simulator:
     def step_problem(self, x0, v0, activation):
         """The step from ``(x0, v0)`` under ``activation`` as the problem the solver minimises:
         ``(StepParams, StepTopology)`` (:mod:`diffsoft.step`), the parameters differentiable with respect to
-        ``x0``, ``v0``, ``activation``, the body's fields and the simulator's constants. No checks: these are
-        :meth:`step`'s, which calls this with a checked state (``activation`` None when the body has no
-        muscles)."""
-        body, top, h = self.body, self.topology, self.dt
+        ``x0``, ``v0``, ``activation``, the body's fields and the simulator's constants. Checks that each of
+        those is shared by the batch or has one value per creature of ``x0``'s batch (ValueError naming it);
+        the state's checks are :meth:`step`'s, which calls this with a checked state (``activation`` None when
+        the body has no muscles)."""
+        body, top = self.body, self.topology
+        self._check_parameters(x0.shape[0] if x0.dim() == 3 else None)
+        h, gravity, contact_stiffness, friction, ground, friction_eps = (
+            c if isinstance(c, torch.Tensor) else _constant(0.0 if c is None else c, body.dtype, body.device)
+            for c in (self.dt, self.gravity, self.contact_stiffness, self.friction, self.ground, self.friction_eps))
         x0_free = x0 if top.all_free else x0[..., top.free, :]
         v0_free = v0 if top.all_free else v0[..., top.free, :]
         mu, lam = body.mu, body.lam
@@ -287,12 +348,42 @@ class Simulator:
             volume = 1.0 / (math.factorial(body.dim) * determinant(body.Dm_inv).abs())
             mu, lam = mu * volume, lam * volume
         params = StepParams(
-            x_hat=x0_free + h * v0_free, x0=x0, x0_free=x0_free,
-            mass=body.mass if top.all_free else body.mass[top.free], Dm_inv=body.Dm_inv, mu=mu, lam=lam,
+            x_hat=x0_free + h[..., None, None] * v0_free, x0=x0, x0_free=x0_free,
+            mass=body.mass if top.all_free else body.mass[..., top.free], Dm_inv=body.Dm_inv, mu=mu, lam=lam,
             activation=activation, muscle_rest_length=body.muscle_rest_length,
-            muscle_stiffness=body.muscle_stiffness, gravity=self.gravity,
-            contact_stiffness=self.contact_stiffness, friction=self.friction)
+            muscle_stiffness=body.muscle_stiffness, gravity=gravity, contact_stiffness=contact_stiffness,
+            friction=friction, h=h, ground=ground, friction_eps=friction_eps)
         return params, top
+
+    def _check_parameters(self, batch):
+        """Each of the body's fields and each constant is shared (its own shape) or has one value per creature
+        of a batch of ``batch`` (None: x0 is one creature), in the body's dtype and device; else a ValueError
+        or TypeError naming it."""
+        body = self.body
+        dtype, device = body.dtype, body.device
+        e, m, d = len(body.elements), len(body.muscles), body.dim
+        fields = [("body.mass", body.mass, [(body.num_vertices,)]), ("body.Dm_inv", body.Dm_inv, [(e, d, d)]),
+                  ("body.mu", body.mu, [(e,), ()]), ("body.lam", body.lam, [(e,), ()]),
+                  ("body.muscle_rest_length", body.muscle_rest_length, [(m,)]),
+                  ("body.muscle_stiffness", body.muscle_stiffness, [(m,), ()])]
+        for name, value in (("dt", self._dt), ("gravity", self.gravity), ("ground", self._ground),
+                            ("friction_eps", self._friction_eps), ("contact_stiffness", self._contact_stiffness),
+                            ("friction", self._friction)):
+            if isinstance(value, torch.Tensor):
+                fields.append((name, value, [()]))
+        for name, t, shapes in fields:
+            if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device != device:
+                self._check_tensor(name, t)  # raises, naming what differs
+            shape = tuple(t.shape)
+            if shape in shapes or (batch is not None and shape[:1] == (batch,) and shape[1:] == shapes[0]):
+                continue
+            shared = " or ".join(str(s) for s in shapes)
+            if batch is None:
+                raise ValueError(f"{name} has shape {shape}, but it must be {shared} for one creature: x0 is (N, d); "
+                                 f"one value per creature needs a batch x0 of shape (B, N, d) and {name} of "
+                                 f"shape (B, *{shapes[0]})")
+            raise ValueError(f"{name} has shape {shape}, but it must be {shared} (shared by the batch) or "
+                             f"{(batch,) + shapes[0]} (one per creature of x0's batch of {batch})")
 
     def rollout(self, x0, v0, activations=None, steps=None, controller=None):
         """``steps`` steps from ``(x0, v0)``; the graph keeps one state per step, not the solver's iterations.
@@ -345,21 +436,47 @@ class Simulator:
         return e
 
     def __repr__(self):
-        return (f"Simulator({self.body!r}, dt={self.dt:g}, gravity={self.gravity.item():g}, "
-                f"ground={self.ground}, contact_stiffness={self.contact_stiffness.item():g}, "
-                f"friction={self.friction.item():g})")
+        def show(c):
+            if c is None or isinstance(c, float):
+                return repr(c)
+            return f"{c.item():g}" if c.dim() == 0 else f"<{len(c)} per creature>"
+
+        return (f"Simulator({self.body!r}, dt={show(self.dt)}, gravity={show(self.gravity)}, "
+                f"ground={show(self.ground)}, contact_stiffness={show(self.contact_stiffness)}, "
+                f"friction={show(self.friction)}, friction_eps={show(self.friction_eps)})")
 
     def _scalar(self, name, value, allow_zero=False):
-        """A constant as a 0-dim tensor of the body's dtype (a tensor given keeps its graph)."""
+        """A constant as a 0-dim tensor of the body's dtype, or a ``(B,)`` tensor given (one per creature); a
+        tensor given keeps its graph."""
         kind = "non-negative" if allow_zero else "positive"
         is_tensor = isinstance(value, torch.Tensor)
-        if (is_tensor and (value.dim() != 0 or value.is_complex() or value.dtype == torch.bool)) or (
+        if (is_tensor and (value.dim() > 1 or value.numel() == 0 or value.is_complex()
+                           or value.dtype == torch.bool)) or (
                 not is_tensor and (isinstance(value, bool) or not isinstance(value, numbers.Real))):
-            raise TypeError(f"{name} must be a {kind} number or 0-dim tensor, got {value!r}")
+            raise TypeError(f"{name} must be a {kind} number, or a 0-dim or (B,) tensor (one per creature) of them, "
+                            f"got {value!r}")
         t = torch.as_tensor(value, dtype=self.body.dtype, device=self.body.device)
-        if not torch.isfinite(t) or t < 0 or (not allow_zero and t < torch.finfo(t.dtype).tiny):
+        v = t.detach()
+        if not bool((torch.isfinite(v) & (v >= 0) & (allow_zero | (v >= torch.finfo(t.dtype).tiny))).all()):
             raise ValueError(f"{name} must be a {kind} number, finite in {self.body.dtype}, got {value!r}")
         return t
+
+    def _number_or_tensor(self, name, value, ok, rule):
+        """A number in range (``ok(value)``), kept as a float, or a 0-dim or ``(B,)`` real tensor of them (one per
+        creature), as the body's dtype and device with its graph kept; else a ValueError naming ``name``."""
+        if isinstance(value, torch.Tensor):
+            t = None
+            if value.dim() <= 1 and value.numel() and not value.is_complex() and value.dtype != torch.bool:
+                t = torch.as_tensor(value, dtype=self.body.dtype, device=self.body.device)
+                v = t.detach()
+                t = t if bool((torch.isfinite(v) & ok(v)).all()) else None
+            if t is None:
+                raise ValueError(f"{name} must be {rule}, or a 0-dim or (B,) tensor (one per creature) of them, got "
+                                 f"{value!r}")
+            return t
+        if not (is_finite_real(value) and ok(float(value))):
+            raise ValueError(f"{name} must be {rule}, got {value!r}")
+        return float(value)
 
     def _check_tensor(self, name, t):
         """A tensor of the body's dtype and device, or a TypeError/ValueError naming what differs."""

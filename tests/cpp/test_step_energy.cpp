@@ -19,8 +19,9 @@ struct Problem {
 };
 
 // Two elements sharing a face (2D: an edge) plus one muscle, vertex 0 fixed, two problems in the batch, the
-// ground at a height that puts some vertices in contact.
-Problem make(int d, int64_t material) {
+// ground at a height that puts some vertices in contact. With per_problem, every model parameter has one value
+// per problem (a leading B, each problem's a little different).
+Problem make(int d, int64_t material, bool per_problem = false) {
   torch::manual_seed(7);
   Problem p;
   const int64_t n = d + 2, e = 2, b = 2;
@@ -44,8 +45,18 @@ Problem make(int d, int64_t material) {
   p.model.rest_length = torch::full({1}, 1.2, f64);
   p.model.stiffness = torch::full({1}, 4.0, f64);
   p.model.material = material;
-  p.model.h = 0.05, p.model.gravity = 9.8, p.model.contact_stiffness = 50, p.model.friction = 3;
-  p.model.has_ground = true, p.model.ground = 0.02, p.model.eps = 0.05;
+  p.model.h = torch::tensor(0.05, f64), p.model.gravity = torch::tensor(9.8, f64);
+  p.model.contact_stiffness = torch::tensor(50.0, f64), p.model.friction = torch::tensor(3.0, f64);
+  p.model.has_ground = true, p.model.ground = torch::tensor(0.02, f64);
+  p.model.friction_eps = torch::tensor(0.05, f64);
+  if (per_problem)
+    for (Tensor* t : {&p.model.mass, &p.model.Dm_inv, &p.model.mu, &p.model.lam, &p.model.rest_length,
+                      &p.model.stiffness, &p.model.h, &p.model.gravity, &p.model.contact_stiffness, &p.model.friction,
+                      &p.model.ground, &p.model.friction_eps}) {
+      std::vector<int64_t> shape = {b};
+      shape.insert(shape.end(), t->sizes().begin(), t->sizes().end());
+      *t = (*t * (1 + 0.05 * torch::rand(shape, f64))).contiguous();
+    }
   Tensor x0 = rest.unsqueeze(0).repeat({b, 1, 1}) + 0.02 * torch::randn({b, n, d}, f64);
   p.state.x0 = x0;
   p.state.x0_free = x0.slice(1, 1);
@@ -61,34 +72,32 @@ double total(const Problem& p, const Tensor& y) {
   return diffsoft::step_energy_value(p.model, s).sum().item<double>();
 }
 
-// p with step parameter k (in the order of StepParam) moved by h * dir.
+// The tensor of step parameter k (in the order of StepParam).
+Tensor& param(Problem& p, int k) {
+  Tensor* tensors[] = {&p.state.x_hat,       &p.state.x0,        &p.state.x0_free,          &p.model.mass,
+                       &p.model.Dm_inv,      &p.model.mu,        &p.model.lam,              &p.state.activation,
+                       &p.model.rest_length, &p.model.stiffness, &p.model.gravity,          &p.model.contact_stiffness,
+                       &p.model.friction,    &p.model.h,         &p.model.ground,           &p.model.friction_eps};
+  static_assert(sizeof(tensors) / sizeof(tensors[0]) == diffsoft::kNumStepParams);
+  return *tensors[k];
+}
+
+// p with step parameter k moved by h * dir.
 Problem shifted(Problem p, int k, const Tensor& dir, double h) {
-  Tensor* tensors[] = {&p.state.x_hat, &p.state.x0,  &p.state.x0_free,    &p.model.mass,
-                       &p.model.Dm_inv, &p.model.mu, &p.model.lam,        &p.state.activation,
-                       &p.model.rest_length, &p.model.stiffness};
-  double* scalars[] = {&p.model.gravity, &p.model.contact_stiffness, &p.model.friction};
-  if (k < 10)
-    *tensors[k] = *tensors[k] + h * dir;
-  else
-    *scalars[k - 10] += h * dir.item<double>();
+  param(p, k) = param(p, k) + h * dir;
   return p;
 }
 
-// A random direction for step parameter k: shaped like the parameter (per problem for the state's).
-Tensor direction(const Problem& p, int k) {
-  const Tensor* tensors[] = {&p.state.x_hat, &p.state.x0,  &p.state.x0_free,    &p.model.mass,
-                             &p.model.Dm_inv, &p.model.mu, &p.model.lam,        &p.state.activation,
-                             &p.model.rest_length, &p.model.stiffness};
-  return k < 10 ? torch::randn_like(*tensors[k]) : torch::randn({}, f64);
-}
+// A random direction for step parameter k, shaped like the parameter.
+Tensor direction(Problem p, int k) { return torch::randn_like(param(p, k)); }
 
 }  // namespace
 
-class StepEnergyKernel : public ::testing::TestWithParam<std::tuple<int, int64_t>> {};
+class StepEnergyKernel : public ::testing::TestWithParam<std::tuple<int, int64_t, bool>> {};
 
 TEST_P(StepEnergyKernel, GradientAndHessianProductsMatchCentralDifferences) {
-  const auto [d, material] = GetParam();
-  Problem p = make(d, material);
+  const auto [d, material, per_problem] = GetParam();
+  Problem p = make(d, material, per_problem);
   auto derivatives = diffsoft::step_energy_derivatives(p.model, p.state);
   Tensor grad = derivatives.grad;
   const double h = 1e-6;
@@ -111,8 +120,8 @@ TEST_P(StepEnergyKernel, GradientAndHessianProductsMatchCentralDifferences) {
 }
 
 TEST_P(StepEnergyKernel, ParameterDerivativesMatchCentralDifferences) {
-  const auto [d, material] = GetParam();
-  Problem p = make(d, material);
+  const auto [d, material, per_problem] = GetParam();
+  Problem p = make(d, material, per_problem);
   const Tensor v = torch::randn_like(p.state.y);
   auto grad_dot_v = [&](const Problem& q) {
     return (diffsoft::step_energy_derivatives(q.model, q.state).grad * v).sum().item<double>();
@@ -123,18 +132,20 @@ TEST_P(StepEnergyKernel, ParameterDerivativesMatchCentralDifferences) {
   for (int k = 0; k < diffsoft::kNumStepParams; ++k) {
     const diffsoft::StepParam param = diffsoft::step_param(k);
     const Tensor dir = direction(p, k);
-    // Shared parameters get one derivative per problem: their sum is the total energy's.
+    // Shared parameters get one derivative per problem: their sum is the total energy's. Per-problem ones
+    // get theirs.
     const double fd1 = (total(shifted(p, k, dir, h), p.state.y) - total(shifted(p, k, dir, -h), p.state.y)) / (2 * h);
     const double fd2 = (grad_dot_v(shifted(p, k, dir, h)) - grad_dot_v(shifted(p, k, dir, -h))) / (2 * h);
-    const double ours1 = (first[param] * dir).sum().item<double>(), ours2 = (mixed[param] * dir).sum().item<double>();
+    const Tensor ours1_t = first[param].sum_to_size(dir.sizes()), ours2_t = mixed[param].sum_to_size(dir.sizes());
+    const double ours1 = (ours1_t * dir).sum().item<double>(), ours2 = (ours2_t * dir).sum().item<double>();
     EXPECT_NEAR(ours1, fd1, 1e-6 * (1 + std::abs(fd1))) << "first order, " << diffsoft::kStepParamNames[k];
     EXPECT_NEAR(ours2, fd2, 1e-6 * (1 + std::abs(fd2))) << "mixed, " << diffsoft::kStepParamNames[k];
   }
 }
 
 TEST_P(StepEnergyKernel, DirectSolvesFactorOnlyWhatTheyNeed) {
-  const auto [d, material] = GetParam();
-  Problem p = make(d, material);
+  const auto [d, material, per_problem] = GetParam();
+  Problem p = make(d, material, per_problem);
   diffsoft::AnalyticEnergy analytic = diffsoft::step_analytic_energy(p.model, p.state, /*factorize=*/true);
   const Tensor x = p.state.y.reshape({2, -1});
   diffsoft::AnalyticDerivatives point = analytic.derivatives(x);
@@ -151,7 +162,31 @@ TEST_P(StepEnergyKernel, DirectSolvesFactorOnlyWhatTheyNeed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Materials, StepEnergyKernel,
-                         ::testing::Combine(::testing::Values(2, 3), ::testing::Values(0, 1, 2)));
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Values(0, 1, 2),
+                                            ::testing::Values(false, true)));
+
+// A batch whose parameters are per problem: each problem's energy and gradient are those of the problem alone
+// with its own parameters.
+TEST(StepEnergyKernelPerProblem, EachProblemIsItsOwnModel) {
+  for (int d : {2, 3}) {
+    const Problem p = make(d, 1, /*per_problem=*/true);
+    const Tensor energy = diffsoft::step_energy_value(p.model, p.state);
+    const Tensor grad = diffsoft::step_energy_derivatives(p.model, p.state).grad;
+    for (int64_t b = 0; b < 2; ++b) {
+      Problem alone = p;
+      for (int k = 0; k < diffsoft::kNumStepParams; ++k) {
+        Tensor& t = param(alone, k);
+        const bool model_param = k != 0 && k != 1 && k != 2 && k != 7;  // not the state's
+        t = model_param ? t[b].contiguous() : t.slice(0, b, b + 1).contiguous();
+      }
+      alone.state.y = p.state.y.slice(0, b, b + 1);
+      EXPECT_NEAR(diffsoft::step_energy_value(alone.model, alone.state).item<double>(), energy[b].item<double>(),
+                  1e-12 * std::abs(energy[b].item<double>()));
+      EXPECT_TRUE(torch::allclose(diffsoft::step_energy_derivatives(alone.model, alone.state).grad[0], grad[b],
+                                  1e-12, 1e-12));
+    }
+  }
+}
 
 TEST(StepEnergyKernelInput, RefusesBadShapesAndIndices) {
   Problem p = make(2, 0);
@@ -164,12 +199,19 @@ TEST(StepEnergyKernelInput, RefusesBadShapesAndIndices) {
   Problem r = make(2, 0);
   auto derivatives = diffsoft::step_energy_derivatives(r.model, r.state);
   EXPECT_THROW(diffsoft::step_energy_hvp(r.model, derivatives, torch::zeros({3}, f64)), std::invalid_argument);
+  Problem s = make(2, 0);
+  s.model.mass = torch::ones({3, s.model.mass.size(0)}, f64);  // a batch of 3 masses for 2 problems
+  EXPECT_THROW(diffsoft::step_energy_value(s.model, s.state), std::invalid_argument);
+  Problem t = make(2, 0);
+  t.model.h = torch::Tensor();  // the time step unset
+  EXPECT_THROW(diffsoft::step_energy_value(t.model, t.state), std::invalid_argument);
 }
 
 TEST(StepParams, NamesFollowTheEnumAndIndicesAreChecked) {
   EXPECT_STREQ(diffsoft::kStepParamNames[static_cast<int>(diffsoft::StepParam::x_hat)], "x_hat");
   EXPECT_STREQ(diffsoft::kStepParamNames[static_cast<int>(diffsoft::StepParam::muscle_stiffness)], "muscle_stiffness");
-  EXPECT_STREQ(diffsoft::kStepParamNames[diffsoft::kNumStepParams - 1], "friction");
+  EXPECT_STREQ(diffsoft::kStepParamNames[static_cast<int>(diffsoft::StepParam::h)], "h");
+  EXPECT_STREQ(diffsoft::kStepParamNames[diffsoft::kNumStepParams - 1], "friction_eps");
   EXPECT_EQ(diffsoft::step_param(5), diffsoft::StepParam::mu);
   EXPECT_THROW(diffsoft::step_param(diffsoft::kNumStepParams), std::invalid_argument);
   EXPECT_THROW(diffsoft::step_param(-1), std::invalid_argument);

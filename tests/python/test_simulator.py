@@ -42,6 +42,9 @@ _PARAMS = [
     ("gravity", lambda s: s.gravity, lambda s, t: setattr(s, "gravity", t)),
     ("contact_stiffness", lambda s: s.contact_stiffness, lambda s, t: setattr(s, "contact_stiffness", t)),
     ("friction", lambda s: s.friction, lambda s, t: setattr(s, "friction", t)),
+    ("dt", lambda s: torch.as_tensor(s.dt, dtype=F64), lambda s, t: setattr(s, "dt", t)),
+    ("ground", lambda s: torch.as_tensor(s.ground, dtype=F64), lambda s, t: setattr(s, "ground", t)),
+    ("friction_eps", lambda s: torch.as_tensor(s.friction_eps, dtype=F64), lambda s, t: setattr(s, "friction_eps", t)),
 ]
 
 
