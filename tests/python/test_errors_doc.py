@@ -21,7 +21,7 @@ UNTRIGGERED = {
     "diffsoft.training.SimulationFailure": "a training run that fails (test_training, on_failure='stop')",
     "ValueError: the fused step kernels run on CPU tensors only": "needs a non-CPU device",
 }
-_PLACEHOLDER = re.compile(r"\\\.\\\.\\\.|\\\(\\\.\\\.\\\.\\\)|\\\[\\\.\\\.\\\.\\\]|<criterion>|"
+_PLACEHOLDER = re.compile(r"\\\.\\\.\\\.|\\\(\\\.\\\.\\\.\\\)|\\\[\\\.\\\.\\\.\\\]|<criterion>|(?:\\\*)?SHAPE|"
                           r"\b(?:[A-Z]|PATH|NAME|DTYPE|lo|hi|[ijkteravdn])\b")
 
 
@@ -90,6 +90,23 @@ def _algovivo_file(tmp, **edits):
     data = json.loads(Path(path).read_text())
     data.update(edits)
     return creatures.load_algovivo(_json_file(tmp, json.dumps(data), "creature.json"))
+
+
+def _per_creature_step(batch, mu_batch):
+    """A step whose ``body.mu`` has one row per creature of ``mu_batch`` creatures; ``x0`` a batch of ``batch``
+    (None: one creature)."""
+    sim = _sim()
+    sim.body.mu = sim.body.mu.expand(mu_batch, -1).clone()
+    x, v = sim.rest_state
+    if batch is not None:
+        x, v = x.expand(batch, -1, -1), v.expand(batch, -1, -1)
+    sim.step(x, v)
+
+
+def _mu_in_float32():
+    sim = _sim()
+    sim.body.mu = sim.body.mu.float()
+    sim.step(*sim.rest_state)
 
 
 def _not_converging():
@@ -227,6 +244,11 @@ TRIGGERS = [
     ("ValueError: muscle i joins vertex j to itself", lambda tmp: _body(muscles=[[1, 1]])),
     ("ValueError: dt must be a positive number in [lo, hi] (seconds; its square must be a normal DTYPE)",
      lambda tmp: Simulator(_body(), dt=-1.0)),
+    ("ValueError: NAME has shape S, but it must be SHAPE (shared by the batch) or (B, *SHAPE) (one per creature of "
+     "x0's batch of B)", lambda tmp: _per_creature_step(batch=2, mu_batch=3)),
+    ("ValueError: NAME has shape S, but it must be SHAPE for one creature: x0 is (N, d); one value per creature needs "
+     "a batch x0 of shape (B, N, d) ...", lambda tmp: _per_creature_step(batch=None, mu_batch=3)),
+    ("TypeError: body.mu has dtype A but the body has B", lambda tmp: _mu_in_float32()),
     ("ValueError: Simulator.step: energy or its gradient is not finite at x0 ... The step's energy overflows at the "
      "start state: check x0, v0 and the constants ...",
      lambda tmp: _sim().step(torch.full((8, 2), -1e300, dtype=F64), torch.zeros(8, 2, dtype=F64))),
