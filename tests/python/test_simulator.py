@@ -1,5 +1,6 @@
 """Simulator.step and rollouts: gradients against finite differences (float64), physics against closed forms,
-stability, and input checks."""
+stability, and input checks. Tests taking the ``device`` fixture run on every device present (CUDA's take the
+torch backend; on CPU, tests/python/test_torch_backend.py compares that backend with the C++ one)."""
 import math
 
 import pytest
@@ -14,12 +15,14 @@ PHYSICS = dict(on_failure="raise")
 F64 = torch.float64
 
 
-def _small_sim(material="neo_hookean", fixed=None, **kw):
-    """2 x 1 cells (6 vertices), 2 muscles, resting near the ground: contact and friction are active."""
+def _small_sim(material="neo_hookean", fixed=None, device=None, **kw):
+    """2 x 1 cells (6 vertices), 2 muscles, resting near the ground: contact and friction are active. On
+    ``device`` (default the CPU), where the step takes that device's backend."""
     v, t = rectangle(0.4, 0.2, 2, 1, dtype=F64)
     body = SoftBody(v, t, material=material, density=100.0, youngs_modulus=2e3, poisson_ratio=0.3,
                     muscles=[[0, 4], [1, 5]], muscle_stiffness=[30.0, 40.0], fixed=fixed)
-    return Simulator(body, dt=0.02, **{**TIGHT, **kw})
+    sim = Simulator(body, dt=0.02, **{**TIGHT, **kw})
+    return sim if device is None else sim.to(device=device)
 
 
 def _state(sim, seed=0):
@@ -27,7 +30,7 @@ def _state(sim, seed=0):
     x = sim.body.rest_positions + torch.tensor([0.0, 0.004], dtype=F64)  # bottom row within friction_eps
     x = x + 0.003 * torch.randn(x.shape, generator=g, dtype=F64)
     v = torch.tensor([0.3, -0.4], dtype=F64) + 0.1 * torch.randn(x.shape, generator=g, dtype=F64)
-    return x, v
+    return x.to(sim.body.device), v.to(sim.body.device)
 
 
 # Every quantity a step is differentiable with respect to, as (name, getter, setter).
@@ -55,10 +58,10 @@ def _with_params(sim, values):
 
 @pytest.mark.parametrize("material,fixed", [("neo_hookean", None), ("algovivo", [2]),
                                             ("stable_neo_hookean", None)])
-def test_step_gradients_against_finite_differences(material, fixed):
-    sim = _small_sim(material, fixed)
+def test_step_gradients_against_finite_differences(material, fixed, device):
+    sim = _small_sim(material, fixed, device)
     x0, v0 = _state(sim)
-    a = torch.tensor([0.7, 0.9], dtype=F64)
+    a = torch.tensor([0.7, 0.9], dtype=F64, device=device)
     originals = [get(sim).detach().clone() for _, get, _ in _PARAMS]
     inputs = tuple(t.clone().requires_grad_() for t in [x0, v0, a] + originals)
 
@@ -133,11 +136,11 @@ def test_rollout_of_20_steps_with_contact_gradients_against_central_differences(
     _check_directional_derivatives(loss, values, names)
 
 
-def test_batched_step_matches_separate_steps_and_gradients():
-    sim = _small_sim(fixed=[0])
+def test_batched_step_matches_separate_steps_and_gradients(device):
+    sim = _small_sim(fixed=[0], device=device)
     xa, va = _state(sim, 1)
     xb, vb = _state(sim, 2)
-    acts = torch.tensor([[0.7, 0.9], [1.0, 0.5]], dtype=F64, requires_grad=True)
+    acts = torch.tensor([[0.7, 0.9], [1.0, 0.5]], dtype=F64, device=device, requires_grad=True)
     x0 = torch.stack([xa, xb]).requires_grad_()
     x1, v1 = sim.step(x0, torch.stack([va, vb]), acts)
     assert x1.shape == (2, 6, 2)
@@ -151,8 +154,8 @@ def test_batched_step_matches_separate_steps_and_gradients():
     assert ga[0].abs().max() == 0 and gx[0].abs().max() == 0 and ga[1].abs().max() > 0
 
 
-def test_fixed_vertices_do_not_move():
-    sim = _small_sim(fixed=[0, 3])
+def test_fixed_vertices_do_not_move(device):
+    sim = _small_sim(fixed=[0, 3], device=device)
     x0, v0 = _state(sim)
     x1, v1, info = sim.step(x0, v0, return_info=True)
     assert torch.equal(x1[[0, 3]], x0[[0, 3]]) and v1[[0, 3]].abs().max() == 0
