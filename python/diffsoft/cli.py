@@ -88,7 +88,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     rank, _ = distributed_world()
     t0 = time.perf_counter()
-    sim = make_creature(cfg.creature, getattr(torch, cfg.dtype))
+    sim = make_creature(cfg.creature, getattr(torch, cfg.dtype), cfg.device)
     eval_horizon = cfg.eval_horizon
     policy, history = train(cfg, resume=args.resume, progress=not args.no_progress)
     if rank != 0:

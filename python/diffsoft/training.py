@@ -57,7 +57,7 @@ from torch import nn
 
 from ._checks import is_finite_real
 from ._optional import require
-from .creatures import make_creature
+from .creatures import check_device, make_creature
 from .policy import FramePolicy, center_of_mass_x, distance_walked, observe, save_algovivo_policy
 
 
@@ -87,7 +87,9 @@ class TrainConfig:
     eval_every, eval_horizon: how often to measure :func:`~diffsoft.policy.distance_walked`
     (deterministic, from rest) and over how many steps; backward_rtol: the adjoint solve's relative
     tolerance (loose is enough for a stochastic gradient and halves the backward's cost); dtype:
-    ``"float32"`` or ``"float64"``; seed; out_dir; checkpoint_every; on_failure: ``"skip"`` (drop a creature
+    ``"float32"`` or ``"float64"``; device: where the creatures, the simulator, the policy and the critic
+    live (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...; random numbers are drawn on the CPU and moved, so a run's
+    draws do not depend on it); seed; out_dir; checkpoint_every; on_failure: ``"skip"`` (drop a creature
     whose step did not converge from the iteration's losses and reset it) or ``"stop"``.
     """
     creature: str = "biped"
@@ -119,13 +121,14 @@ class TrainConfig:
     eval_horizon: int = 100
     backward_rtol: float = 1e-4
     dtype: str = "float32"
+    device: str = "cpu"
     seed: int = 0
     out_dir: str = "runs/biped"
     checkpoint_every: int = 10
     on_failure: str = "skip"
 
     # Fields that may change between a run and its resumption.
-    RESUMABLE = ("iterations", "out_dir", "checkpoint_every", "eval_every", "on_failure")
+    RESUMABLE = ("iterations", "out_dir", "checkpoint_every", "eval_every", "on_failure", "device")
 
     def check(self):
         """Every field's type and range, each error naming the field: called before anything is built."""
@@ -152,6 +155,7 @@ class TrainConfig:
                              f"({self.batch * self.window})")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        check_device(self.device)
         for name in ("lr", "lr_end", "clip", "critic_lr", "reward_scale", "max_abs_da"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
@@ -236,7 +240,7 @@ def fit_critic(cfg, critic, target_critic, optimizer, obs, a, targets, valid, ge
     size = -(-k // cfg.critic_minibatches)
     loss_sum = 0.0
     for _ in range(cfg.critic_iterations if k else 0):
-        order = torch.randperm(k, generator=generator)
+        order = torch.randperm(k, generator=generator).to(obs.device)
         loss_sum = 0.0
         for idx in order.split(size):
             loss = (critic(obs[idx], a[idx]) - targets[idx]).square().mean()
@@ -294,20 +298,27 @@ class Pool:
         """b creatures due for a reset."""
         x, v = sim.rest_state
         return cls(x.expand(b, -1, -1).clone(), v.expand(b, -1, -1).clone(),
-                   torch.ones(b, sim.body.num_muscles, dtype=x.dtype), torch.full((b,), episode))
+                   torch.ones(b, sim.body.num_muscles, dtype=x.dtype, device=x.device),
+                   torch.full((b,), episode, device=x.device))
+
+    def to(self, device):
+        """The pool on ``device``."""
+        return Pool(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
 
 
 def _iteration_draws(cfg, sim, iteration, rank, world):
     """The iteration's random numbers: a generator seeded by (seed, iteration), and from it the global
     batch's reset activations ``(B, M)`` and noise ``(W, B, M)``, of which this process's slices are
-    returned; the generator then serves the critic's minibatches (the same on every process)."""
+    returned (on the simulator's device); the generator, on the CPU, then serves the critic's minibatches
+    (the same on every process and on every device)."""
     g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + iteration)
     m, dtype = sim.body.num_muscles, sim.body.dtype
     a0 = 1.0 - cfg.init_activation * torch.rand(cfg.batch, m, generator=g, dtype=torch.float64)
     noise = cfg.action_noise * torch.randn(cfg.window, cfg.batch, m, generator=g, dtype=torch.float64)
     b = cfg.batch // world
     part = slice(rank * b, (rank + 1) * b)
-    return g, a0[part].to(dtype), noise[:, part].to(dtype)
+    device = sim.body.device
+    return g, a0[part].to(device=device, dtype=dtype), noise[:, part].to(device=device, dtype=dtype)
 
 
 def _reset(cfg, sim, pool, a0, iteration, rank):
@@ -319,7 +330,7 @@ def _reset(cfg, sim, pool, a0, iteration, rank):
     pool.x[due], pool.v[due], pool.a[due], pool.age[due] = x, v, a0[due], 0
     if iteration == 0:
         b = pool.age.shape[0]
-        pool.age = cfg.window * ((torch.arange(b) + rank * b) % (cfg.episode // cfg.window))
+        pool.age = cfg.window * ((torch.arange(b, device=pool.age.device) + rank * b) % (cfg.episode // cfg.window))
 
 
 class SimulationFailure(RuntimeError):
@@ -364,7 +375,7 @@ def train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_o
         group["lr"] = cfg.actor_lr(iteration)
     x, v, a = pool.x, pool.v, pool.a
     b = a.shape[0]
-    ok = torch.ones(b, dtype=torch.bool)
+    ok = torch.ones(b, dtype=torch.bool, device=x.device)
     obs_seen, a_seen, rewards = [], [], []
     ret, saturation, discount = 0.0, 0.0, 1.0
     start = center_of_mass_x(sim, x)
@@ -434,6 +445,8 @@ def _save_checkpoint(path, cfg, learners, pool_state, iteration, history, train_
 
 
 def _load_checkpoint(path, cfg):
+    """The checkpoint at ``path``, its tensors on the CPU whichever device wrote it (so that a checkpoint
+    written on a GPU loads on a machine without one); :func:`train` moves them to ``cfg.device``."""
     try:
         ckpt = torch.load(path, map_location="cpu")
     except Exception as e:  # noqa: BLE001 - truncated, garbage or foreign files fail in many ways
@@ -468,11 +481,12 @@ def train(cfg, resume=False, progress=True, log=print):
     if cfg.batch % world:
         raise ValueError(f"batch ({cfg.batch}) must be divisible by the number of processes ({world})")
     dtype = getattr(torch, cfg.dtype)
-    sim = make_creature(cfg.creature, dtype)
+    sim = make_creature(cfg.creature, dtype, cfg.device)
     sim.solver_options["backward_rtol"] = cfg.backward_rtol
     torch.manual_seed(cfg.seed)
     policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da)
-    critic = Critic(policy.fc1.in_features, sim.body.num_muscles, cfg.critic_hidden).to(dtype)
+    critic = Critic(policy.fc1.in_features, sim.body.num_muscles, cfg.critic_hidden).to(device=cfg.device,
+                                                                                          dtype=dtype)
     target_critic = copy.deepcopy(critic).requires_grad_(False)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     critic_optimizer = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
@@ -486,7 +500,7 @@ def train(cfg, resume=False, progress=True, log=print):
         ckpt = _load_checkpoint(ckpt_path, cfg)
         for name, m in learners.items():
             m.load_state_dict(ckpt[name])
-        pool = Pool(**{k: t[rank * b:(rank + 1) * b].clone() for k, t in ckpt["pool"].items()})
+        pool = Pool(**{k: t[rank * b:(rank + 1) * b].clone() for k, t in ckpt["pool"].items()}).to(sim.body.device)
         history, start, train_seconds = ckpt["history"], ckpt["iteration"], ckpt["train_seconds"]
         if rank == 0:
             log(f"resumed from {ckpt_path} at iteration {start}")

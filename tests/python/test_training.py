@@ -101,6 +101,28 @@ def test_resume_continues_to_the_same_state(tmp_path):
         training.train(_tiny(tmp_path / "b", iterations=5, lr=0.1), resume=True, progress=False)
 
 
+def test_resume_on_another_device_loads_the_checkpoint_there(tmp_path, monkeypatch):
+    # The only device here is the CPU: "cpu:0" is another device string for it, so the run resumes through
+    # the cross-device path (device may change on resume; torch.load maps the tensors to the CPU, and the
+    # networks, optimizers and pool are moved to the new device) and must still continue exactly.
+    straight, _ = training.train(_tiny(tmp_path / "a", iterations=3, device="cpu"), progress=False)
+    training.train(_tiny(tmp_path / "b", iterations=2, device="cpu"), progress=False)
+    seen, load = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **kw: seen.append(kw.get("map_location")) or load(*a, **kw))
+    resumed, _ = training.train(_tiny(tmp_path / "b", iterations=3, device="cpu:0"), resume=True, progress=False)
+    assert seen == ["cpu"]
+    for p, q in zip(straight.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_training_on_cuda_and_its_checkpoint_on_the_cpu(tmp_path):
+    policy, history = training.train(_tiny(tmp_path, iterations=2, device="cuda"), progress=False)
+    assert policy.fc1.weight.device.type == "cuda" and math.isfinite(history[-1]["distance"])
+    resumed, _ = training.train(_tiny(tmp_path, iterations=3, device="cpu"), resume=True, progress=False)
+    assert resumed.fc1.weight.device.type == "cpu"
+
+
 def test_two_processes_under_torchrun_match_one_process_with_the_combined_batch(tmp_path):
     args = ["--creature", "biped", "--window", "2", "--episode", "4", "--batch", "4", "--iterations", "3",
             "--critic-iterations", "2",
@@ -132,6 +154,11 @@ def test_bad_settings_are_named():
         TrainConfig(window=32, episode=100).check()
     with pytest.raises(ValueError, match="creature must be one of"):
         creatures.make_creature("no_such_creature")
+    with pytest.raises(ValueError, match="device must be a torch device"):
+        TrainConfig(device="gpu0").check()
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device 'cuda' is not available"):
+            TrainConfig(device="cuda").check()
     assert dataclasses.asdict(TrainConfig())["creature"] == "biped"
 
 
@@ -140,7 +167,7 @@ def _failing_creature(fail_from_iteration):
     reaches the given iteration, counted by its training rollouts' steps."""
     made = []
 
-    def make(name, dtype):
+    def make(name, dtype, device="cpu"):
         sim = creatures.biped(dtype=dtype)
         made.append(sim)
         original = sim.step
