@@ -181,12 +181,12 @@ def load_algovivo_policy(path, dtype=torch.float32):
                          f"with space_dim {dim}")
     policy = FramePolicy(w1.shape[1] // (2 * dim), w2.shape[0], dim, data["center_vertex_id"],
                          data["forward_vertex_id"], hidden=w1.shape[0], min_a=data["min_a"],
-                         max_abs_da=data["max_abs_da"])
-    with torch.no_grad():
+                         max_abs_da=data["max_abs_da"]).to(dtype)
+    with torch.no_grad():  # after .to(dtype): float64 weights are read exactly, not through float32
         for name, (w, b) in layers.items():
             getattr(policy, name).weight.copy_(w)
             getattr(policy, name).bias.copy_(b)
-    return policy.to(dtype)
+    return policy
 
 
 def center_of_mass_x(sim, x):

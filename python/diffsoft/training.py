@@ -85,7 +85,10 @@ class TrainConfig:
     (per step), which keeps the policy's outputs where the clamps do not cut their gradient to zero;
     straight_through: the clamps pass gradients as if they were not there (the forward pass is unchanged);
     eval_every, eval_horizon: how often to measure :func:`~diffsoft.policy.distance_walked`
-    (deterministic, from rest) and over how many steps; backward_rtol: the adjoint solve's relative
+    (deterministic, from rest) and over how many steps; keep_best: the run's result (returned and written
+    to ``policy.json``) is the policy that walked furthest in those evaluations and in one of the final
+    policy, instead of the final policy (the distance during training swings by a few tenths to units
+    between evaluations; the checkpoint holds both, and ``--resume`` continues from the last); backward_rtol: the adjoint solve's relative
     tolerance (loose is enough for a stochastic gradient and halves the backward's cost); dtype:
     ``"float32"`` or ``"float64"``; device: where the creatures, the simulator, the policy and the critic
     live (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...; random numbers are drawn on the CPU and moved, so a run's
@@ -119,6 +122,7 @@ class TrainConfig:
     straight_through: bool = False
     eval_every: int = 10
     eval_horizon: int = 100
+    keep_best: bool = False
     backward_rtol: float = 1e-4
     dtype: str = "float32"
     device: str = "cpu"
@@ -128,7 +132,7 @@ class TrainConfig:
     on_failure: str = "skip"
 
     # Fields that may change between a run and its resumption.
-    RESUMABLE = ("iterations", "out_dir", "checkpoint_every", "eval_every", "on_failure", "device")
+    RESUMABLE = ("iterations", "out_dir", "checkpoint_every", "eval_every", "on_failure", "device", "keep_best")
 
     def check(self):
         """Every field's type and range, each error naming the field: called before anything is built."""
@@ -433,13 +437,13 @@ def _gathered_pool(pool, world):
     return {name: _all_gather(getattr(pool, name), world, 0) for name in ("x", "v", "a", "age")}
 
 
-def _save_checkpoint(path, cfg, learners, pool_state, iteration, history, train_seconds):
+def _save_checkpoint(path, cfg, learners, pool_state, iteration, history, train_seconds, best):
     """learners: the networks and optimizers by name (each stored as its ``state_dict``); pool_state: the
-    whole batch's pool (:func:`_gathered_pool`)."""
+    whole batch's pool (:func:`_gathered_pool`); best: the best evaluated policy (:class:`_Best`)."""
     tmp = path + ".tmp"
     torch.save({"version": 2, "config": dataclasses.asdict(cfg), "iteration": iteration,
                 **{name: m.state_dict() for name, m in learners.items()}, "pool": pool_state,
-                "history": history, "train_seconds": train_seconds,
+                "history": history, "train_seconds": train_seconds, "best": dataclasses.asdict(best),
                 "frame": [learners["policy"].center_vertex_id, learners["policy"].forward_vertex_id]}, tmp)
     os.replace(tmp, path)  # an interrupted write never leaves a truncated checkpoint
 
@@ -465,12 +469,27 @@ def _load_checkpoint(path, cfg):
     return ckpt
 
 
+@dataclasses.dataclass
+class _Best:
+    """The policy that walked furthest in the evaluations so far: its distance, the iteration before which
+    it was evaluated, and its ``state_dict`` (None before the first evaluation)."""
+    distance: float = -float("inf")
+    iteration: int = -1
+    policy: dict = None
+
+    def offer(self, distance, iteration, policy):
+        if distance > self.distance:
+            self.distance, self.iteration = distance, iteration
+            self.policy = {k: t.detach().clone() for k, t in policy.state_dict().items()}
+
+
 def train(cfg, resume=False, progress=True, log=print):
     """Trains a policy (see the module docstring) and writes the run's files under ``cfg.out_dir`` (the
     process of rank 0 writes).
 
     Returns:
-        ``(policy, history)``; history is a list of per-iteration records: ``iteration``, ``distance``,
+        ``(policy, history)``: the final policy (with ``keep_best``, the best evaluated one); history is a
+        list of per-iteration records: ``iteration``, ``distance``,
         ``grad_norm``, ``critic_loss``, ``value`` (see :func:`train_iteration`), ``sim_steps`` (creature-steps
         simulated so far, all processes, evaluation excluded), ``seconds`` (training wall time so far) and,
         every ``eval_every`` iterations, ``eval_distance`` (:func:`~diffsoft.policy.distance_walked` over
@@ -495,13 +514,15 @@ def train(cfg, resume=False, progress=True, log=print):
     b = cfg.batch // world
     pool = Pool.at_rest(sim, b, cfg.episode)
     ckpt_path = os.path.join(cfg.out_dir, "checkpoint.pt")
-    history, start, train_seconds = [], 0, 0.0
+    history, start, train_seconds, best = [], 0, 0.0, _Best()
     if resume and os.path.exists(ckpt_path):
         ckpt = _load_checkpoint(ckpt_path, cfg)
         for name, m in learners.items():
             m.load_state_dict(ckpt[name])
         pool = Pool(**{k: t[rank * b:(rank + 1) * b].clone() for k, t in ckpt["pool"].items()}).to(sim.body.device)
         history, start, train_seconds = ckpt["history"], ckpt["iteration"], ckpt["train_seconds"]
+        if "best" in ckpt:  # checkpoints written before keep_best lack it
+            best = _Best(**ckpt["best"])
         if rank == 0:
             log(f"resumed from {ckpt_path} at iteration {start}")
     elif world > 1:
@@ -521,6 +542,7 @@ def train(cfg, resume=False, progress=True, log=print):
         if it % cfg.eval_every == 0:
             record["eval_distance"] = distance_walked(sim, policy, cfg.eval_horizon)
             record["eval_sim_steps"] = it * per_iteration
+            best.offer(record["eval_distance"], it, policy)
         t = time.perf_counter()
         failures = []
         try:
@@ -529,7 +551,7 @@ def train(cfg, resume=False, progress=True, log=print):
         except SimulationFailure as e:  # stop, keeping every finished iteration (the pool is as it was)
             pool_state = _gathered_pool(pool, world)
             if rank == 0:
-                _save_checkpoint(ckpt_path, cfg, learners, pool_state, it, history, train_seconds)
+                _save_checkpoint(ckpt_path, cfg, learners, pool_state, it, history, train_seconds, best)
             raise SimulationFailure(f"{e}; the checkpoint {ckpt_path} holds the {it} finished iterations "
                                     f"(resume with --resume)") from e
         if failures:
@@ -546,7 +568,15 @@ def train(cfg, resume=False, progress=True, log=print):
         if (it + 1) % cfg.checkpoint_every == 0 or it + 1 == cfg.iterations:
             pool_state = _gathered_pool(pool, world)
             if rank == 0:
-                _save_checkpoint(ckpt_path, cfg, learners, pool_state, it + 1, history, train_seconds)
+                _save_checkpoint(ckpt_path, cfg, learners, pool_state, it + 1, history, train_seconds, best)
+    if cfg.keep_best:
+        last = distance_walked(sim, policy, cfg.eval_horizon)
+        best.offer(last, cfg.iterations, policy)
+        if best.iteration < cfg.iterations:
+            policy.load_state_dict(best.policy)
+        if rank == 0:
+            log(f"the result is the best evaluated policy: before iteration {best.iteration}, {best.distance:.3f} "
+                f"in {cfg.eval_horizon} steps (the last policy: {last:.3f})")
     if rank == 0:
         save_algovivo_policy(policy, os.path.join(cfg.out_dir, "policy.json"))
         with open(os.path.join(cfg.out_dir, "history.json"), "w") as f:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from diffsoft import creatures, training
-from diffsoft.policy import load_algovivo_policy
+from diffsoft.policy import distance_walked, load_algovivo_policy
 from diffsoft.training import TrainConfig
 
 F64 = torch.float64
@@ -121,6 +121,25 @@ def test_training_on_cuda_and_its_checkpoint_on_the_cpu(tmp_path):
     assert policy.fc1.weight.device.type == "cuda" and math.isfinite(history[-1]["distance"])
     resumed, _ = training.train(_tiny(tmp_path, iterations=3, device="cpu"), resume=True, progress=False)
     assert resumed.fc1.weight.device.type == "cpu"
+
+
+def test_keep_best_returns_the_policy_that_walked_furthest(tmp_path):
+    kw = dict(iterations=4, eval_every=1, eval_horizon=20, lr=0.05)
+    best, history = training.train(_tiny(tmp_path / "best", keep_best=True, **kw), progress=False)
+    last, _ = training.train(_tiny(tmp_path / "last", **kw), progress=False)
+    sim = creatures.make_creature("biped", F64)
+    evals = [r["eval_distance"] for r in history] + [distance_walked(sim, last, 20)]
+    i = max(range(len(evals)), key=evals.__getitem__)
+    assert distance_walked(sim, best, 20) == evals[i]
+    # the same policy as a run stopped at the best evaluation (the evaluations come before an iteration's update)
+    stopped, _ = training.train(_tiny(tmp_path / "stopped", **dict(kw, iterations=i)), progress=False)
+    for p, q in zip(best.parameters(), stopped.parameters()):
+        assert torch.equal(p, q)
+    saved = load_algovivo_policy(str(tmp_path / "best" / "policy.json"), dtype=F64)
+    for p, q in zip(best.parameters(), saved.parameters()):
+        assert torch.equal(p, q)
+    ckpt = torch.load(tmp_path / "best" / "checkpoint.pt")
+    assert ckpt["best"]["iteration"] == min(i, 3) and ckpt["best"]["distance"] == max(evals[:4])
 
 
 def test_two_processes_under_torchrun_match_one_process_with_the_combined_batch(tmp_path):
