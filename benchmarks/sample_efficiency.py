@@ -190,6 +190,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--creature", default="biped")
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seed", type=int, nargs="*", default=None, help="these seeds instead of 0..seeds-1")
     p.add_argument("--horizon", type=int, default=100, help="PPO's episode length and both evaluations' steps")
     p.add_argument("--steps", type=int, default=409_600, help="simulated creature-steps per seed and method")
     p.add_argument("--window", type=int, default=training.TrainConfig.window)
@@ -221,7 +222,7 @@ def main():
     path = os.path.join(args.out, "results.json")
     results = json.load(open(path)) if os.path.exists(path) else {"runs": {"differentiable": {}, "ppo": {}}}
     results["args"] = vars(args)
-    for seed in range(0 if args.report else args.seeds):
+    for seed in [] if args.report else args.seed if args.seed is not None else range(args.seeds):
         if args.only in (None, "differentiable"):
             results["runs"]["differentiable"][str(seed)] = run_differentiable(args, seed)
             json.dump(results, open(path, "w"))
