@@ -27,7 +27,7 @@ import torch
 
 from diffsoft import ppo, training
 from diffsoft.creatures import make_creature
-from diffsoft.policy import distance_walked
+from diffsoft.policy import FramePolicy, distance_walked
 
 
 def evaluations(history):
@@ -155,6 +155,54 @@ def plot(results, path, targets=(0.5, 1.0, 2.0)):
     plt.close(fig)
 
 
+def speed(args, rounds=6):
+    """Both methods' training cost per creature-step, measured side by side in one process (alternating
+    one differentiable iteration and one PPO update, ``rounds`` times), so that the machine's load affects
+    both alike. Both start from the policy of ``--speed``'s checkpoint (a trained gait, which costs more
+    Newton iterations per step than standing still): the differentiable trainer with its pool, PPO with it
+    as the mean of its Gaussian policy. Returns ``{method: [seconds per creature-step, ...]}`` (wall) and the
+    same in process CPU time."""
+    ckpt = torch.load(args.speed, map_location="cpu")
+    cfg = training.TrainConfig(**dict(ckpt["config"], out_dir=args.out))
+    sim = make_creature(cfg.creature, getattr(torch, cfg.dtype))
+    sim.solver_options["backward_rtol"] = cfg.backward_rtol
+    policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da)
+    critic = training.Critic(policy.fc1.in_features, sim.body.num_muscles, cfg.critic_hidden)
+    target_critic = training.Critic(policy.fc1.in_features, sim.body.num_muscles, cfg.critic_hidden)
+    policy.load_state_dict(ckpt["policy"])
+    critic.load_state_dict(ckpt["critic"])
+    target_critic.load_state_dict(ckpt["target_critic"])
+    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr_end)
+    critic_optimizer = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
+    pool = training.Pool(**ckpt["pool"])
+    pcfg = ppo.PPOConfig(creature=cfg.creature, horizon=args.horizon, envs=args.ppo_envs, lr=args.ppo_lr,
+                         epochs=args.ppo_epochs, minibatch=args.ppo_minibatch, entropy_coef=args.ppo_entropy,
+                         clip_ratio=args.ppo_clip)
+    model = ppo.GaussianFramePolicy(sim, pcfg)
+    model.mean_policy.load_state_dict(ckpt["policy"])
+    ppo_optimizer = torch.optim.Adam(model.parameters(), lr=pcfg.lr)
+    g = torch.Generator().manual_seed(0)
+    out = {"differentiable": [], "ppo": [], "differentiable_cpu": [], "ppo_cpu": []}
+    for r in range(rounds):
+        t, c = time.perf_counter(), time.process_time()
+        training.train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer, pool,
+                                 ckpt["iteration"] + r)
+        n = cfg.batch * cfg.window
+        out["differentiable"].append((time.perf_counter() - t) / n)
+        out["differentiable_cpu"].append((time.process_time() - c) / n)
+        t, c = time.perf_counter(), time.process_time()
+        roll = ppo.collect(sim, model, pcfg, g)
+        model.norm.update(roll["obs"].flatten(0, 1))
+        adv, ret = ppo.gae(roll["reward"], roll["value"], roll["last_value"], pcfg.gamma, pcfg.lam)
+        ppo.ppo_update(model, ppo_optimizer, {"obs": roll["obs"].flatten(0, 1), "u": roll["u"].flatten(0, 1),
+                                              "logp": roll["logp"].flatten(), "adv": adv.flatten(),
+                                              "ret": ret.flatten()}, pcfg, g)
+        n = pcfg.envs * pcfg.horizon
+        out["ppo"].append((time.perf_counter() - t) / n)
+        out["ppo_cpu"].append((time.process_time() - c) / n)
+    return out
+
+
 # PPO's search: each entry changes the command line's PPO settings (the baseline) in one or two ways.
 TUNING = [{}, {"lr": 1e-3}, {"minibatch": 1600}, {"entropy_coef": 0.01}, {"clip_ratio": 0.1},
           {"envs": 64, "minibatch": 960}]
@@ -210,6 +258,8 @@ def main():
                    help="other runs' results.json (e.g. the other method's, run separately) for the report")
     p.add_argument("--report", action="store_true", help="no training: the report of --out's (and --merge's) runs")
     p.add_argument("--device", default="cpu", help="both methods' torch device")
+    p.add_argument("--speed", default=None, metavar="CHECKPOINT",
+                   help="no training: both methods' cost per creature-step side by side, from a training checkpoint")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default="runs/sample_efficiency")
@@ -219,6 +269,12 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     if args.tune:
         return tune_ppo(args)
+    if args.speed:
+        out = speed(args)
+        json.dump(out, open(os.path.join(args.out, "speed.json"), "w"), indent=1)
+        for k, v in out.items():
+            print(f"{k}: median {sorted(v)[len(v) // 2] * 1e6:.0f} us per creature-step ({len(v)} rounds)")
+        return
     path = os.path.join(args.out, "results.json")
     results = json.load(open(path)) if os.path.exists(path) else {"runs": {"differentiable": {}, "ppo": {}}}
     results["args"] = vars(args)
