@@ -209,12 +209,13 @@ TUNING = [{}, {"lr": 1e-3}, {"minibatch": 1600}, {"entropy_coef": 0.01}, {"clip_
 
 
 def tune_ppo(args):
-    """Every :data:`TUNING` variant on seed 0 with ``--steps``; scored by the mean of the last three
+    """Every :data:`TUNING` variant not yet in ``--out``'s tuning.json (none with ``--report``) on seed 0
+    with ``--steps``; scored by the mean of the last three
     evaluations (the final one included), which is less noisy than the final one alone."""
     path = os.path.join(args.out, "tuning.json")
     runs = json.load(open(path)) if os.path.exists(path) else []
     done = [r["overrides"] for r in runs]
-    for overrides in TUNING:
+    for overrides in [] if args.report else TUNING:
         if overrides in done:
             continue
         r = run_ppo(args, 0, args.steps, **overrides)
