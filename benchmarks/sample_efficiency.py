@@ -105,7 +105,7 @@ def table(results, targets=(0.5, 1.0, 2.0)):
     def cell(hit):
         return "-" if hit is None else f"{hit[0]:,} / {hit[1]:.0f}"
 
-    summary = []
+    summary, medians = [], {}
     for method, rs in runs.items():
         hits = {seed: [first_reaching(r["history"], t) for t in targets] for seed, r in rs.items()}
         for seed, r in sorted(rs.items()):
@@ -119,12 +119,20 @@ def table(results, targets=(0.5, 1.0, 2.0)):
             steps = _median([h and h[0] for h in column])
             secs = _median([h and h[1] for h in column])
             n = sum(h is not None for h in column)
+            medians.setdefault(method, []).append((steps, secs))
             cells.append(f"{'-' if steps is None else f'{steps:,}'} / {'-' if secs is None else f'{secs:.0f}'}"
                          f" ({n}/{len(column)})")
         fin = sorted(finals[method].values())
         summary.append(f"| {method} | median | " + " | ".join(cells) + f" | {fin[len(fin) // 2]:.2f} "
                        f"(mean {sum(fin) / len(fin):.2f}) | | | |")
     lines += summary
+    if {"differentiable", "ppo"} <= set(medians):
+        ratios = []
+        for (ds, dt), (ps, pt) in zip(medians["differentiable"], medians["ppo"]):
+            steps = "-" if None in (ds, ps) else f"{ps / ds:.1f}x"
+            secs = "-" if None in (dt, pt) or not dt else f"{pt / dt:.1f}x"
+            ratios.append(f"{steps} / {secs}")
+        lines.append("| PPO / differentiable | medians' ratio | " + " | ".join(ratios) + " | | | | |")
     lines.append("\nMedian rows: the median over seeds (a seed that did not reach counts as never; "
                  "(n/N): seeds that reached).")
     return "\n".join(lines)
@@ -290,6 +298,8 @@ def main():
         for method, runs in json.load(open(other))["runs"].items():
             results["runs"].setdefault(method, {}).update(runs)
     results["runs"] = {m: r for m, r in results["runs"].items() if r}
+    if args.merge:
+        json.dump(results, open(path, "w"))
     md = table(results)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(md + "\n")
