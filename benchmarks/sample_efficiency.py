@@ -26,7 +26,7 @@ import time
 import torch
 
 from diffsoft import ppo, training
-from diffsoft.creatures import make_creature
+from diffsoft.creatures import CREATURES, make_creature
 from diffsoft.policy import FramePolicy, distance_walked
 
 
@@ -147,14 +147,15 @@ def plot(results, path, targets=(0.5, 1.0, 2.0)):
     for method, runs in results["runs"].items():
         for k, (seed, r) in enumerate(sorted(runs.items())):
             s, d = zip(*curve(r["history"]))
-            ax.plot([max(v, 1) for v in s], d, color=colours[method], alpha=0.8,
+            ax.plot(s, d, color=colours[method], alpha=0.8,
                     label=method if k == 0 else None)
     for t in targets:
         ax.axhline(t, color="grey", ls="--", lw=0.8)
-    ax.set_xscale("log")
     ax.set_xlabel("simulated creature-steps (training)")
     ax.set_ylabel("distance along +x over the horizon (deterministic, from rest)")
-    ax.set_title(f"{os.path.basename(results['args']['creature'])}: differentiable simulation vs PPO "
+    name = results["args"]["creature"]
+    name = name if name in CREATURES else os.path.join(*os.path.normpath(name).split(os.sep)[-3:])
+    ax.set_title(f"{name}: differentiable simulation vs PPO "
                  f"({max(len(r) for r in results['runs'].values())} seeds)")
     ax.grid(alpha=0.3)
     ax.legend()
