@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from diffsoft import creatures, training
-from diffsoft.policy import distance_walked, load_algovivo_policy
+from diffsoft.policy import FramePolicy, distance_walked, load_algovivo_policy
 from diffsoft.training import TrainConfig
 
 F64 = torch.float64
@@ -226,3 +226,17 @@ def test_stop_on_failure_keeps_the_checkpoint_and_resumes(tmp_path, monkeypatch)
     monkeypatch.undo()
     policy, history = training.train(_tiny(tmp_path, on_failure="stop"), resume=True, progress=False)
     assert len(history) == 3
+
+
+def test_gait_summary_distances_match_distance_walked_and_a_standing_creature_is_upright():
+    from diffsoft.cli import gait_summary
+    sim = creatures.make_creature("biped", F64)
+    torch.manual_seed(0)
+    policy = FramePolicy.for_simulator(sim)
+    distances, _ = gait_summary(sim, policy, (4, 8))
+    assert distances[8] == distance_walked(sim, policy, 8) and distances[4] != distances[8]
+    with torch.no_grad():
+        policy.fc2.weight.zero_()
+        policy.fc2.bias.zero_()  # no activation change: the relaxed creature stands
+    _, upright = gait_summary(sim, policy, (8,))
+    assert 0.9 < upright <= 1.0 + 1e-9
