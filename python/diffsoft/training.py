@@ -40,8 +40,8 @@ processes trains on the same creatures as one process with the combined batch.
 
 Files (under ``out_dir``): ``checkpoint.pt`` (written every ``checkpoint_every`` iterations and at the end:
 policy, critic, target critic, both Adam states, the pool of creature states, iteration, history, config,
-the best evaluated policy; ``resume=True`` continues from it exactly, because every random number of an iteration is drawn from a
-generator seeded by that iteration), ``policy.json`` (algovivo's policy format, see
+the best evaluated policy; ``resume=True`` continues from it exactly, because every random number of an
+iteration is drawn from a generator seeded by that iteration), ``policy.json`` (algovivo's policy format, see
 :func:`~diffsoft.policy.save_algovivo_policy`), ``history.json``; the command line (:mod:`diffsoft.cli`)
 adds ``learning_curve.png`` and ``walk.gif``.
 """
