@@ -7,9 +7,15 @@ number of simulated creature-steps used for training so far (evaluation rollouts
 either method). Both get the same budget of ``--steps`` simulated creature-steps per seed (the
 differentiable method: ``steps // (batch * window)`` iterations, with its learning rate decaying over them).
 
-    .venv/bin/python benchmarks/sample_efficiency.py --seeds 3 --target 2.0 --threads 1
+    .venv/bin/python benchmarks/sample_efficiency.py --tune --steps 96000 --threads 1 --out runs/ppo_tuning
+    .venv/bin/python benchmarks/sample_efficiency.py --seeds 3 --threads 1 --out runs/se_biped
+    .venv/bin/python benchmarks/sample_efficiency.py --seeds 3 --threads 1 --creature mesh.json --out runs/se_mesh
 
-Writes ``results.json``, ``results.md`` (the table) and ``sample_efficiency.png`` under ``--out``.
+Writes ``results.json`` (every run's config and history), ``results.md`` (the table: creature-steps and
+training time to reach 0.5, 1.0, 2.0 and PPO's own final distance, and the final distance at the common
+budget) and ``sample_efficiency.png`` under ``--out``. ``--only`` runs one method; ``--merge`` adds other
+``results.json`` files to the report (two methods run as two processes), ``--report`` only reports.
+``--tune`` is PPO's settings search (:data:`TUNING`) on seed 0.
 """
 import argparse
 import dataclasses
@@ -20,27 +26,35 @@ import time
 import torch
 
 from diffsoft import ppo, training
-from diffsoft.creatures import make_creature
-from diffsoft.policy import distance_walked
+from diffsoft.creatures import CREATURES, make_creature
+from diffsoft.policy import FramePolicy, distance_walked
 
 
-def steps_to_target(history, target):
-    """The first evaluation's simulated steps at which the distance reached ``target``, or None."""
+def evaluations(history):
+    """``[(creature-steps, training seconds, distance)]`` of every evaluation in ``history``: the steps
+    and the training time (evaluations excluded) spent before it."""
+    out, seconds = [], 0.0
     for r in history:
-        if "eval_distance" in r and r["eval_distance"] >= target:
-            return r["eval_sim_steps"]
-    return None
+        if "eval_distance" in r:
+            out.append((r["eval_sim_steps"], seconds, r["eval_distance"]))
+        seconds = r.get("seconds", seconds)
+    return out
+
+
+def first_reaching(history, target):
+    """``(creature-steps, training seconds)`` of the first evaluation at or past ``target``, or None."""
+    return next(((s, t) for s, t, d in evaluations(history) if d >= target), None)
 
 
 def curve(history):
-    return [(r["eval_sim_steps"], r["eval_distance"]) for r in history if "eval_distance" in r]
+    return [(s, d) for s, _, d in evaluations(history)]
 
 
 def run_differentiable(args, seed):
     iterations = max(args.steps // (args.batch * args.window), 1)
     cfg = training.TrainConfig(creature=args.creature, eval_horizon=args.horizon, window=args.window,
                                batch=args.batch, iterations=iterations, lr_decay_iterations=iterations,
-                               eval_every=args.eval_every, checkpoint_every=10 ** 9, seed=seed,
+                               eval_every=args.eval_every, checkpoint_every=10 ** 9, seed=seed, device=args.device,
                                out_dir=os.path.join(args.out, f"diff_seed{seed}"))
     t = time.perf_counter()
     policy, history = training.train(cfg, progress=not args.no_progress)
@@ -51,35 +65,80 @@ def run_differentiable(args, seed):
             "train_seconds": history[-2]["seconds"], "sim_steps": history[-2]["sim_steps"]}
 
 
-def run_ppo(args, seed, budget):
-    cfg = ppo.PPOConfig(creature=args.creature, horizon=args.horizon, envs=args.ppo_envs, steps=budget,
-                        lr=args.ppo_lr, epochs=args.ppo_epochs, minibatch=args.ppo_minibatch,
-                        eval_every=args.ppo_eval_every, seed=seed)
+def run_ppo(args, seed, budget, **overrides):
+    settings = dict(creature=args.creature, horizon=args.horizon, envs=args.ppo_envs, steps=budget,
+                    lr=args.ppo_lr, epochs=args.ppo_epochs, minibatch=args.ppo_minibatch,
+                    entropy_coef=args.ppo_entropy, clip_ratio=args.ppo_clip, eval_every=args.ppo_eval_every,
+                    seed=seed, device=args.device)
+    settings.update(overrides)
+    cfg = ppo.PPOConfig(**settings)
     t = time.perf_counter()
     _, history = ppo.train_ppo(cfg, progress=not args.no_progress)
     return {"config": dataclasses.asdict(cfg), "history": history, "wall_seconds": time.perf_counter() - t,
             "train_seconds": history[-1]["seconds"], "sim_steps": history[-1]["sim_steps"]}
 
 
-def table(results, target):
-    lines = [f"| method | seed | simulated creature-steps | steps to reach {target} | best distance | "
-             f"final distance | wall time (s) |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for method, runs in results["runs"].items():
-        for seed, r in sorted(runs.items()):
-            reached = steps_to_target(r["history"], target)
-            dists = [d for _, d in curve(r["history"])]
-            lines.append(f"| {method} | {seed} | {r['sim_steps']} | {reached if reached is not None else 'not reached'}"
-                         f" | {max(dists):.3f} | {dists[-1]:.3f} | {r['wall_seconds']:.0f} |")
-    for method, runs in results["runs"].items():
-        reached = [steps_to_target(r["history"], target) for r in runs.values()]
-        ok = sorted(s for s in reached if s is not None)
-        median = ok[len(ok) // 2] if len(ok) * 2 > len(reached) else None
-        lines.append(f"\n{method}: reached {target} in {len(ok)}/{len(reached)} seeds; median steps "
-                     f"{median if median is not None else 'not reached (fewer than half the seeds)'}")
+def _median(values):
+    """The median of the values, counting None (not reached) as larger than any number; None when at
+    least half of them are None."""
+    ok = sorted(v for v in values if v is not None)
+    return ok[len(values) // 2] if len(values) // 2 < len(ok) else None
+
+
+def table(results, targets=(0.5, 1.0, 2.0)):
+    """The Markdown table: for each method and seed, the creature-steps and training seconds to reach each
+    of ``targets`` and PPO's own final distance (the mean over its seeds), and the final distance at the
+    common budget; then each method's median over seeds."""
+    runs = results["runs"]
+    finals = {m: {seed: evaluations(r["history"])[-1][2] for seed, r in rs.items()} for m, rs in runs.items()}
+    targets = list(targets)
+    header = [f"reach {t:g}" for t in targets]
+    if finals.get("ppo"):
+        ppo_final = sum(finals["ppo"].values()) / len(finals["ppo"])
+        targets.append(ppo_final)
+        header.append(f"reach PPO's final ({ppo_final:.2f})")
+    lines = ["Cells: creature-steps / training seconds to the first evaluation at or past the distance "
+             "(deterministic policy, 100 steps from rest); -: not reached within the budget.", "",
+             "| method | seed | " + " | ".join(header) + " | final distance | best | creature-steps | "
+             "training time (s) |", "| --- " * (len(header) + 6) + "|"]
+
+    def cell(hit):
+        return "-" if hit is None else f"{hit[0]:,} / {hit[1]:.0f}"
+
+    summary, medians = [], {}
+    for method, rs in runs.items():
+        hits = {seed: [first_reaching(r["history"], t) for t in targets] for seed, r in rs.items()}
+        for seed, r in sorted(rs.items()):
+            best = max(d for _, _, d in evaluations(r["history"]))
+            lines.append(f"| {method} | {seed} | " + " | ".join(cell(h) for h in hits[seed]) +
+                         f" | {finals[method][seed]:.2f} | {best:.2f} | {r['sim_steps']:,} | "
+                         f"{r['train_seconds']:.0f} |")
+        cells = []
+        for k in range(len(targets)):
+            column = [hits[seed][k] for seed in rs]
+            steps = _median([h and h[0] for h in column])
+            secs = _median([h and h[1] for h in column])
+            n = sum(h is not None for h in column)
+            medians.setdefault(method, []).append((steps, secs))
+            cells.append(f"{'-' if steps is None else f'{steps:,}'} / {'-' if secs is None else f'{secs:.0f}'}"
+                         f" ({n}/{len(column)})")
+        fin = sorted(finals[method].values())
+        summary.append(f"| {method} | median | " + " | ".join(cells) + f" | {fin[len(fin) // 2]:.2f} "
+                       f"(mean {sum(fin) / len(fin):.2f}) | | | |")
+    lines += summary
+    if {"differentiable", "ppo"} <= set(medians):
+        ratios = []
+        for (ds, dt), (ps, pt) in zip(medians["differentiable"], medians["ppo"]):
+            steps = "-" if None in (ds, ps) else f"{ps / ds:.1f}x"
+            secs = "-" if None in (dt, pt) or not dt else f"{pt / dt:.1f}x"
+            ratios.append(f"{steps} / {secs}")
+        lines.append("| PPO / differentiable | medians' ratio | " + " | ".join(ratios) + " | | | | |")
+    lines.append("\nMedian rows: the median over seeds (a seed that did not reach counts as never; "
+                 "(n/N): seeds that reached).")
     return "\n".join(lines)
 
 
-def plot(results, path, target):
+def plot(results, path, targets=(0.5, 1.0, 2.0)):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -88,13 +147,16 @@ def plot(results, path, target):
     for method, runs in results["runs"].items():
         for k, (seed, r) in enumerate(sorted(runs.items())):
             s, d = zip(*curve(r["history"]))
-            ax.plot([max(v, 1) for v in s], d, color=colours[method], alpha=0.8,
+            ax.plot(s, d, color=colours[method], alpha=0.8,
                     label=method if k == 0 else None)
-    ax.axhline(target, color="grey", ls="--", label=f"target {target}")
-    ax.set_xscale("log")
+    for t in targets:
+        ax.axhline(t, color="grey", ls="--", lw=0.8)
     ax.set_xlabel("simulated creature-steps (training)")
     ax.set_ylabel("distance along +x over the horizon (deterministic, from rest)")
-    ax.set_title(f"{results['args']['creature']}: differentiable simulation vs PPO")
+    name = results["args"]["creature"]
+    name = name if name in CREATURES else os.path.join(*os.path.normpath(name).split(os.sep)[-3:])
+    ax.set_title(f"{name}: differentiable simulation vs PPO "
+                 f"({max(len(r) for r in results['runs'].values())} seeds)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -102,11 +164,91 @@ def plot(results, path, target):
     plt.close(fig)
 
 
+def speed(args, rounds=6):
+    """Both methods' training cost per creature-step, measured side by side in one process (alternating
+    one differentiable iteration and one PPO update, ``rounds`` times), so that the machine's load affects
+    both alike. Both start from the policy of ``--speed``'s checkpoint (a trained gait, which costs more
+    Newton iterations per step than standing still): the differentiable trainer with its pool, PPO with it
+    as the mean of its Gaussian policy. Returns ``{method: [seconds per creature-step, ...]}`` (wall) and the
+    same in process CPU time."""
+    ckpt = torch.load(args.speed, map_location="cpu")
+    cfg = training.TrainConfig(**dict(ckpt["config"], out_dir=args.out))
+    sim = make_creature(cfg.creature, getattr(torch, cfg.dtype))
+    sim.solver_options["backward_rtol"] = cfg.backward_rtol
+    policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da)
+    critic = training.Critic(policy.fc1.in_features, sim.body.num_muscles, cfg.critic_hidden)
+    target_critic = training.Critic(policy.fc1.in_features, sim.body.num_muscles, cfg.critic_hidden)
+    policy.load_state_dict(ckpt["policy"])
+    critic.load_state_dict(ckpt["critic"])
+    target_critic.load_state_dict(ckpt["target_critic"])
+    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr_end)
+    critic_optimizer = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
+    pool = training.Pool(**ckpt["pool"])
+    pcfg = ppo.PPOConfig(creature=cfg.creature, horizon=args.horizon, envs=args.ppo_envs, lr=args.ppo_lr,
+                         epochs=args.ppo_epochs, minibatch=args.ppo_minibatch, entropy_coef=args.ppo_entropy,
+                         clip_ratio=args.ppo_clip)
+    model = ppo.GaussianFramePolicy(sim, pcfg)
+    model.mean_policy.load_state_dict(ckpt["policy"])
+    ppo_optimizer = torch.optim.Adam(model.parameters(), lr=pcfg.lr)
+    g = torch.Generator().manual_seed(0)
+    out = {"differentiable": [], "ppo": [], "differentiable_cpu": [], "ppo_cpu": []}
+    for r in range(rounds):
+        t, c = time.perf_counter(), time.process_time()
+        training.train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer, pool,
+                                 ckpt["iteration"] + r)
+        n = cfg.batch * cfg.window
+        out["differentiable"].append((time.perf_counter() - t) / n)
+        out["differentiable_cpu"].append((time.process_time() - c) / n)
+        t, c = time.perf_counter(), time.process_time()
+        roll = ppo.collect(sim, model, pcfg, g)
+        model.norm.update(roll["obs"].flatten(0, 1))
+        adv, ret = ppo.gae(roll["reward"], roll["value"], roll["last_value"], pcfg.gamma, pcfg.lam)
+        ppo.ppo_update(model, ppo_optimizer, {"obs": roll["obs"].flatten(0, 1), "u": roll["u"].flatten(0, 1),
+                                              "logp": roll["logp"].flatten(), "adv": adv.flatten(),
+                                              "ret": ret.flatten()}, pcfg, g)
+        n = pcfg.envs * pcfg.horizon
+        out["ppo"].append((time.perf_counter() - t) / n)
+        out["ppo_cpu"].append((time.process_time() - c) / n)
+    return out
+
+
+# PPO's search: each entry changes the command line's PPO settings (the baseline) in one or two ways.
+TUNING = [{}, {"lr": 1e-3}, {"minibatch": 1600}, {"entropy_coef": 0.01}, {"clip_ratio": 0.1},
+          {"envs": 64, "minibatch": 960}]
+
+
+def tune_ppo(args):
+    """Every :data:`TUNING` variant not yet in ``--out``'s tuning.json (none with ``--report``) on seed 0
+    with ``--steps``; scored by the mean of the last three
+    evaluations (the final one included), which is less noisy than the final one alone."""
+    path = os.path.join(args.out, "tuning.json")
+    runs = json.load(open(path)) if os.path.exists(path) else []
+    done = [r["overrides"] for r in runs]
+    for overrides in [] if args.report else TUNING:
+        if overrides in done:
+            continue
+        r = run_ppo(args, 0, args.steps, **overrides)
+        dists = [d for _, d in curve(r["history"])]
+        runs.append({"overrides": overrides, "score": sum(dists[-3:]) / 3, "final": dists[-1], "best": max(dists),
+                     "wall_seconds": r["wall_seconds"], "sim_steps": r["sim_steps"], "config": r["config"],
+                     "history": r["history"]})
+        json.dump(runs, open(path, "w"), indent=1)
+        print(runs[-1]["overrides"], f"score {runs[-1]['score']:.3f} final {runs[-1]['final']:.3f}", flush=True)
+    lines = ["| PPO settings (changed from the baseline) | mean of the last 3 evaluations | final | best | "
+             "wall time (s) |", "| --- | --- | --- | --- | --- |"]
+    for r in sorted(runs, key=lambda r: -r["score"]):
+        name = ", ".join(f"{k}={v}" for k, v in r["overrides"].items()) or "baseline"
+        lines.append(f"| {name} | {r['score']:.3f} | {r['final']:.3f} | {r['best']:.3f} | {r['wall_seconds']:.0f} |")
+    with open(os.path.join(args.out, "tuning.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--creature", default="biped")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--target", type=float, default=2.0, help="distance along +x over the horizon")
+    p.add_argument("--seed", type=int, nargs="*", default=None, help="these seeds instead of 0..seeds-1")
     p.add_argument("--horizon", type=int, default=100, help="PPO's episode length and both evaluations' steps")
     p.add_argument("--steps", type=int, default=409_600, help="simulated creature-steps per seed and method")
     p.add_argument("--window", type=int, default=training.TrainConfig.window)
@@ -116,8 +258,18 @@ def main():
     p.add_argument("--ppo-lr", type=float, default=3e-4)
     p.add_argument("--ppo-epochs", type=int, default=10)
     p.add_argument("--ppo-minibatch", type=int, default=480)
+    p.add_argument("--ppo-entropy", type=float, default=0.0)
+    p.add_argument("--ppo-clip", type=float, default=0.2)
     p.add_argument("--ppo-eval-every", type=int, default=2)
+    p.add_argument("--tune", action="store_true",
+                   help="PPO's settings search instead (seed 0, --steps each): writes tuning.json and tuning.md")
     p.add_argument("--only", choices=("differentiable", "ppo"), default=None)
+    p.add_argument("--merge", nargs="*", default=[], metavar="RESULTS_JSON",
+                   help="other runs' results.json (e.g. the other method's, run separately) for the report")
+    p.add_argument("--report", action="store_true", help="no training: the report of --out's (and --merge's) runs")
+    p.add_argument("--device", default="cpu", help="both methods' torch device")
+    p.add_argument("--speed", default=None, metavar="CHECKPOINT",
+                   help="no training: both methods' cost per creature-step side by side, from a training checkpoint")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default="runs/sample_efficiency")
@@ -125,21 +277,34 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
+    if args.tune:
+        return tune_ppo(args)
+    if args.speed:
+        out = speed(args)
+        json.dump(out, open(os.path.join(args.out, "speed.json"), "w"), indent=1)
+        for k, v in out.items():
+            print(f"{k}: median {sorted(v)[len(v) // 2] * 1e6:.0f} us per creature-step ({len(v)} rounds)")
+        return
     path = os.path.join(args.out, "results.json")
     results = json.load(open(path)) if os.path.exists(path) else {"runs": {"differentiable": {}, "ppo": {}}}
     results["args"] = vars(args)
-    for seed in range(args.seeds):
+    for seed in [] if args.report else args.seed if args.seed is not None else range(args.seeds):
         if args.only in (None, "differentiable"):
             results["runs"]["differentiable"][str(seed)] = run_differentiable(args, seed)
             json.dump(results, open(path, "w"))
         if args.only in (None, "ppo"):
             results["runs"]["ppo"][str(seed)] = run_ppo(args, seed, args.steps)
             json.dump(results, open(path, "w"))
+    for other in args.merge:
+        for method, runs in json.load(open(other))["runs"].items():
+            results["runs"].setdefault(method, {}).update(runs)
     results["runs"] = {m: r for m, r in results["runs"].items() if r}
-    md = table(results, args.target)
+    if args.merge:
+        json.dump(results, open(path, "w"))
+    md = table(results)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(md + "\n")
-    plot(results, os.path.join(args.out, "sample_efficiency.png"), args.target)
+    plot(results, os.path.join(args.out, "sample_efficiency.png"))
     print(md)
 
 

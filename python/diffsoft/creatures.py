@@ -204,15 +204,33 @@ CREATURES = {"biped": biped, "quadruped": quadruped, "worm": worm,
 """Procedural creatures by name; any other ``creature`` is read as a file (algovivo's or diffsoft's JSON)."""
 
 
-def make_creature(creature, dtype=torch.float32):
+def check_device(device, name="device"):
+    """``torch.device(device)`` if tensors can be made there, else a ValueError naming ``name`` (an
+    unknown device string, or a device this machine does not have, such as ``"cuda"`` without a GPU)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"{name} must be a torch device such as 'cpu' or 'cuda:0', got {device!r} ({e})") from None
+    try:
+        torch.empty(0, device=dev)
+    except (RuntimeError, AssertionError) as e:  # torch raises AssertionError when built without CUDA
+        raise ValueError(f"{name} {device!r} is not available on this machine ({e})") from None
+    return dev
+
+
+def make_creature(creature, dtype=torch.float32, device="cpu"):
     """A :class:`~diffsoft.simulator.Simulator` from a name in :data:`CREATURES` or a JSON file path (a file
-    with ``"format": "diffsoft.creature"`` is diffsoft's format, any other algovivo's)."""
+    with ``"format": "diffsoft.creature"`` is diffsoft's format, any other algovivo's), on ``device`` (built
+    on the CPU, then moved with :meth:`~diffsoft.simulator.Simulator.to`)."""
+    device = check_device(device)
     if creature in CREATURES:
-        return CREATURES[creature](dtype=dtype)
-    if not os.path.isfile(creature):
+        sim = CREATURES[creature](dtype=dtype)
+    elif not os.path.isfile(creature):
         raise ValueError(f"creature must be one of {sorted(CREATURES)} or a creature JSON file, got {creature!r}")
-    is_ours = read_json(creature).get("format") == FORMAT
-    return load(creature, dtype=dtype) if is_ours else load_algovivo(creature, dtype=dtype)
+    else:
+        is_ours = read_json(creature).get("format") == FORMAT
+        sim = load(creature, dtype=dtype) if is_ours else load_algovivo(creature, dtype=dtype)
+    return sim if sim.body.device == device else sim.to(device=device)
 
 
 def _legged(mask, legs, leg_height, cell, dtype, hips=True):

@@ -100,11 +100,12 @@ class FramePolicy(nn.Module):
 
     @classmethod
     def for_simulator(cls, sim, **kw):
-        """A policy sized for ``sim``'s body, with :func:`frame_vertices` unless given."""
+        """A policy sized for ``sim``'s body (in its dtype, on its device), with :func:`frame_vertices` unless
+        given."""
         b = sim.body
         if "center_vertex_id" not in kw or "forward_vertex_id" not in kw:
             kw["center_vertex_id"], kw["forward_vertex_id"] = frame_vertices(sim)
-        return cls(b.num_vertices, b.num_muscles, b.dim, **kw).to(b.dtype)
+        return cls(b.num_vertices, b.num_muscles, b.dim, **kw).to(device=b.device, dtype=b.dtype)
 
     def forward(self, x, v):
         """The raw activation change ``tanh(...)``: ``(B, M)`` from x, v ``(B, N, d)``."""
@@ -182,14 +183,13 @@ def load_algovivo_policy(path, dtype=torch.float32):
     try:
         policy = FramePolicy(w1.shape[1] // (2 * dim), w2.shape[0], dim, data["center_vertex_id"],
                              data["forward_vertex_id"], hidden=w1.shape[0], min_a=data["min_a"],
-                             max_abs_da=data["max_abs_da"])
+                             max_abs_da=data["max_abs_da"]).to(dtype)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
-    with torch.no_grad():
+    with torch.no_grad():  # after .to(dtype): float64 weights are read exactly, not through float32
         for name, (w, b) in layers.items():
             getattr(policy, name).weight.copy_(w)
             getattr(policy, name).bias.copy_(b)
-    policy = policy.to(dtype)
     if not all(torch.isfinite(p).all() for p in policy.parameters()):
         raise ValueError(f"{path}: weights too large for {dtype} (they overflow to infinity); load it in a wider dtype")
     return policy
@@ -214,7 +214,7 @@ def run_policy(sim, policy, steps, batch=None, a0=None, noise=None):
     b = 1 if batch is None else batch
     x, v = sim.rest_state
     x, v = x.expand(b, -1, -1).clone(), v.expand(b, -1, -1).clone()
-    a = torch.ones(b, sim.body.num_muscles, dtype=x.dtype) if a0 is None else a0
+    a = torch.ones(b, sim.body.num_muscles, dtype=x.dtype, device=x.device) if a0 is None else a0
     xs, acts = [x], []
     with torch.no_grad():
         for t in range(steps):

@@ -21,7 +21,7 @@ from torch import nn
 
 from ._checks import check_fields
 from ._optional import require
-from .creatures import make_creature
+from .creatures import check_device, make_creature
 from .policy import FramePolicy, center_of_mass_x, observe
 
 
@@ -32,7 +32,8 @@ class PPOConfig:
     simulated creature-steps; epochs, minibatch: passes and minibatch size per update; lr; gamma, lam:
     discount and GAE parameter; clip_ratio; value_coef; entropy_coef; max_grad_norm; init_log_std;
     reward_scale: rewards are multiplied by it (progress per step is ~1e-3); eval_every: evaluate the mean
-    action every that many updates; dtype; seed."""
+    action every that many updates; dtype; device: where the creatures, the simulator and the networks live
+    (random numbers are drawn on the CPU and moved); seed."""
     creature: str = "biped"
     horizon: int = 100
     envs: int = 32
@@ -54,6 +55,7 @@ class PPOConfig:
     reward_scale: float = 100.0
     eval_every: int = 2
     dtype: str = "float32"
+    device: str = "cpu"
     seed: int = 0
 
     def check(self):
@@ -63,6 +65,7 @@ class PPOConfig:
             epochs=">0", minibatch=">0", lr=">0", gamma="[0,1]", lam="[0,1]", clip_ratio=">0", value_coef=">=0",
             entropy_coef=">=0", max_grad_norm=">0", reward_scale=">0", eval_every=">0",
             dtype=("float32", "float64"), seed=">=0"))
+        check_device(self.device)
 
 
 class RunningNorm(nn.Module):
@@ -122,7 +125,7 @@ def evaluate(sim, model, steps):
     :func:`~diffsoft.policy.distance_walked`)."""
     x, v = sim.rest_state
     x, v = x[None], v[None]
-    a = torch.ones(1, sim.body.num_muscles, dtype=x.dtype)
+    a = torch.ones(1, sim.body.num_muscles, dtype=x.dtype, device=x.device)
     start = center_of_mass_x(sim, x)
     with torch.no_grad():
         for _ in range(steps):
@@ -140,14 +143,15 @@ def collect(sim, model, cfg, generator):
     e, m = cfg.envs, sim.body.num_muscles
     x, v = sim.rest_state
     x, v = x.expand(e, -1, -1).clone(), v.expand(e, -1, -1).clone()
-    a = torch.ones(e, m, dtype=x.dtype)
+    a = torch.ones(e, m, dtype=x.dtype, device=x.device)
     buf = {k: [] for k in ("obs", "u", "logp", "value", "reward")}
     start = center_of_mass_x(sim, x)
     with torch.no_grad():
         for _ in range(cfg.horizon):
             obs = model.observation(x, v)
             dist, value = model.distribution(obs)
-            u = dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator, dtype=x.dtype)
+            u = dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator,
+                                                      dtype=x.dtype).to(x.device)
             before = center_of_mass_x(sim, x)
             a = model.mean_policy.update(a, u)
             x, v = sim.step(x, v, a)
@@ -182,7 +186,7 @@ def ppo_update(model, optimizer, batch, cfg, generator):
     adv = (batch["adv"] - batch["adv"].mean()) / (batch["adv"].std() + 1e-8)
     stats = (0.0, 0.0, 0.0)
     for _ in range(cfg.epochs):
-        order = torch.randperm(k, generator=generator)
+        order = torch.randperm(k, generator=generator).to(batch["obs"].device)
         for i in range(0, k, cfg.minibatch):
             idx = order[i:i + cfg.minibatch]
             dist, value = model.distribution(batch["obs"][idx])
@@ -214,8 +218,8 @@ def train_ppo(cfg, progress=True):
     cfg.check()
     torch.manual_seed(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
-    sim = make_creature(cfg.creature, getattr(torch, cfg.dtype))
-    model = GaussianFramePolicy(sim, cfg)
+    sim = make_creature(cfg.creature, getattr(torch, cfg.dtype), cfg.device)
+    model = GaussianFramePolicy(sim, cfg).to(cfg.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     per_update = cfg.envs * cfg.horizon
     updates = max(cfg.steps // per_update, 1)

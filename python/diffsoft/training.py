@@ -39,9 +39,9 @@ and noise of the global batch come from one generator seeded by (seed, iteration
 processes trains on the same creatures as one process with the combined batch.
 
 Files (under ``out_dir``): ``checkpoint.pt`` (written every ``checkpoint_every`` iterations and at the end:
-policy, critic, target critic, both Adam states, the pool of creature states, iteration, history, config;
-``resume=True`` continues from it exactly, because every random number of an iteration is drawn from a
-generator seeded by that iteration), ``policy.json`` (algovivo's policy format, see
+policy, critic, target critic, both Adam states, the pool of creature states, iteration, history, config,
+the best evaluated policy; ``resume=True`` continues from it exactly, because every random number of an
+iteration is drawn from a generator seeded by that iteration), ``policy.json`` (algovivo's policy format, see
 :func:`~diffsoft.policy.save_algovivo_policy`), ``history.json``; the command line (:mod:`diffsoft.cli`)
 adds ``learning_curve.png`` and ``walk.gif``.
 """
@@ -57,7 +57,7 @@ from torch import nn
 
 from ._checks import check_fields
 from ._optional import require
-from .creatures import make_creature
+from .creatures import check_device, make_creature
 from .policy import FramePolicy, center_of_mass_x, distance_walked, observe, save_algovivo_policy
 
 
@@ -85,9 +85,14 @@ class TrainConfig:
     (per step), which keeps the policy's outputs where the clamps do not cut their gradient to zero;
     straight_through: the clamps pass gradients as if they were not there (the forward pass is unchanged);
     eval_every, eval_horizon: how often to measure :func:`~diffsoft.policy.distance_walked`
-    (deterministic, from rest) and over how many steps; backward_rtol: the adjoint solve's relative
-    tolerance (loose is enough for a stochastic gradient and halves the backward's cost); dtype:
-    ``"float32"`` or ``"float64"``; seed; out_dir; checkpoint_every; on_failure: ``"skip"`` (drop a creature
+    (deterministic, from rest) and over how many steps; keep_best: the run's result (returned and written
+    to ``policy.json``) is the policy that walked furthest in those evaluations and in one of the final
+    policy, instead of the final policy (the distance during training swings by a few tenths to units
+    between evaluations; the checkpoint holds both, and ``--resume`` continues from the last);
+    backward_rtol: the adjoint solve's relative tolerance (loose is enough for a stochastic gradient and halves the backward's cost); dtype:
+    ``"float32"`` or ``"float64"``; device: where the creatures, the simulator, the policy and the critic
+    live (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...; random numbers are drawn on the CPU and moved, so a run's
+    draws do not depend on it); seed; out_dir; checkpoint_every; on_failure: ``"skip"`` (drop a creature
     whose step did not converge from the iteration's losses and reset it) or ``"stop"``.
     """
     creature: str = "biped"
@@ -117,15 +122,17 @@ class TrainConfig:
     straight_through: bool = False
     eval_every: int = 10
     eval_horizon: int = 100
+    keep_best: bool = False
     backward_rtol: float = 1e-4
     dtype: str = "float32"
+    device: str = "cpu"
     seed: int = 0
     out_dir: str = "runs/biped"
     checkpoint_every: int = 10
     on_failure: str = "skip"
 
     # Fields that may change between a run and its resumption.
-    RESUMABLE = ("iterations", "out_dir", "checkpoint_every", "eval_every", "on_failure")
+    RESUMABLE = ("iterations", "out_dir", "checkpoint_every", "eval_every", "on_failure", "device", "keep_best")
 
     def check(self):
         """Every field's type and range, each error naming the field: called before anything is built."""
@@ -141,6 +148,7 @@ class TrainConfig:
         if self.critic_minibatches > self.batch * self.window:
             raise ValueError(f"critic_minibatches ({self.critic_minibatches}) must be at most batch * window "
                              f"({self.batch * self.window})")
+        check_device(self.device)
         if not 0 <= self.init_activation <= 1 - self.min_a:
             raise ValueError(f"init_activation must be in [0, 1 - min_a] = [0, {1 - self.min_a:g}], "
                              f"got {self.init_activation!r}")
@@ -211,7 +219,7 @@ def fit_critic(cfg, critic, target_critic, optimizer, obs, a, targets, valid, ge
     size = -(-k // cfg.critic_minibatches)
     loss_sum = 0.0
     for _ in range(cfg.critic_iterations if k else 0):
-        order = torch.randperm(k, generator=generator)
+        order = torch.randperm(k, generator=generator).to(obs.device)
         loss_sum = 0.0
         for idx in order.split(size):
             loss = (critic(obs[idx], a[idx]) - targets[idx]).square().mean()
@@ -269,20 +277,27 @@ class Pool:
         """b creatures due for a reset."""
         x, v = sim.rest_state
         return cls(x.expand(b, -1, -1).clone(), v.expand(b, -1, -1).clone(),
-                   torch.ones(b, sim.body.num_muscles, dtype=x.dtype), torch.full((b,), episode))
+                   torch.ones(b, sim.body.num_muscles, dtype=x.dtype, device=x.device),
+                   torch.full((b,), episode, device=x.device))
+
+    def to(self, device):
+        """The pool on ``device``."""
+        return Pool(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
 
 
 def _iteration_draws(cfg, sim, iteration, rank, world):
     """The iteration's random numbers: a generator seeded by (seed, iteration), and from it the global
     batch's reset activations ``(B, M)`` and noise ``(W, B, M)``, of which this process's slices are
-    returned; the generator then serves the critic's minibatches (the same on every process)."""
+    returned (on the simulator's device); the generator, on the CPU, then serves the critic's minibatches
+    (the same on every process and on every device)."""
     g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + iteration)
     m, dtype = sim.body.num_muscles, sim.body.dtype
     a0 = 1.0 - cfg.init_activation * torch.rand(cfg.batch, m, generator=g, dtype=torch.float64)
     noise = cfg.action_noise * torch.randn(cfg.window, cfg.batch, m, generator=g, dtype=torch.float64)
     b = cfg.batch // world
     part = slice(rank * b, (rank + 1) * b)
-    return g, a0[part].to(dtype), noise[:, part].to(dtype)
+    device = sim.body.device
+    return g, a0[part].to(device=device, dtype=dtype), noise[:, part].to(device=device, dtype=dtype)
 
 
 def _reset(cfg, sim, pool, a0, iteration, rank):
@@ -294,7 +309,7 @@ def _reset(cfg, sim, pool, a0, iteration, rank):
     pool.x[due], pool.v[due], pool.a[due], pool.age[due] = x, v, a0[due], 0
     if iteration == 0:
         b = pool.age.shape[0]
-        pool.age = cfg.window * ((torch.arange(b) + rank * b) % (cfg.episode // cfg.window))
+        pool.age = cfg.window * ((torch.arange(b, device=pool.age.device) + rank * b) % (cfg.episode // cfg.window))
 
 
 class SimulationFailure(RuntimeError):
@@ -339,7 +354,7 @@ def train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_o
         group["lr"] = cfg.actor_lr(iteration)
     x, v, a = pool.x, pool.v, pool.a
     b = a.shape[0]
-    ok = torch.ones(b, dtype=torch.bool)
+    ok = torch.ones(b, dtype=torch.bool, device=x.device)
     obs_seen, a_seen, rewards = [], [], []
     ret, saturation, discount = 0.0, 0.0, 1.0
     start = center_of_mass_x(sim, x)
@@ -397,18 +412,20 @@ def _gathered_pool(pool, world):
     return {name: _all_gather(getattr(pool, name), world, 0) for name in ("x", "v", "a", "age")}
 
 
-def _save_checkpoint(path, cfg, learners, pool_state, iteration, history, train_seconds):
+def _save_checkpoint(path, cfg, learners, pool_state, iteration, history, train_seconds, best):
     """learners: the networks and optimizers by name (each stored as its ``state_dict``); pool_state: the
-    whole batch's pool (:func:`_gathered_pool`)."""
+    whole batch's pool (:func:`_gathered_pool`); best: the best evaluated policy (:class:`_Best`)."""
     tmp = path + ".tmp"
     torch.save({"version": 2, "config": dataclasses.asdict(cfg), "iteration": iteration,
                 **{name: m.state_dict() for name, m in learners.items()}, "pool": pool_state,
-                "history": history, "train_seconds": train_seconds,
+                "history": history, "train_seconds": train_seconds, "best": dataclasses.asdict(best),
                 "frame": [learners["policy"].center_vertex_id, learners["policy"].forward_vertex_id]}, tmp)
     os.replace(tmp, path)  # an interrupted write never leaves a truncated checkpoint
 
 
 def _load_checkpoint(path, cfg):
+    """The checkpoint at ``path``, its tensors on the CPU whichever device wrote it (so that a checkpoint
+    written on a GPU loads on a machine without one); :func:`train` moves them to ``cfg.device``."""
     try:
         ckpt = torch.load(path, map_location="cpu")
     except Exception as e:  # noqa: BLE001 - truncated, garbage or foreign files fail in many ways
@@ -427,12 +444,27 @@ def _load_checkpoint(path, cfg):
     return ckpt
 
 
+@dataclasses.dataclass
+class _Best:
+    """The policy that walked furthest in the evaluations so far: its distance, the iteration before which
+    it was evaluated, and its ``state_dict`` (None before the first evaluation)."""
+    distance: float = -float("inf")
+    iteration: int = -1
+    policy: dict = None
+
+    def offer(self, distance, iteration, policy):
+        if distance > self.distance:
+            self.distance, self.iteration = distance, iteration
+            self.policy = {k: t.detach().clone() for k, t in policy.state_dict().items()}
+
+
 def train(cfg, resume=False, progress=True, log=print):
     """Trains a policy (see the module docstring) and writes the run's files under ``cfg.out_dir`` (the
     process of rank 0 writes).
 
     Returns:
-        ``(policy, history)``; history is a list of per-iteration records: ``iteration``, ``distance``,
+        ``(policy, history)``: the final policy (with ``keep_best``, the best evaluated one); history is a
+        list of per-iteration records: ``iteration``, ``distance``,
         ``grad_norm``, ``critic_loss``, ``value`` (see :func:`train_iteration`), ``sim_steps`` (creature-steps
         simulated so far, all processes, evaluation excluded), ``seconds`` (training wall time so far) and,
         every ``eval_every`` iterations, ``eval_distance`` (:func:`~diffsoft.policy.distance_walked` over
@@ -443,11 +475,12 @@ def train(cfg, resume=False, progress=True, log=print):
     if cfg.batch % world:
         raise ValueError(f"batch ({cfg.batch}) must be divisible by the number of processes ({world})")
     dtype = getattr(torch, cfg.dtype)
-    sim = make_creature(cfg.creature, dtype)
+    sim = make_creature(cfg.creature, dtype, cfg.device)
     sim.solver_options["backward_rtol"] = cfg.backward_rtol
     torch.manual_seed(cfg.seed)
     policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da)
-    critic = Critic(policy.fc1.in_features, sim.body.num_muscles, cfg.critic_hidden).to(dtype)
+    critic = Critic(policy.fc1.in_features, sim.body.num_muscles, cfg.critic_hidden).to(device=cfg.device,
+                                                                                          dtype=dtype)
     target_critic = copy.deepcopy(critic).requires_grad_(False)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     critic_optimizer = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
@@ -456,13 +489,15 @@ def train(cfg, resume=False, progress=True, log=print):
     b = cfg.batch // world
     pool = Pool.at_rest(sim, b, cfg.episode)
     ckpt_path = os.path.join(cfg.out_dir, "checkpoint.pt")
-    history, start, train_seconds = [], 0, 0.0
+    history, start, train_seconds, best = [], 0, 0.0, _Best()
     if resume and os.path.exists(ckpt_path):
         ckpt = _load_checkpoint(ckpt_path, cfg)
         for name, m in learners.items():
             m.load_state_dict(ckpt[name])
-        pool = Pool(**{k: t[rank * b:(rank + 1) * b].clone() for k, t in ckpt["pool"].items()})
+        pool = Pool(**{k: t[rank * b:(rank + 1) * b].clone() for k, t in ckpt["pool"].items()}).to(sim.body.device)
         history, start, train_seconds = ckpt["history"], ckpt["iteration"], ckpt["train_seconds"]
+        if "best" in ckpt:  # checkpoints written before keep_best lack it
+            best = _Best(**ckpt["best"])
         if rank == 0:
             log(f"resumed from {ckpt_path} at iteration {start}")
     elif world > 1:
@@ -482,6 +517,7 @@ def train(cfg, resume=False, progress=True, log=print):
         if it % cfg.eval_every == 0:
             record["eval_distance"] = distance_walked(sim, policy, cfg.eval_horizon)
             record["eval_sim_steps"] = it * per_iteration
+            best.offer(record["eval_distance"], it, policy)
         t = time.perf_counter()
         failures = []
         try:
@@ -490,7 +526,7 @@ def train(cfg, resume=False, progress=True, log=print):
         except SimulationFailure as e:  # stop, keeping every finished iteration (the pool is as it was)
             pool_state = _gathered_pool(pool, world)
             if rank == 0:
-                _save_checkpoint(ckpt_path, cfg, learners, pool_state, it, history, train_seconds)
+                _save_checkpoint(ckpt_path, cfg, learners, pool_state, it, history, train_seconds, best)
             raise SimulationFailure(f"{e}; the checkpoint {ckpt_path} holds the {it} finished iterations "
                                     f"(resume with --resume)") from e
         if failures:
@@ -507,7 +543,15 @@ def train(cfg, resume=False, progress=True, log=print):
         if (it + 1) % cfg.checkpoint_every == 0 or it + 1 == cfg.iterations:
             pool_state = _gathered_pool(pool, world)
             if rank == 0:
-                _save_checkpoint(ckpt_path, cfg, learners, pool_state, it + 1, history, train_seconds)
+                _save_checkpoint(ckpt_path, cfg, learners, pool_state, it + 1, history, train_seconds, best)
+    if cfg.keep_best:
+        last = distance_walked(sim, policy, cfg.eval_horizon)
+        best.offer(last, cfg.iterations, policy)
+        if best.iteration < cfg.iterations:
+            policy.load_state_dict(best.policy)
+        if rank == 0:
+            log(f"the result is the best evaluated policy: before iteration {best.iteration}, {best.distance:.3f} "
+                f"in {cfg.eval_horizon} steps (the last policy: {last:.3f})")
     if rank == 0:
         save_algovivo_policy(policy, os.path.join(cfg.out_dir, "policy.json"))
         with open(os.path.join(cfg.out_dir, "history.json"), "w") as f:

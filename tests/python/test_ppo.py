@@ -1,6 +1,7 @@
 """PPO baseline: GAE, observation normalisation, and a smoke test of the update on a tiny rollout."""
 import math
 
+import pytest
 import torch
 
 from diffsoft import ppo
@@ -54,3 +55,8 @@ def test_train_ppo_smoke():
     model, history = ppo.train_ppo(cfg, progress=False)
     assert [r["sim_steps"] for r in history] == [6, 12, 12]
     assert all(math.isfinite(r["eval_distance"]) for r in history)
+
+
+def test_ppo_device_is_checked():
+    with pytest.raises(ValueError, match="device must be a torch device"):
+        ppo.train_ppo(PPOConfig(device="gpu0"), progress=False)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from diffsoft import creatures, training
-from diffsoft.policy import load_algovivo_policy
+from diffsoft.policy import FramePolicy, distance_walked, load_algovivo_policy
 from diffsoft.training import TrainConfig
 
 F64 = torch.float64
@@ -101,6 +101,47 @@ def test_resume_continues_to_the_same_state(tmp_path):
         training.train(_tiny(tmp_path / "b", iterations=5, lr=0.1), resume=True, progress=False)
 
 
+def test_resume_on_another_device_loads_the_checkpoint_there(tmp_path, monkeypatch):
+    # The only device here is the CPU: "cpu:0" is another device string for it, so the run resumes through
+    # the cross-device path (device may change on resume; torch.load maps the tensors to the CPU, and the
+    # networks, optimizers and pool are moved to the new device) and must still continue exactly.
+    straight, _ = training.train(_tiny(tmp_path / "a", iterations=3, device="cpu"), progress=False)
+    training.train(_tiny(tmp_path / "b", iterations=2, device="cpu"), progress=False)
+    seen, load = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **kw: seen.append(kw.get("map_location")) or load(*a, **kw))
+    resumed, _ = training.train(_tiny(tmp_path / "b", iterations=3, device="cpu:0"), resume=True, progress=False)
+    assert seen == ["cpu"]
+    for p, q in zip(straight.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_training_on_cuda_and_its_checkpoint_on_the_cpu(tmp_path):
+    policy, history = training.train(_tiny(tmp_path, iterations=2, device="cuda"), progress=False)
+    assert policy.fc1.weight.device.type == "cuda" and math.isfinite(history[-1]["distance"])
+    resumed, _ = training.train(_tiny(tmp_path, iterations=3, device="cpu"), resume=True, progress=False)
+    assert resumed.fc1.weight.device.type == "cpu"
+
+
+def test_keep_best_returns_the_policy_that_walked_furthest(tmp_path):
+    kw = dict(iterations=4, eval_every=1, eval_horizon=20, lr=0.05)
+    best, history = training.train(_tiny(tmp_path / "best", keep_best=True, **kw), progress=False)
+    last, _ = training.train(_tiny(tmp_path / "last", **kw), progress=False)
+    sim = creatures.make_creature("biped", F64)
+    evals = [r["eval_distance"] for r in history] + [distance_walked(sim, last, 20)]
+    i = max(range(len(evals)), key=evals.__getitem__)
+    assert distance_walked(sim, best, 20) == evals[i]
+    # the same policy as a run stopped at the best evaluation (the evaluations come before an iteration's update)
+    stopped, _ = training.train(_tiny(tmp_path / "stopped", **dict(kw, iterations=i)), progress=False)
+    for p, q in zip(best.parameters(), stopped.parameters()):
+        assert torch.equal(p, q)
+    saved = load_algovivo_policy(str(tmp_path / "best" / "policy.json"), dtype=F64)
+    for p, q in zip(best.parameters(), saved.parameters()):
+        assert torch.equal(p, q)
+    ckpt = torch.load(tmp_path / "best" / "checkpoint.pt")
+    assert ckpt["best"]["iteration"] == min(i, 3) and ckpt["best"]["distance"] == max(evals[:4])
+
+
 def test_two_processes_under_torchrun_match_one_process_with_the_combined_batch(tmp_path):
     args = ["--creature", "biped", "--window", "2", "--episode", "4", "--batch", "4", "--iterations", "3",
             "--critic-iterations", "2",
@@ -132,6 +173,11 @@ def test_bad_settings_are_named():
         TrainConfig(window=32, episode=100).check()
     with pytest.raises(ValueError, match="creature must be one of"):
         creatures.make_creature("no_such_creature")
+    with pytest.raises(ValueError, match="device must be a torch device"):
+        TrainConfig(device="gpu0").check()
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device 'cuda' is not available"):
+            TrainConfig(device="cuda").check()
     assert dataclasses.asdict(TrainConfig())["creature"] == "biped"
 
 
@@ -140,7 +186,7 @@ def _failing_creature(fail_from_iteration):
     reaches the given iteration, counted by its training rollouts' steps."""
     made = []
 
-    def make(name, dtype):
+    def make(name, dtype, device="cpu"):
         sim = creatures.biped(dtype=dtype)
         made.append(sim)
         original = sim.step
@@ -180,3 +226,17 @@ def test_stop_on_failure_keeps_the_checkpoint_and_resumes(tmp_path, monkeypatch)
     monkeypatch.undo()
     policy, history = training.train(_tiny(tmp_path, on_failure="stop"), resume=True, progress=False)
     assert len(history) == 3
+
+
+def test_gait_summary_distances_match_distance_walked_and_a_standing_creature_is_upright():
+    from diffsoft.cli import gait_summary
+    sim = creatures.make_creature("biped", F64)
+    torch.manual_seed(0)
+    policy = FramePolicy.for_simulator(sim)
+    distances, _ = gait_summary(sim, policy, (4, 8))
+    assert distances[8] == distance_walked(sim, policy, 8) and distances[4] != distances[8]
+    with torch.no_grad():
+        policy.fc2.weight.zero_()
+        policy.fc2.bias.zero_()  # no activation change: the relaxed creature stands
+    _, upright = gait_summary(sim, policy, (8,))
+    assert 0.9 < upright <= 1.0 + 1e-9
