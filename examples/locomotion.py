@@ -3,7 +3,7 @@
     .venv/bin/python examples/locomotion.py --quick                 # the biped, under 2 minutes on 2 cores
     .venv/bin/python examples/locomotion.py --creature quadruped
     .venv/bin/python examples/locomotion.py --creature my_creature.json --resume
-    .venv/bin/python -m torch.distributed.run --standalone --nproc_per_node 2 --redirects 2 --tee 2 \
+    .venv/bin/python -m diffsoft.launch --standalone --nproc_per_node 2 \
         examples/locomotion.py --quick                              # data-parallel, gloo
 
 Prints the distance walked before and after training and writes checkpoint.pt, policy.json (algovivo's

@@ -99,17 +99,23 @@ def save_algovivo(sim, path, x=None):
 
 
 def save(sim, path):
-    """Writes ``sim`` (body and simulator constants, 2D or 3D) in diffsoft's JSON format."""
+    """Writes ``sim`` (body and simulator constants, 2D or 3D) in diffsoft's JSON format: one creature, so
+    fields and constants that hold one value per creature of a batch are refused."""
     b = sim.body
+    for name, t, dims in (("mass", b.mass, 1), ("Dm_inv", b.Dm_inv, 3), ("mu", b.mu, 1), ("lam", b.lam, 1),
+                          ("muscle_rest_length", b.muscle_rest_length, 1),
+                          ("muscle_stiffness", b.muscle_stiffness, 1)):
+        if t.dim() > dims:
+            raise ValueError(f"creatures.save writes one creature, but body.{name} has shape {tuple(t.shape)} "
+                             f"(one per creature of a batch); save each creature's own")
     data = {
         "format": FORMAT, "version": 1, "dim": b.dim, "material": b.material,
         "vertices": _list(b.rest_positions), "elements": _list(b.elements), "Dm_inv": _list(b.Dm_inv),
         "mass": _list(b.mass), "mu": _list(b.mu), "lam": _list(b.lam), "muscles": _list(b.muscles),
         "muscle_rest_length": _list(b.muscle_rest_length), "muscle_stiffness": _list(b.muscle_stiffness),
         "fixed": _list(b.fixed),
-        "simulator": {"dt": sim.dt, "gravity": sim.gravity.item(), "ground": sim.ground,
-                      "contact_stiffness": sim.contact_stiffness.item(), "friction": sim.friction.item(),
-                      "friction_eps": sim.friction_eps},
+        "simulator": {k: _number(k, getattr(sim, k)) for k in ("dt", "gravity", "ground", "contact_stiffness",
+                                                                  "friction", "friction_eps")},
     }
     with open(path, "w") as f:
         json.dump(data, f)
@@ -267,6 +273,16 @@ def _array(data, key, kind, shape, path):
             raise ValueError(f"{path}: key '{key}' must hold integer vertex indices")
         return a.astype(np.int64)
     return a
+
+
+def _number(name, value):
+    """A simulator constant as a JSON number (None stays None): a number, or a tensor of one value."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"creatures.save writes one creature, but sim.{name} has shape {tuple(value.shape)} "
+                             f"(one per creature of a batch); save each creature's own")
+        return value.item()
+    return value
 
 
 def _list(t):

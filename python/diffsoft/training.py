@@ -56,6 +56,7 @@ import torch
 from torch import nn
 
 from ._checks import check_fields
+from ._compat import load_checkpoint
 from ._optional import require
 from .creatures import check_device, make_creature
 from .policy import FramePolicy, center_of_mass_x, distance_walked, observe, save_algovivo_policy
@@ -427,8 +428,11 @@ def _load_checkpoint(path, cfg):
     """The checkpoint at ``path``, its tensors on the CPU whichever device wrote it (so that a checkpoint
     written on a GPU loads on a machine without one); :func:`train` moves them to ``cfg.device``."""
     try:
-        ckpt = torch.load(path, map_location="cpu")
+        ckpt = load_checkpoint(path)
     except Exception as e:  # noqa: BLE001 - truncated, garbage or foreign files fail in many ways
+        if "Weights only load failed" in str(e):  # torch >= 2.4: a readable file holding a foreign object
+            raise ValueError(f"{path} holds objects other than tensors, numbers and containers, which torch "
+                             f"refuses to unpickle by default: not a checkpoint diffsoft wrote ({e})") from None
         raise ValueError(f"{path} is corrupt or not a diffsoft checkpoint ({type(e).__name__}: {e}); delete it to "
                          f"start over, or resume from a copy of the run") from None
     if not isinstance(ckpt, dict) or "version" not in ckpt:
