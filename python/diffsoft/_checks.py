@@ -8,6 +8,7 @@ _RANGES = {
     ">=0": (lambda v: v >= 0, "non-negative"),
     "(0,1)": (lambda v: 0 < v < 1, "in (0, 1)"),
     "[0,1]": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "[0,1)": (lambda v: 0 <= v < 1, "in [0, 1)"),
 }
 
 

@@ -45,6 +45,7 @@ iteration is drawn from a generator seeded by that iteration), ``policy.json`` (
 :func:`~diffsoft.policy.save_algovivo_policy`), ``history.json``; the command line (:mod:`diffsoft.cli`)
 adds ``learning_curve.png`` and ``walk.gif``.
 """
+import contextlib
 import copy
 import dataclasses
 import json
@@ -85,6 +86,10 @@ class TrainConfig:
     ``sum_t sum_i [max(|da_i| - max_abs_da, 0)^2 + max(a_i + da_i - 1, 0)^2 + max(min_a - a_i - da_i, 0)^2]``
     (per step), which keeps the policy's outputs where the clamps do not cut their gradient to zero;
     straight_through: the clamps pass gradients as if they were not there (the forward pass is unchanged);
+    randomize: domain randomisation: at each reset, a creature's Lame parameters, its masses and its friction
+    coefficient are each scaled by a factor of its own, drawn uniformly from ``[1 - randomize, 1 + randomize]``
+    and kept for its episode (per-creature simulator parameters, so the batch is still one step); 0 (default)
+    trains on the nominal creature, which evaluations always use;
     eval_every, eval_horizon: how often to measure :func:`~diffsoft.policy.distance_walked`
     (deterministic, from rest) and over how many steps; keep_best: the run's result (returned and written
     to ``policy.json``) is the policy that walked furthest in those evaluations and in one of the final
@@ -121,6 +126,7 @@ class TrainConfig:
     action_noise: float = 0.05
     saturation_penalty: float = 1.0
     straight_through: bool = False
+    randomize: float = 0.0
     eval_every: int = 10
     eval_horizon: int = 100
     keep_best: bool = False
@@ -143,7 +149,7 @@ class TrainConfig:
             eval_horizon=">0", iterations=">=0", seed=">=0", dtype=("float32", "float64"), lr=">0", lr_end=">0",
             clip=">0", critic_lr=">0", reward_scale=">0", max_abs_da=">0", upright_weight=">=0",
             action_noise=">=0", saturation_penalty=">=0", gamma="[0,1]", lam="[0,1]", target_alpha="[0,1]",
-            backward_rtol="(0,1)", min_a="(0,1)", on_failure=("skip", "stop")))
+            backward_rtol="(0,1)", min_a="(0,1)", on_failure=("skip", "stop"), randomize="[0,1)"))
         if self.episode % self.window:
             raise ValueError(f"episode ({self.episode}) must be a multiple of window ({self.window})")
         if self.critic_minibatches > self.batch * self.window:
@@ -266,12 +272,14 @@ def _all_gather(tensor, world, dim):
 @dataclasses.dataclass
 class Pool:
     """The creatures that persist between iterations (this process's slice of the batch, b of them):
-    positions and velocities ``(b, N, d)``, activations ``(b, M)``, and ``age`` ``(b,)``, the steps since each
-    creature's reset (``>= episode``: reset before the next window)."""
+    positions and velocities ``(b, N, d)``, activations ``(b, M)``, ``age`` ``(b,)``, the steps since each
+    creature's reset (``>= episode``: reset before the next window), and ``scale`` ``(b, 3)``, each creature's
+    factors on its Lame parameters, masses and friction (``TrainConfig.randomize``; ones without it)."""
     x: torch.Tensor
     v: torch.Tensor
     a: torch.Tensor
     age: torch.Tensor
+    scale: torch.Tensor
 
     @classmethod
     def at_rest(cls, sim, b, episode):
@@ -279,7 +287,7 @@ class Pool:
         x, v = sim.rest_state
         return cls(x.expand(b, -1, -1).clone(), v.expand(b, -1, -1).clone(),
                    torch.ones(b, sim.body.num_muscles, dtype=x.dtype, device=x.device),
-                   torch.full((b,), episode, device=x.device))
+                   torch.full((b,), episode, device=x.device), torch.ones(b, 3, dtype=x.dtype, device=x.device))
 
     def to(self, device):
         """The pool on ``device``."""
@@ -288,29 +296,49 @@ class Pool:
 
 def _iteration_draws(cfg, sim, iteration, rank, world):
     """The iteration's random numbers: a generator seeded by (seed, iteration), and from it the global
-    batch's reset activations ``(B, M)`` and noise ``(W, B, M)``, of which this process's slices are
-    returned (on the simulator's device); the generator, on the CPU, then serves the critic's minibatches
-    (the same on every process and on every device)."""
+    batch's reset activations ``(B, M)``, noise ``(W, B, M)`` and (with ``randomize``) reset factors
+    ``(B, 3)``, of which this process's slices are returned (on the simulator's device); the generator, on the
+    CPU, then serves the critic's minibatches (the same on every process and on every device)."""
     g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + iteration)
     m, dtype = sim.body.num_muscles, sim.body.dtype
     a0 = 1.0 - cfg.init_activation * torch.rand(cfg.batch, m, generator=g, dtype=torch.float64)
     noise = cfg.action_noise * torch.randn(cfg.window, cfg.batch, m, generator=g, dtype=torch.float64)
+    scale = torch.ones(cfg.batch, 3, dtype=torch.float64)
+    if cfg.randomize:  # drawn only then, so that runs without it draw what they always drew
+        scale = 1.0 + cfg.randomize * (2 * torch.rand(cfg.batch, 3, generator=g, dtype=torch.float64) - 1)
     b = cfg.batch // world
     part = slice(rank * b, (rank + 1) * b)
     device = sim.body.device
-    return g, a0[part].to(device=device, dtype=dtype), noise[:, part].to(device=device, dtype=dtype)
+    return g, *(t[..., part, :].to(device=device, dtype=dtype) for t in (a0, noise, scale))
 
 
-def _reset(cfg, sim, pool, a0, iteration, rank):
-    """Puts the pool's creatures whose episode is over back at rest with activations ``a0``. At iteration 0
+def _reset(cfg, sim, pool, a0, scale, iteration, rank):
+    """Puts the pool's creatures whose episode is over back at rest with activations ``a0`` and parameter
+    factors ``scale``. At iteration 0
     (every creature at rest) it staggers the episodes: creature i starts at age
     ``window * (i mod (episode / window))``."""
     due = pool.age >= cfg.episode
     x, v = sim.rest_state
-    pool.x[due], pool.v[due], pool.a[due], pool.age[due] = x, v, a0[due], 0
+    pool.x[due], pool.v[due], pool.a[due], pool.age[due], pool.scale[due] = x, v, a0[due], 0, scale[due]
     if iteration == 0:
         b = pool.age.shape[0]
         pool.age = cfg.window * ((torch.arange(b, device=pool.age.device) + rank * b) % (cfg.episode // cfg.window))
+
+
+@contextlib.contextmanager
+def _randomized(sim, scale):
+    """Inside the block, ``sim``'s Lame parameters, masses and friction coefficient are per creature: scaled
+    by ``scale[:, 0]``, ``scale[:, 1]`` and ``scale[:, 2]``; afterwards the nominal values are back."""
+    body = sim.body
+    saved = body.mu, body.lam, body.mass, sim._friction
+    friction = sim.friction.detach()  # the nominal one (given, or the default of the nominal masses)
+    body.mu, body.lam = body.mu * scale[:, :1], body.lam * scale[:, :1]
+    body.mass = body.mass * scale[:, 1:2]
+    sim.friction = friction * scale[:, 2]
+    try:
+        yield
+    finally:
+        body.mu, body.lam, body.mass, sim._friction = saved
 
 
 class SimulationFailure(RuntimeError):
@@ -349,8 +377,16 @@ def train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_o
         appended to ``failures`` (see ``TrainConfig.on_failure``).
     """
     failures = [] if failures is None else failures
-    g, a0, noise = _iteration_draws(cfg, sim, iteration, rank, world)
-    _reset(cfg, sim, pool, a0, iteration, rank)
+    g, a0, noise, scale = _iteration_draws(cfg, sim, iteration, rank, world)
+    _reset(cfg, sim, pool, a0, scale, iteration, rank)
+    with _randomized(sim, pool.scale) if cfg.randomize else contextlib.nullcontext():
+        return _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer, pool, iteration,
+                       rank, world, failures, g, noise)
+
+
+def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer, pool, iteration, rank, world,
+            failures, g, noise):
+    """:func:`train_iteration` after its resets: the window's rollout, the actor's and the critic's updates."""
     for group in optimizer.param_groups:
         group["lr"] = cfg.actor_lr(iteration)
     x, v, a = pool.x, pool.v, pool.a
@@ -410,7 +446,7 @@ def train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_o
 
 def _gathered_pool(pool, world):
     """The whole batch's pool (every process's slice, in rank order)."""
-    return {name: _all_gather(getattr(pool, name), world, 0) for name in ("x", "v", "a", "age")}
+    return {f.name: _all_gather(getattr(pool, f.name), world, 0) for f in dataclasses.fields(pool)}
 
 
 def _save_checkpoint(path, cfg, learners, pool_state, iteration, history, train_seconds, best):
@@ -498,7 +534,8 @@ def train(cfg, resume=False, progress=True, log=print):
         ckpt = _load_checkpoint(ckpt_path, cfg)
         for name, m in learners.items():
             m.load_state_dict(ckpt[name])
-        pool = Pool(**{k: t[rank * b:(rank + 1) * b].clone() for k, t in ckpt["pool"].items()}).to(sim.body.device)
+        state = {"scale": torch.ones(cfg.batch, 3, dtype=pool.x.dtype), **ckpt["pool"]}  # scale: since randomize
+        pool = Pool(**{k: t[rank * b:(rank + 1) * b].clone() for k, t in state.items()}).to(sim.body.device)
         history, start, train_seconds = ckpt["history"], ckpt["iteration"], ckpt["train_seconds"]
         if "best" in ckpt:  # checkpoints written before keep_best lack it
             best = _Best(**ckpt["best"])

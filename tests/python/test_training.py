@@ -240,3 +240,30 @@ def test_gait_summary_distances_match_distance_walked_and_a_standing_creature_is
         policy.fc2.bias.zero_()  # no activation change: the relaxed creature stands
     _, upright = gait_summary(sim, policy, (8,))
     assert 0.9 < upright <= 1.0 + 1e-9
+
+
+def test_randomize_gives_each_creature_its_own_materials_masses_and_friction(tmp_path, monkeypatch):
+    seen, step = [], training._step
+
+    def spy(cfg, sim, *args):
+        seen.append((sim.body.mu.detach().clone(), sim.body.mass.detach().clone(), sim.friction.detach().clone()))
+        return step(cfg, sim, *args)
+
+    monkeypatch.setattr(training, "_step", spy)
+    straight, h1 = training.train(_tiny(tmp_path / "a", randomize=0.3, iterations=3), progress=False)
+    mu, mass, friction = seen[0]
+    nominal = training.make_creature("biped", F64)
+    assert mu.shape == (2, nominal.body.num_elements) and mass.shape == (2, nominal.body.num_vertices)
+    assert friction.shape == (2,)
+    for value, base in ((mu, nominal.body.mu), (mass, nominal.body.mass), (friction[:, None], nominal.friction)):
+        ratio = value / base
+        assert (ratio - ratio[:, :1]).abs().max() < 1e-12  # one factor per creature
+        assert ratio.min() >= 0.7 - 1e-12 and ratio.max() <= 1.3 + 1e-12 and ratio[0, 0] != ratio[1, 0]
+    scale = torch.load(os.path.join(tmp_path / "a", "checkpoint.pt"))["pool"]["scale"]
+    assert scale.shape == (2, 3) and (scale != 1).all()
+    # Evaluations and the result use the nominal creature; resume continues exactly (the factors are kept).
+    training.train(_tiny(tmp_path / "b", randomize=0.3, iterations=2), progress=False)
+    resumed, h2 = training.train(_tiny(tmp_path / "b", randomize=0.3, iterations=3), resume=True, progress=False)
+    for p, q in zip(straight.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+    assert [r["distance"] for r in h1] == [r["distance"] for r in h2]
