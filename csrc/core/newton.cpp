@@ -136,32 +136,36 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     torch::Tensor eta = torch::clamp_max(
         (g_norm / torch::where(active, g0_norm, torch::ones_like(g0_norm))).sqrt(), opt.cg_rtol);
     eta = torch::where(active, eta, torch::full_like(eta, opt.cg_rtol));
-    CGResult cg;
-    torch::Tensor by_stale = torch::zeros_like(active);
+    // By the point's factorization where it has one (else CG); with reuse_factor, after the first, by CG on the
+    // previous factorization first, and by a new one only for the rows where that CG stalls.
+    auto solve = [&](const torch::Tensor& b) {
+      const auto t0 = std::chrono::steady_clock::now();
+      CGResult out = solve_rows(point, b, eta, cg_max_iter, /*truncate=*/true);
+      if (point.solve) {
+        factor_seconds = seconds_since(t0);
+        if (opt.reuse_factor || last_solve) stale = point.solve;  // else freed with this point
+      }
+      info.cg_iterations += out.iterations;
+      info.hvp_count += out.iterations;
+      return out;
+    };
     const int64_t reuse_iter =
         iteration_seconds > 0 ? std::min<int64_t>(cg_max_iter, int64_t(0.5 * factor_seconds / iteration_seconds))
                               : 10;
+    CGResult cg;
     if (opt.reuse_factor && stale && point.solve && reuse_iter >= 2) {
       const auto t0 = std::chrono::steady_clock::now();
       cg = conjugate_gradient(point.hvp, rhs, eta, reuse_iter, /*truncate=*/true, by_factor(stale, point.precondition));
       if (cg.iterations > 0) iteration_seconds = seconds_since(t0) / double(cg.iterations);
       info.cg_iterations += cg.iterations;
       info.hvp_count += cg.iterations;
-      by_stale = cg.residual <= eta;
-    }
-    if (!by_stale.all().item<bool>()) {
-      // A factorization (or plain CG without one) for the rows the stale factor did not solve.
-      const auto t0 = std::chrono::steady_clock::now();
-      torch::Tensor rest = torch::where(by_stale.unsqueeze(1), torch::zeros_like(rhs), rhs);
-      CGResult fresh = solve_rows(point, rest, eta, cg_max_iter, /*truncate=*/true);
-      if (point.solve) {
-        factor_seconds = seconds_since(t0);
-        if (opt.reuse_factor || last_solve) stale = point.solve;  // else freed now, its memory reused
+      torch::Tensor by_stale = (cg.residual <= eta).unsqueeze(1);
+      if (!by_stale.all().item<bool>()) {
+        CGResult fresh = solve(torch::where(by_stale, torch::zeros_like(rhs), rhs));
+        cg.x = torch::where(by_stale, cg.x, fresh.x);
       }
-      fresh.x = cg.x.defined() ? torch::where(by_stale.unsqueeze(1), cg.x, fresh.x) : fresh.x;
-      info.cg_iterations += fresh.iterations;
-      info.hvp_count += fresh.iterations;
-      cg = fresh;
+    } else {
+      cg = solve(rhs);
     }
     if (point.factorizations) info.factorizations += point.factorizations();
     if (point.probes) info.hvp_count += point.probes();
