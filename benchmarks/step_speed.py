@@ -254,7 +254,8 @@ def main():
     ap.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     ap.add_argument("--family", action="store_true", help="the sheets under every loading (issue 14) instead")
     ap.add_argument("--sizes", type=int, nargs="+", default=[10, 40, 70], help="--family: sheets of n x n vertices")
-    ap.add_argument("--repeat", type=int, help="--family: steps per solver, best kept (default 2, 1 above 40)")
+    ap.add_argument("--repeat", type=int, help="steps per solver, best kept (default 3, --quick 2; --family 2, 1 "
+                                               "above 40x40)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     ap.add_argument("--only", nargs="+", help="only the problems of these names (e.g. biped 'grid 70x70')")
     args = ap.parse_args()
@@ -266,7 +267,7 @@ def main():
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
         return
-    repeat = 2 if args.quick else 3
+    repeat = args.repeat or (2 if args.quick else 3)
     problems = [("biped", lambda: biped(dtype=dtype), None), ("quadruped", lambda: quadruped(dtype=dtype), None),
                 ("biped x64", lambda: biped(dtype=dtype), 64)]
     sizes = [10, 20] if args.quick else [10, 20, 40, 70]
@@ -284,7 +285,7 @@ def main():
     for name, make, batch in problems:
         r = measure(name, make(), repeat, batch)
         rows.append(r)
-        print(f"{r['problem']:<12} {r['dofs']:>6} {r['forward_ms']:>9.1f} {r['backward_ms']:>8.1f} "
+        print(f"{r['problem']:<12} {r['dofs']:>6} {r['forward_ms']:>9.2f} {r['backward_ms']:>8.2f} "
               f"{r['backward_over_forward']:>7.2f} {r['backward_kept_over_forward']:>8.2f} "
               f"{r['baseline_forward_ms']:>9.1f} {r['speedup']:>7.1f}x "
               f"{r['newton']:>6} {r['cg']:>5} {r['baseline_newton']:>8.1f} {r['baseline_cg']:>6.0f} "

@@ -149,9 +149,13 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       info.hvp_count += out.iterations;
       return out;
     };
+    // CG on the stale factor gets half the measured cost of a factorization in iterations (10 before one is
+    // measured), and no try at all where a factorization takes under 2 ms: there, CG's few dozen tensor ops
+    // per iteration cost as much as factoring again (the 10x10 sheets of step_speed.py --family).
     const int64_t reuse_iter =
-        iteration_seconds > 0 ? std::min<int64_t>(cg_max_iter, int64_t(0.5 * factor_seconds / iteration_seconds))
-                              : 10;
+        factor_seconds < 2e-3 ? 0
+        : iteration_seconds > 0 ? std::min<int64_t>(cg_max_iter, int64_t(0.5 * factor_seconds / iteration_seconds))
+                                : 10;
     CGResult cg;
     if (opt.reuse_factor && stale && point.solve && reuse_iter >= 2) {
       const auto t0 = std::chrono::steady_clock::now();

@@ -462,8 +462,9 @@ def test_bad_sparsity_is_refused_by_name():
 
 
 def test_reuse_factor_gives_the_same_minimiser_and_gradients_with_fewer_factorizations():
-    """reuse_factor: Newton's systems after the first by CG preconditioned with the previous factorization."""
-    body, energy = _sheet()
+    """reuse_factor: Newton's systems after the first by CG preconditioned with the previous factorization
+    (a sheet large enough that probing and factoring its Hessian takes over 2 ms, where reuse is tried)."""
+    body, energy = _sheet(16)
     x_hat = (body.rest_positions * 1.05).requires_grad_()
     mu = body.mu.clone().requires_grad_()
     pull = torch.tensor(3.0, dtype=torch.float64, requires_grad=True)
