@@ -61,9 +61,9 @@ struct CholmodNumeric {
 // One symbolic analysis (what FactorCache::symbolic holds) and the numeric factors of its pattern that are no
 // longer in use: a factor freed (a Newton iteration's, when the next one factors) goes back here, and the next
 // factorization overwrites it in place (CHOLMOD refactors a numeric factor of the same pattern) instead of
-// copying the analysis and allocating its values afresh. On a loaded 2-core machine the page faults of that
-// fresh allocation (a few hundred MB per frame on DiffPD's cantilever) had made the default forward 1.4-2x
-// slower than keep_factors, which happened to keep the previous factor's memory alive and so in the heap.
+// copying the analysis and allocating its values afresh. The page faults of that fresh allocation (about
+// 240 MB per frame of DiffPD's cantilever, 23 us each on a virtual machine) had made the default forward
+// 1.6-2.3x slower than keep_factors, which happened to keep the previous factor, and so the heap, alive.
 struct CholmodSymbolic {
   CholmodNumeric analysis;
   std::mutex mutex;
