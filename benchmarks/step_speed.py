@@ -13,9 +13,10 @@ Both run in this process, interleaved, on the same problems and tolerances; the 
 - ``free impact``: 2 cm above the ground, falling at 6 m/s (and sliding at 1 m/s) into it.
 
 For each it prints one step's forward and backward with the default solver, the default with
-``solver_options["reuse_factor"] = True``, ``solver="cg"`` and ``solver="direct"``, and the plain-PyTorch algorithm's forward (benchmarks/baseline.py), measured interleaved
-in this run (best of ``--repeat``, after a warm-up step), with the ratios the issue asks for: baseline over
-default (goal >= 20x) and default over the best of diffsoft's solvers (goal <= 1.2). Then the default step's
+``solver_options["reuse_factor"] = True``, ``solver="cg"`` and ``solver="direct"``, and the plain-PyTorch
+algorithm's forward (benchmarks/baseline.py), measured interleaved in this run (best of ``--repeat``, after a
+warm-up step), with the ratios the issue asks for: baseline over default (goal >= 20x) and default over the
+best of diffsoft's solvers (goal <= 1.2). Then the default step's
 time by phase (diffsoft._C's phase timers: kernels, assembly, symbolic analysis, numeric factorization,
 back-substitutions, the rest of the C++ Newton loop, and the Python around it) and its floor: one numeric
 factorization plus one solve of that Hessian alone (the direct solver's own mean times per call).
@@ -229,7 +230,8 @@ def family(args, dtype):
             rows.append(r)
             print(f"{r['problem']:<22} {r['dofs']:>5} {cell(r['auto']):>22} {cell(r['reuse']):>22} {cell(r['cg']):>22} "
                   f"{cell(r['direct']):>22} "
-                  f"{r['baseline_forward_ms']:>8.1f} {r['speedup']:>7.1f}x {r['over_best']:>8.2f} {r['floor_ms']:>6.1f}",
+                  f"{r['baseline_forward_ms']:>8.1f} {r['speedup']:>7.1f}x {r['over_best']:>8.2f} "
+                  f"{r['floor_ms']:>6.1f}",
                   flush=True)
     print("\ndefault forward by phase, ms (one step; kernels = energy, gradient, Hessian blocks and products; "
           "newton other = the C++ loop's own vector work; python = the step's wall time outside the C++ solve)")
