@@ -118,7 +118,8 @@ std::unique_ptr<Factor> problem_factor(const View<S, D>& v, const S* k_el, const
     PhaseTimer timer(Phase::assembly);
     values.assign(pattern->nnz(), 0.0);
     for_each_entry(v, k_el, k_mu, diag, [&](int64_t i, int64_t j, double value) {
-      // A cache shared by models of other topologies would not match: checked by the count, never read past.
+      // A cache shared with a model of another topology is caught by the count of entries (never read past);
+      // one with as many entries would make a wrong factor, which solve_rows's measured residual and CG fix.
       if (i >= j && k++ < place.size()) values[place[k - 1]] += value;
     });
   }
