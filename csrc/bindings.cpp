@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include "core/solver.h"
+#include "core/timers.h"
 #include "physics/step_energy.h"
 #include "physics/step_solver.h"
 
@@ -159,6 +160,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("batched", &SolverOptions::batched)
       .def_readwrite("raise_on_failure", &SolverOptions::raise_on_failure)
       .def_readwrite("keep_factor", &SolverOptions::keep_factor)
+      .def_readwrite("reuse_factor", &SolverOptions::reuse_factor)
       .def("check", &diffsoft::check_options);
 
   py::class_<SolveInfo, std::shared_ptr<SolveInfo>>(m, "SolveInfo")
@@ -206,9 +208,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       m, "FactorCache", "Symbolic factorizations shared by a model's steps (see step_energy.h).")
       .def(py::init<>())
       .def_readonly("analyses", &diffsoft::FactorCache::analyses)
+      .def_readonly("reused", &diffsoft::FactorCache::reused)
       .def(py::pickle([](const diffsoft::FactorCache&) { return py::tuple(); },  // copies start empty
                       [](const py::tuple&) { return std::make_shared<diffsoft::FactorCache>(); }));
   m.attr("HAS_CHOLMOD") = diffsoft::has_cholmod();
+  // Testing and benchmarking only (core/timers.h): switch the phase timers on (zeroed) or off, read them.
+  m.def("_phase_timers", [](bool on) {
+    auto& t = diffsoft::phase_timers();
+    for (size_t k = 0; k < t.ns.size(); ++k) t.ns[k] = 0, t.calls[k] = 0;
+    t.on = on;
+  });
+  m.def("_phase_times", [] {
+    auto& t = diffsoft::phase_timers();
+    py::dict out;
+    for (size_t k = 0; k < t.ns.size(); ++k)
+      out[diffsoft::kPhaseNames[k]] = py::make_tuple(1e-9 * double(t.ns[k].load()), t.calls[k].load());
+    return out;
+  });
   m.attr("STEP_PARAM_NAMES") = step_param_names();
   py::class_<StepDerivatives, std::shared_ptr<StepDerivatives>>(
       m, "StepDerivatives", "The step energy's gradient and Hessian blocks (see physics/model.h).")

@@ -1,26 +1,69 @@
 // Conjugate gradient over rows of independent systems, matrix-free, optionally preconditioned.
 #include "solver.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 namespace diffsoft {
 
+namespace {
+
+// ||row||_2 of n values, scale-safe. float rows are summed in double, where no square of a float under- or
+// overflows. double rows take the plain sum of squares when the norm lies in [1e6 sqrt(tiny), sqrt(max)] (then
+// the sum did not overflow, and the squares that underflowed, each below tiny, change it by at most n tiny /
+// ||a||^2 <= n 1e-12, relatively); zero rows, and extreme ones, are scaled by their largest magnitude first,
+// as LAPACK's nrm2. A row holding inf has norm inf, one holding NaN (and no inf) NaN.
+template <typename S>
+double one_row_norm(const S* a, int64_t n) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += double(a[i]) * double(a[i]);
+  double norm = std::sqrt(sum);
+  constexpr double lo = 1e6 * 1.4916681462400413e-154;  // 1e6 sqrt(DBL_MIN)
+  constexpr double hi = 1.3407807929942596e154;        // sqrt(DBL_MAX)
+  if (std::is_same<S, float>::value || (norm > lo && norm < hi)) return norm;
+  double scale = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = std::abs(double(a[i]));
+    if (std::isnan(v)) return v;
+    scale = std::max(scale, v);
+  }
+  if (scale == 0 || std::isinf(scale)) return scale;
+  sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += (double(a[i]) / scale) * (double(a[i]) / scale);
+  return scale * std::sqrt(sum);
+}
+
+}  // namespace
+
 torch::Tensor row_norm(const torch::Tensor& a) {
-  // Fast path, the plain sum of squares, when every row's norm lies in [1e6 sqrt(tiny), sqrt(max)]: then the
-  // sum did not overflow, and the entries whose squares underflowed (each below tiny) change it by at most
-  // n tiny / ||a||^2 <= n 1e-12, relatively. Zero rows, and extreme ones, take the scaled path below.
-  const bool f64 = a.scalar_type() == torch::kFloat64;
-  const double lo = 1e6 * std::sqrt(f64 ? std::numeric_limits<double>::min() : std::numeric_limits<float>::min());
-  const double hi = std::sqrt(f64 ? std::numeric_limits<double>::max() : std::numeric_limits<float>::max());
-  torch::Tensor plain = a.square().sum(1).sqrt();
-  if (((plain > lo) & (plain < hi)).all().item<bool>()) return plain;
-  torch::Tensor scale = a.abs().amax(1);
-  // Zero rows divide by 1; rows with an inf or NaN keep it as their norm (inf / inf would make a NaN of inf).
-  torch::Tensor finite = torch::isfinite(scale);
-  torch::Tensor safe = torch::where(finite & (scale > 0), scale, torch::ones_like(scale));
-  torch::Tensor norm = safe * (a / safe.unsqueeze(1)).square().sum(1).sqrt();
-  return torch::where(finite, norm, scale);
+  if (!a.device().is_cpu() || a.dim() != 2 ||
+      (a.scalar_type() != torch::kFloat64 && a.scalar_type() != torch::kFloat32)) {
+    // Other devices: the same computation with tensor ops (a sync for the range test).
+    const bool f64 = a.scalar_type() == torch::kFloat64;
+    const double lo = 1e6 * std::sqrt(f64 ? std::numeric_limits<double>::min() : std::numeric_limits<float>::min());
+    const double hi = std::sqrt(f64 ? std::numeric_limits<double>::max() : std::numeric_limits<float>::max());
+    torch::Tensor plain = a.square().sum(1).sqrt();
+    if (((plain > lo) & (plain < hi)).all().item<bool>()) return plain;
+    torch::Tensor scale = a.abs().amax(1);
+    // Zero rows divide by 1; rows with an inf or NaN keep it as their norm (inf / inf would make a NaN of inf).
+    torch::Tensor finite = torch::isfinite(scale);
+    torch::Tensor safe = torch::where(finite & (scale > 0), scale, torch::ones_like(scale));
+    torch::Tensor norm = safe * (a / safe.unsqueeze(1)).square().sum(1).sqrt();
+    return torch::where(finite, norm, scale);
+  }
+  // CPU: one pass per row, no temporaries and no sync (this runs several times per Newton iteration, where
+  // the dozen tensor ops above cost more than a small creature's whole Newton step).
+  const torch::Tensor c = a.contiguous();
+  const int64_t rows = c.size(0), n = c.size(1);
+  torch::Tensor out = torch::empty({rows}, c.options());
+  AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), "row_norm", [&] {
+    const scalar_t* in = c.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    for (int64_t r = 0; r < rows; ++r) o[r] = static_cast<scalar_t>(one_row_norm(in + r * n, n));
+  });
+  return out;
 }
 
 torch::Tensor row_dot(const torch::Tensor& a, const torch::Tensor& b) { return (a * b).sum(1); }
@@ -36,7 +79,14 @@ torch::Tensor masked_ratio(const torch::Tensor& mask, const torch::Tensor& a, co
 // products stay near 1 whatever the energy's scale (b ~ 1e-300 would square to 0, b ~ 1e160 to inf).
 torch::Tensor rhs_scale(const torch::Tensor& b) {
   torch::Tensor n = row_norm(b);
-  return torch::where(torch::isfinite(n) & (n > 0), n, torch::ones_like(n));
+  if (!n.device().is_cpu() || (n.scalar_type() != torch::kFloat64 && n.scalar_type() != torch::kFloat32))
+    return torch::where(torch::isfinite(n) & (n > 0), n, torch::ones_like(n));
+  AT_DISPATCH_FLOATING_TYPES(n.scalar_type(), "rhs_scale", [&] {
+    scalar_t* v = n.data_ptr<scalar_t>();
+    for (int64_t r = 0; r < n.numel(); ++r)
+      if (!(std::isfinite(v[r]) && v[r] > 0)) v[r] = 1;
+  });
+  return n;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Cholesky factorizations; see factor.h.
 #include "core/factor.h"
+#include "core/timers.h"
 
 #include <Eigen/Dense>
 #include <Eigen/SparseCholesky>
@@ -8,7 +9,9 @@
 #endif
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <limits>
+#include <stdexcept>
 
 namespace diffsoft {
 
@@ -29,6 +32,9 @@ struct SparseFactor : Factor {
   Eigen::VectorXd solve(const Eigen::Ref<const Eigen::VectorXd>& b) const override { return ldlt.solve(b); }
 };
 
+// The lower triangle in compressed columns, as the back ends read it.
+using LowerMap = Eigen::Map<const Eigen::SparseMatrix<double, Eigen::ColMajor, int>>;
+
 #ifdef DIFFSOFT_WITH_CHOLMOD
 // Above this many unknowns, CHOLMOD's supernodal Cholesky (dense BLAS-3 kernels on supernodes) with a
 // symbolic analysis shared through the model's FactorCache: on 3D meshes its numeric factorization is 6x
@@ -36,75 +42,135 @@ struct SparseFactor : Factor {
 constexpr int64_t kSupernodalMin = 1000;
 
 // A CHOLMOD factor with its own workspace (cholmod_common), so that factors of a batch run in parallel.
+struct CholmodNumeric {
+  cholmod_common common;
+  cholmod_factor* factor = nullptr;
+  CholmodNumeric() {
+    cholmod_start(&common);
+    common.supernodal = CHOLMOD_SUPERNODAL;
+    common.print = 0;
+  }
+  ~CholmodNumeric() {
+    if (factor) cholmod_free_factor(&factor, &common);
+    cholmod_finish(&common);
+  }
+  CholmodNumeric(const CholmodNumeric&) = delete;
+  CholmodNumeric& operator=(const CholmodNumeric&) = delete;
+};
+
+// One symbolic analysis (what FactorCache::symbolic holds) and the numeric factors of its pattern that are no
+// longer in use: a factor freed (a Newton iteration's, when the next one factors) goes back here, and the next
+// factorization overwrites it in place (CHOLMOD refactors a numeric factor of the same pattern) instead of
+// copying the analysis and allocating its values afresh. The page faults of that fresh allocation (about
+// 240 MB per frame of DiffPD's cantilever, 23 us each on a virtual machine) had made the default forward
+// 1.6-2.3x slower than keep_factors, which happened to keep the previous factor, and so the heap, alive.
+struct CholmodSymbolic {
+  CholmodNumeric analysis;
+  std::mutex mutex;
+  std::vector<std::unique_ptr<CholmodNumeric>> spares;
+  size_t spare_max = 1;
+
+  std::unique_ptr<CholmodNumeric> take(bool& reused) {
+    std::lock_guard<std::mutex> lock(mutex);
+    reused = !spares.empty();
+    if (reused) {
+      auto numeric = std::move(spares.back());
+      spares.pop_back();
+      return numeric;
+    }
+    auto numeric = std::make_unique<CholmodNumeric>();
+    numeric->factor = cholmod_copy_factor(analysis.factor, &numeric->common);
+    return numeric;
+  }
+  void give_back(std::unique_ptr<CholmodNumeric> numeric) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (spares.size() < spare_max) spares.push_back(std::move(numeric));
+  }
+};
+
 class CholmodFactor : public Factor {
  public:
-  CholmodFactor() {
-    cholmod_start(&common_);
-    common_.supernodal = CHOLMOD_SUPERNODAL;
-    common_.print = 0;
+  // Analyses the lower triangle `a` (or takes the cached analysis of its pattern, and a spare factor of it),
+  // then factors it; false where it is not positive definite.
+  bool factor(const LowerMap& lower, FactorCache* cache) {
+    cholmod_sparse a{};  // a view: CHOLMOD reads the matrix, never writes it
+    a.nrow = a.ncol = static_cast<size_t>(lower.rows());
+    a.nzmax = static_cast<size_t>(lower.nonZeros());
+    a.p = const_cast<int*>(lower.outerIndexPtr());
+    a.i = const_cast<int*>(lower.innerIndexPtr());
+    a.x = const_cast<double*>(lower.valuePtr());
+    a.stype = -1;
+    a.itype = CHOLMOD_INT;
+    a.xtype = CHOLMOD_REAL;
+    a.dtype = CHOLMOD_DOUBLE;
+    a.sorted = 1;
+    a.packed = 1;
+    if (!cache) {
+      PhaseTimer timer(Phase::analysis);
+      numeric_ = std::make_unique<CholmodNumeric>();
+      numeric_->factor = cholmod_analyze(&a, &numeric_->common);
+    } else {
+      bool reused = false;
+      {
+        std::lock_guard<std::mutex> lock(cache->mutex);
+        if (cache->symbolic && cache->n == lower.rows() && cache->nnz == lower.nonZeros()) {
+          symbolic_ = std::static_pointer_cast<CholmodSymbolic>(cache->symbolic);
+        } else {
+          symbolic_ = std::make_shared<CholmodSymbolic>();
+          PhaseTimer timer(Phase::analysis);
+          symbolic_->analysis.factor = cholmod_analyze(&a, &symbolic_->analysis.common);
+          if (!symbolic_->analysis.factor) return false;
+          cache->symbolic = symbolic_, cache->n = lower.rows(), cache->nnz = lower.nonZeros();
+          ++cache->analyses;
+        }
+        symbolic_->spare_max = static_cast<size_t>(std::max<int64_t>(1, cache->spare_max));
+      }
+      numeric_ = symbolic_->take(reused);
+      if (reused) {
+        std::lock_guard<std::mutex> lock(cache->mutex);
+        ++cache->reused;
+      }
+    }
+    cholmod_common& c = numeric_->common;
+    PhaseTimer timer(Phase::factorization);
+    // A factor that failed (not positive definite) is not given back: CHOLMOD leaves it partly factored.
+    ok_ = numeric_->factor && cholmod_factorize(&a, numeric_->factor, &c) && c.status == CHOLMOD_OK &&
+          numeric_->factor->minor == numeric_->factor->n;
+    return ok_;
   }
   ~CholmodFactor() override {
-    if (factor_) cholmod_free_factor(&factor_, &common_);
-    cholmod_finish(&common_);
-  }
-  CholmodFactor(const CholmodFactor&) = delete;
-  CholmodFactor& operator=(const CholmodFactor&) = delete;
-
-  // Analyses the lower triangle `lower` (or copies the cached analysis of its pattern), then factors it;
-  // false where it is not positive definite.
-  bool factor(Eigen::SparseMatrix<double>& lower, FactorCache* cache) {
-    cholmod_sparse a = Eigen::viewAsCholmod(lower);
-    a.stype = -1;
-    std::shared_ptr<CholmodFactor> shared;
-    if (cache) {
-      std::lock_guard<std::mutex> lock(cache->mutex);
-      if (cache->symbolic && cache->n == lower.rows() && cache->nnz == lower.nonZeros()) {
-        shared = std::static_pointer_cast<CholmodFactor>(cache->symbolic);
-      } else {
-        shared = std::make_shared<CholmodFactor>();
-        shared->factor_ = cholmod_analyze(&a, &shared->common_);
-        if (!shared->factor_) return false;
-        cache->symbolic = shared, cache->n = lower.rows(), cache->nnz = lower.nonZeros();
-        ++cache->analyses;
-      }
-      factor_ = cholmod_copy_factor(shared->factor_, &common_);
-    } else {
-      factor_ = cholmod_analyze(&a, &common_);
-    }
-    return factor_ && cholmod_factorize(&a, factor_, &common_) && common_.status == CHOLMOD_OK &&
-           factor_->minor == factor_->n;
+    if (ok_ && symbolic_) symbolic_->give_back(std::move(numeric_));
   }
 
   Eigen::VectorXd solve(const Eigen::Ref<const Eigen::VectorXd>& b) const override {
     Eigen::VectorXd in = b, out(b.size());
     cholmod_dense rhs = Eigen::viewAsCholmod(in);
-    cholmod_dense* x = cholmod_solve(CHOLMOD_A, factor_, &rhs, &common_);
+    cholmod_dense* x = cholmod_solve(CHOLMOD_A, numeric_->factor, &rhs, &numeric_->common);
     if (!x) return Eigen::VectorXd::Constant(b.size(), std::numeric_limits<double>::quiet_NaN());
     out = Eigen::Map<const Eigen::VectorXd>(static_cast<const double*>(x->x), b.size());
-    cholmod_free_dense(&x, &common_);
+    cholmod_free_dense(&x, &numeric_->common);
     return out;
   }
 
  private:
-  mutable cholmod_common common_;
-  cholmod_factor* factor_ = nullptr;
+  std::shared_ptr<CholmodSymbolic> symbolic_;
+  std::unique_ptr<CholmodNumeric> numeric_;
+  bool ok_ = false;
 };
 #endif
 
-}  // namespace
-
-std::unique_ptr<Factor> factor_symmetric(int64_t n, const std::vector<Eigen::Triplet<double>>& lower,
-                                         FactorCache* cache) {
+std::unique_ptr<Factor> factor_lower(const LowerMap& a, FactorCache* cache) {
+  const int64_t n = a.rows();
   if (n <= kDenseMax) {
+    PhaseTimer timer(Phase::factorization);
     auto factor = std::make_unique<DenseFactor>();
-    Eigen::MatrixXd a = Eigen::MatrixXd::Zero(n, n);
-    for (const auto& t : lower) a(t.row(), t.col()) += t.value();
-    factor->llt.compute(a);
+    Eigen::MatrixXd dense = Eigen::MatrixXd::Zero(n, n);
+    for (int64_t j = 0; j < n; ++j)
+      for (LowerMap::InnerIterator it(a, j); it; ++it) dense(it.row(), j) += it.value();
+    factor->llt.compute(dense);
     if (factor->llt.info() != Eigen::Success) return nullptr;
     return factor;
   }
-  Eigen::SparseMatrix<double> a(n, n);
-  a.setFromTriplets(lower.begin(), lower.end());
 #ifdef DIFFSOFT_WITH_CHOLMOD
   if (n >= kSupernodalMin) {
     auto factor = std::make_unique<CholmodFactor>();
@@ -113,10 +179,54 @@ std::unique_ptr<Factor> factor_symmetric(int64_t n, const std::vector<Eigen::Tri
   }
 #endif
   (void)cache;
+  PhaseTimer timer(Phase::factorization);  // the simplicial path analyses each matrix anew: counted here
   auto factor = std::make_unique<SparseFactor>();
   factor->ldlt.compute(a);
   if (factor->ldlt.info() != Eigen::Success || !(factor->ldlt.vectorD().minCoeff() > 0)) return nullptr;
   return factor;
+}
+
+}  // namespace
+
+LowerPattern::LowerPattern(int64_t n_, const std::vector<std::pair<int, int>>& entries) : n(n_), outer(n_ + 1, 0) {
+  // Entries sorted by (column, row); repeats share one place.
+  std::vector<int64_t> order(entries.size());
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const auto& e = entries[k];
+    if (e.first < e.second || e.second < 0 || e.first >= n)
+      throw std::invalid_argument("LowerPattern: an entry is outside the lower triangle of the matrix");
+    order[k] = static_cast<int64_t>(k);
+  }
+  auto key = [&](int64_t k) { return int64_t(entries[k].second) * n + entries[k].first; };
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key(a) < key(b); });
+  place.resize(entries.size());
+  int64_t last = -1;
+  for (int64_t k : order) {
+    if (key(k) != last) {
+      last = key(k);
+      inner.push_back(entries[k].first);
+      ++outer[entries[k].second + 1];
+    }
+    place[k] = static_cast<int>(inner.size()) - 1;
+  }
+  for (int64_t j = 0; j < n; ++j) outer[j + 1] += outer[j];
+}
+
+std::unique_ptr<Factor> factor_symmetric(int64_t n, const std::vector<Eigen::Triplet<double>>& lower,
+                                         FactorCache* cache) {
+  Eigen::SparseMatrix<double, Eigen::ColMajor, int> a(n, n);
+  a.setFromTriplets(lower.begin(), lower.end());
+  a.makeCompressed();
+  return factor_lower(LowerMap(n, n, a.nonZeros(), a.outerIndexPtr(), a.innerIndexPtr(), a.valuePtr()), cache);
+}
+
+std::unique_ptr<Factor> factor_symmetric(const LowerPattern& pattern, const std::vector<double>& values,
+                                         FactorCache* cache) {
+  if (static_cast<int64_t>(values.size()) != pattern.nnz())
+    throw std::invalid_argument("factor_symmetric: values must have one entry per nonzero of the pattern");
+  return factor_lower(LowerMap(pattern.n, pattern.n, pattern.nnz(), pattern.outer.data(), pattern.inner.data(),
+                               values.data()),
+                      cache);
 }
 
 torch::Tensor LazyFactors::solve(const torch::Tensor& b_rows) {
@@ -134,6 +244,7 @@ torch::Tensor LazyFactors::solve(const torch::Tensor& b_rows) {
     made_[r] = made_[r] || need[r];
     count_ += need[r];
   }
+  PhaseTimer timer(Phase::solves);
   torch::Tensor x = torch::zeros_like(b);
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {

@@ -11,18 +11,37 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace diffsoft {
 
+// A fixed sequence of entries of a symmetric n x n matrix's lower triangle (row >= col; repeats are summed),
+// and where each lands in compressed columns (Eigen's and CHOLMOD's layout). Made once per pattern (it sorts),
+// so that every later assembly of values in the same sequence is a scatter-add into nnz() values, without
+// triplets or sorting: `values[place[k]] += value of entry k`.
+struct LowerPattern {
+  LowerPattern(int64_t n, const std::vector<std::pair<int, int>>& entries);  // entries: (row, col)
+  int64_t n;
+  std::vector<int> outer, inner;  // column starts (n + 1) and row indices (nnz)
+  std::vector<int> place;         // entry k of the sequence -> its index in inner and values
+  int64_t nnz() const { return static_cast<int64_t>(inner.size()); }
+};
+
 // Symbolic factorizations (fill-reducing ordering, supernodes) depend only on the sparsity pattern, the same
 // at every step of a model: a FactorCache kept with the model (one per simulator) lets every sparse
-// factorization after the first skip them. Opaque; thread-safe.
+// factorization after the first skip them. It also keeps the model's assembly pattern, and the numeric
+// factors that are no longer used (a step's factor, freed when the next Newton iteration factors again):
+// those are factored again in place rather than allocated anew, since a fresh factor of tens of megabytes
+// costs as many page faults as the factorization's own arithmetic on a loaded machine. Opaque; thread-safe.
 struct FactorCache {
   std::mutex mutex;
   std::shared_ptr<void> symbolic;  // the analysis, owned by the factorization back end that made it
   int64_t n = -1, nnz = -1;        // the pattern it was made for
   int64_t analyses = 0;            // how many were made (one per pattern, unless patterns alternate)
+  std::shared_ptr<const LowerPattern> pattern;  // the model's assembly pattern, made once by its user
+  int64_t spare_max = 1;           // how many unused numeric factors to keep (the largest batch factored)
+  int64_t reused = 0;              // factorizations made in an unused factor's memory
 };
 
 // A factored matrix: A^-1 b.
@@ -34,6 +53,10 @@ struct Factor {
 // Factors the n x n symmetric matrix whose lower triangle (row >= col; duplicates are summed) is `lower`;
 // null where it is not positive definite. cache may be null.
 std::unique_ptr<Factor> factor_symmetric(int64_t n, const std::vector<Eigen::Triplet<double>>& lower,
+                                         FactorCache* cache = nullptr);
+
+// The same for the matrix with `pattern`'s compressed columns and these values (pattern.nnz() of them).
+std::unique_ptr<Factor> factor_symmetric(const LowerPattern& pattern, const std::vector<double>& values,
                                          FactorCache* cache = nullptr);
 
 bool has_cholmod();

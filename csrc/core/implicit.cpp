@@ -1,6 +1,7 @@
 // The implicit layer: x* = argmin_x E(x, theta) as an autograd Function whose backward uses the implicit
 // function theorem instead of differentiating through Newton's iterations.
 #include "core/factor.h"
+#include "core/timers.h"
 #include "solver.h"
 
 #include <sstream>
@@ -54,6 +55,7 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
           "diffsoft.minimize's backward is first order only: create_graph=True (and so higher-order gradients, "
           "gradgradcheck, Hessians) through minimize is not supported");
     }
+    PhaseTimer timer(Phase::adjoint);
     auto problem = ctx->saved_data["problem"].toCapsule();
     auto* pb = static_cast<Problem*>(problem.get());
     torch::autograd::variable_list saved = ctx->get_saved_variables();

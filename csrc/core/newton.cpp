@@ -1,7 +1,10 @@
 // Newton's method with a backtracking line search; each Newton system solved by truncated CG on
 // Hessian-vector products. Vectors are handled as (B, n) rows: B independent problems of n unknowns.
+#include "core/timers.h"
 #include "solver.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -20,6 +23,19 @@ std::string indices(const torch::Tensor& mask) {
 }
 
 double default_rtol(torch::ScalarType t) { return t == torch::kFloat64 ? 1e-8 : 1e-4; }
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// M^-1 r by an older factorization where it is positive definite, by `own` (or the identity) on its other rows.
+LinearOperator by_factor(const LinearOperator& factor, const LinearOperator& own) {
+  return [factor, own](const torch::Tensor& r) {
+    torch::Tensor z = factor(r);
+    torch::Tensor ok = torch::isfinite(z).all(1, true);
+    return torch::where(ok, z, own ? own(r) : r);
+  };
+}
 
 }  // namespace
 
@@ -41,6 +57,7 @@ void check_options(const SolverOptions& o) {
 torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
                               const SolverOptions& opt, SolveInfo& info, const AnalyticEnergy* analytic,
                               LinearOperator* last_solve) {
+  PhaseTimer timer(Phase::newton);
   check_options(opt);
   if (!x0.is_floating_point()) throw std::invalid_argument("x0 must be a floating-point tensor");
   if (opt.batched && x0.dim() < 1) throw std::invalid_argument("batched=True needs x0 with a leading batch dimension");
@@ -73,6 +90,9 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
   torch::Tensor g0_norm, threshold, g_norm;
   torch::Tensor failed = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kBool).device(x0.device()));
   std::ostringstream why;
+  // opt.reuse_factor: the last factorization's solve, and the measured costs that bound CG on it.
+  LinearOperator stale;
+  double factor_seconds = 0, iteration_seconds = 0;
   for (int64_t it = 0;; ++it) {
     AnalyticDerivatives point = derivatives_at(energy, analytic, x, shape, consts, opt.batched);
     const torch::Tensor& g = point.grad;
@@ -116,12 +136,44 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     torch::Tensor eta = torch::clamp_max(
         (g_norm / torch::where(active, g0_norm, torch::ones_like(g0_norm))).sqrt(), opt.cg_rtol);
     eta = torch::where(active, eta, torch::full_like(eta, opt.cg_rtol));
-    CGResult cg = solve_rows(point, rhs, eta, cg_max_iter, /*truncate=*/true);
+    // By the point's factorization where it has one (else CG); with reuse_factor, after the first, by CG on the
+    // previous factorization first, and by a new one only for the rows where that CG stalls.
+    auto solve = [&](const torch::Tensor& b) {
+      const auto t0 = std::chrono::steady_clock::now();
+      CGResult out = solve_rows(point, b, eta, cg_max_iter, /*truncate=*/true);
+      if (point.solve) {
+        factor_seconds = seconds_since(t0);
+        if (opt.reuse_factor || last_solve) stale = point.solve;  // else freed with this point
+      }
+      info.cg_iterations += out.iterations;
+      info.hvp_count += out.iterations;
+      return out;
+    };
+    // CG on the stale factor gets half the measured cost of a factorization in iterations (10 before one is
+    // measured), and no try at all where a factorization takes under 2 ms: there, CG's few dozen tensor ops
+    // per iteration cost as much as factoring again (the 10x10 sheets of step_speed.py --family).
+    const int64_t reuse_iter =
+        factor_seconds < 2e-3 ? 0
+        : iteration_seconds > 0 ? std::min<int64_t>(cg_max_iter, int64_t(0.5 * factor_seconds / iteration_seconds))
+                                : 10;
+    CGResult cg;
+    if (opt.reuse_factor && stale && point.solve && reuse_iter >= 2) {
+      const auto t0 = std::chrono::steady_clock::now();
+      cg = conjugate_gradient(point.hvp, rhs, eta, reuse_iter, /*truncate=*/true, by_factor(stale, point.precondition));
+      if (cg.iterations > 0) iteration_seconds = seconds_since(t0) / double(cg.iterations);
+      info.cg_iterations += cg.iterations;
+      info.hvp_count += cg.iterations;
+      torch::Tensor by_stale = (cg.residual <= eta).unsqueeze(1);
+      if (!by_stale.all().item<bool>()) {
+        CGResult fresh = solve(torch::where(by_stale, torch::zeros_like(rhs), rhs));
+        cg.x = torch::where(by_stale, cg.x, fresh.x);
+      }
+    } else {
+      cg = solve(rhs);
+    }
     if (point.factorizations) info.factorizations += point.factorizations();
     if (point.probes) info.hvp_count += point.probes();
-    if (last_solve && point.solve) *last_solve = point.solve;
-    info.cg_iterations += cg.iterations;
-    info.hvp_count += cg.iterations;
+    if (last_solve && stale) *last_solve = stale;
     // A row whose CG direction is numerically useless (no descent) falls back to steepest descent.
     torch::Tensor row_slope = row_dot(g, cg.x);
     torch::Tensor p = torch::where((row_slope < 0).unsqueeze(1), cg.x, rhs);

@@ -74,6 +74,12 @@ struct SolverOptions {
   // solves the adjoint system. Newton's last factor was made one step before x*, so a few refinements reach
   // the tolerance. Costs the factor's memory until the backward has run.
   bool keep_factor = false;
+  // With a factored Hessian, precondition CG by Newton's previous factorization, and factor again only where
+  // that CG stalls: it gets a bounded number of iterations, the measured cost of a factorization over that
+  // of one of its iterations, halved (none where a factorization takes under 2 ms). Pays where a
+  // factorization is dear and the Hessian changes little from one Newton iteration to the next (large
+  // meshes); the number of CG iterations then depends on timing.
+  bool reuse_factor = false;
   bool batched = false;         // dim 0 of x indexes independent problems
   bool raise_on_failure = false;  // throw ConvergenceError instead of reporting it in SolveInfo
 };

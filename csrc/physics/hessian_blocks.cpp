@@ -4,8 +4,11 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <mutex>
+#include <utility>
 #include <stdexcept>
 
+#include "core/timers.h"
 #include "physics/kernels.h"
 #include "physics/step_energy.h"
 
@@ -84,15 +87,46 @@ void for_each_entry(const View<S, D>& v, const S* k_el, const S* k_mu, const S* 
 }
 
 // The factor of one problem's H, or null where H is not positive definite (the solver then falls back to CG
-// for this problem).
+// for this problem). The entries come in for_each_entry's order, which depends only on the model's topology:
+// its LowerPattern, made at the first factorization and kept in the model's FactorCache, turns every later
+// assembly into a scatter-add (no triplets, no sorting, no fresh megabytes per Newton iteration).
 template <typename S, int D>
 std::unique_ptr<Factor> problem_factor(const View<S, D>& v, const S* k_el, const S* k_mu, const S* diag) {
-  std::vector<Eigen::Triplet<double>> lower;
-  lower.reserve(v.f * D + v.e * (D + 1) * D * ((D + 1) * D + 1) / 2 + v.nm * D * (2 * D + 1));
-  for_each_entry(v, k_el, k_mu, diag, [&](int64_t i, int64_t j, double value) {
-    if (i >= j) lower.emplace_back(i, j, value);
-  });
-  return factor_symmetric(v.f * D, lower, v.m.factor_cache.get());
+  FactorCache* cache = v.m.factor_cache.get();
+  const int64_t n = v.f * D;
+  std::shared_ptr<const LowerPattern> pattern;
+  if (cache) {
+    std::lock_guard<std::mutex> lock(cache->mutex);
+    pattern = cache->pattern;
+  }
+  if (!pattern || pattern->n != n) {
+    std::vector<std::pair<int, int>> entries;
+    entries.reserve(n + v.e * (D + 1) * D * ((D + 1) * D + 1) / 2 + v.nm * D * (2 * D + 1));
+    for_each_entry(v, k_el, k_mu, diag, [&](int64_t i, int64_t j, double) {
+      if (i >= j) entries.emplace_back(static_cast<int>(i), static_cast<int>(j));
+    });
+    pattern = std::make_shared<const LowerPattern>(n, entries);
+    if (cache) {
+      std::lock_guard<std::mutex> lock(cache->mutex);
+      cache->pattern = pattern;
+    }
+  }
+  const std::vector<int>& place = pattern->place;
+  std::vector<double> values;
+  size_t k = 0;
+  {
+    PhaseTimer timer(Phase::assembly);
+    values.assign(pattern->nnz(), 0.0);
+    for_each_entry(v, k_el, k_mu, diag, [&](int64_t i, int64_t j, double value) {
+      // A cache shared with a model of another topology is caught by the count of entries (never read past);
+      // one with as many entries would make a wrong factor, which solve_rows's measured residual and CG fix.
+      if (i >= j && k++ < place.size()) values[place[k - 1]] += value;
+    });
+  }
+  if (k != place.size())
+    throw std::invalid_argument("factor_step_hessians: the model's factor_cache belongs to a model of another "
+                                "topology (give each model its own FactorCache)");
+  return factor_symmetric(*pattern, values, cache);
 }
 
 // Calls f(view, b, element blocks, muscle blocks, diagonal) with problem b's pointers into the blocks of
@@ -148,6 +182,10 @@ torch::Tensor step_energy_hessian_diagonal(const StepModel& model, const StepDer
 void factor_step_hessians(const StepModel& model, const StepDerivatives& derivatives, const std::vector<char>& need,
                           std::vector<std::unique_ptr<Factor>>& out) {
   const StepModel m = kernels::contiguous(model);
+  if (m.factor_cache) {
+    std::lock_guard<std::mutex> lock(m.factor_cache->mutex);
+    m.factor_cache->spare_max = std::max<int64_t>(m.factor_cache->spare_max, static_cast<int64_t>(need.size()));
+  }
   kernels::for_each_problem(m, derivatives, [&](const auto& v, int64_t b, const auto* k_el, const auto* k_mu,
                                                 const auto* d) {
     if (need[b]) out[b] = kernels::problem_factor(v, k_el, k_mu, d);

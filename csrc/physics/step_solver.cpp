@@ -7,6 +7,7 @@
 #include <memory>
 #include <stdexcept>
 
+#include "core/timers.h"
 #include "physics/hessian_blocks.h"
 #include "physics/kernels.h"
 
@@ -28,11 +29,16 @@ AnalyticEnergy step_analytic_energy(const StepModel& model, const StepState& sta
     return s;
   };
   AnalyticEnergy analytic;
-  analytic.value = [m, state_at](const torch::Tensor& x_rows) { return step_energy_value(*m, state_at(x_rows)); };
+  analytic.value = [m, state_at](const torch::Tensor& x_rows) {
+    PhaseTimer timer(Phase::kernels);
+    return step_energy_value(*m, state_at(x_rows));
+  };
   analytic.derivatives = [m, state_at, shape, factorize](const torch::Tensor& x_rows) {
+    PhaseTimer timer(Phase::kernels);
     const StepState s = state_at(x_rows);
     auto blocks = std::make_shared<const StepDerivatives>(step_energy_derivatives(*m, s));
     auto hvp = [m, blocks, shape](const torch::Tensor& v) {
+      PhaseTimer timer(Phase::kernels);
       return step_energy_hvp(*m, *blocks, v.view(shape)).view({shape[0], -1});
     };
     // Jacobi preconditioner: |diag H|, floored so that it stays positive definite where a diagonal entry

@@ -26,6 +26,7 @@ def minimize(
     on_failure="warn",
     return_info=False,
     keep_factor=False,
+    reuse_factor=False,
     sparsity=None,
     _analytic=None,
 ):
@@ -75,6 +76,12 @@ def minimize(
             and iterative refinement with it instead of factoring again at ``x*``: a cheaper backward, for the
             memory of that factor and of what it was made from (the Hessian's blocks, or with ``sparsity``
             the energy's autograd graph at Newton's last iterate) until the backward has run.
+        reuse_factor: with a factored Hessian, solve each Newton system after the first by CG preconditioned
+            with Newton's previous factorization, and factor again only where that CG does not converge
+            within the measured cost of a factorization (half of it, in CG iterations). Faster where
+            factorizations are dear and the Hessian changes little between Newton iterations (large meshes);
+            the counts of CG iterations and factorizations then depend on timing. Results are solved to the
+            same tolerances either way.
         _analytic: internal, for diffsoft's built-in energies: a ``_C.AnalyticEnergy`` giving the same energy's
             value, gradient and Hessian products without autograd, used by Newton and the adjoint solve;
             ``energy`` still gives the derivatives with respect to ``params``.
@@ -99,6 +106,7 @@ def minimize(
         batched=batched, rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol, cg_max_iter=cg_max_iter,
         backward_rtol=backward_rtol, backward_max_iter=backward_max_iter, ls_c1=ls_c1, ls_shrink=ls_shrink,
         ls_max_iter=ls_max_iter, raise_on_failure=on_failure == "raise", keep_factor=bool(keep_factor),
+        reuse_factor=bool(reuse_factor),
     )
 
     for i, p in enumerate(params):

@@ -459,3 +459,43 @@ def test_bad_sparsity_is_refused_by_name():
         diffsoft.minimize(energy, *args, sparsity=body.elements + body.num_vertices)
     with pytest.raises(ValueError, match="x0 must be .N, d."):
         diffsoft.minimize(energy, args[0].reshape(-1), *args[1:], sparsity=body.elements)
+
+
+def test_reuse_factor_gives_the_same_minimiser_and_gradients_with_fewer_factorizations():
+    """reuse_factor: Newton's systems after the first by CG preconditioned with the previous factorization
+    (a sheet large enough that probing and factoring its Hessian takes over 2 ms, where reuse is tried)."""
+    body, energy = _sheet(16)
+    x_hat = (body.rest_positions * 1.05).requires_grad_()
+    mu = body.mu.clone().requires_grad_()
+    pull = torch.tensor(3.0, dtype=torch.float64, requires_grad=True)
+    out = []
+    for reuse in (False, True):
+        x, info = diffsoft.minimize(energy, body.rest_positions, x_hat, mu, pull, sparsity=body.elements,
+                                    reuse_factor=reuse, rtol=1e-11, return_info=True, on_failure="raise")
+        w = torch.randn(x.shape, generator=torch.Generator().manual_seed(0), dtype=x.dtype)
+        out.append((x, torch.autograd.grad((w * x).sum(), (x_hat, mu, pull)), info))
+    (x0, g0, i0), (x1, g1, i1) = out
+    assert i0.iterations >= 2 and i0.cg_iterations == 0
+    # The first attempt on the stale factor gets 10 CG iterations whatever the timings; later ones are costed.
+    assert i1.cg_iterations > 0 and i1.factorizations < i0.factorizations
+    torch.testing.assert_close(x1, x0, rtol=0, atol=1e-10)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9 * b.abs().max().item())
+
+
+@pytest.mark.skipif(not diffsoft._C.HAS_CHOLMOD, reason="diffsoft was built without CHOLMOD")
+def test_a_simulators_factorizations_reuse_the_memory_of_freed_ones():
+    """Each Newton iteration's CHOLMOD factor, freed, is factored again in place by the next (no fresh
+    allocation: its page faults had made the default forward slower than keep_factors)."""
+    verts, tris = diffsoft.mesh.rectangle(width=1.0, height=1.0, nx=24, ny=24, dtype=torch.float64)
+    body = diffsoft.SoftBody(verts, tris, density=1000.0, youngs_modulus=1e5, poisson_ratio=0.3)
+    sim = diffsoft.Simulator(body, dt=1 / 30, ground=None, solver="direct")
+    x, v = sim.rest_state
+    v[:, 0] = 10.0 * (x[:, 1] - 0.5)  # a shear: several Newton iterations per step
+    made = 0
+    for _ in range(2):
+        x, v, info = sim.step(x, v, return_info=True)
+        assert info.converged
+        made += info.factorizations
+    cache = sim.topology.factor_cache
+    assert cache.analyses == 1 and made >= 3 and cache.reused == made - 1

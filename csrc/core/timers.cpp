@@ -1,0 +1,11 @@
+// The process-wide phase timers; see timers.h.
+#include "core/timers.h"
+
+namespace diffsoft {
+
+PhaseTimers& phase_timers() {
+  static PhaseTimers timers;
+  return timers;
+}
+
+}  // namespace diffsoft
