@@ -139,7 +139,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     } catch (python_error& e) {  // an energy's own exception (see python_energy)
       e.restore();
     } catch (const diffsoft::ConvergenceError& e) {
-      convergence_error(e.what());
+      PyErr_SetString(convergence_error_type, e.what());  // not py::exception::operator(), deprecated in pybind11 2.12
     } catch (const c10::Error& e) {
       PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
     }
@@ -239,7 +239,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "step_energy_param_grads",
       [](const StepModel& model, const Tensor& y, const Tensor& x0, const Tensor& x0_free, const Tensor& x_hat,
-         const Tensor& activation, const c10::optional<Tensor>& weight, const c10::optional<Tensor>& dir) {
+         const Tensor& activation, const std::optional<Tensor>& weight, const std::optional<Tensor>& dir) {
         py::gil_scoped_release no_gil;
         const auto grads = diffsoft::step_energy_param_grads(model, {y, x0, x0_free, x_hat, activation},
                                                              weight.value_or(Tensor()), dir.value_or(Tensor()));
@@ -270,7 +270,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "minimize",
       [](py::function energy, const Tensor& x0, const std::vector<Tensor>& params, const SolverOptions& options,
          std::shared_ptr<SolveInfo> info, std::shared_ptr<AnalyticEnergy> analytic,
-         const c10::optional<Tensor>& sparsity) {
+         const std::optional<Tensor>& sparsity) {
         EnergyFn fn = python_energy(std::move(energy));
         diffsoft::RaiseFn raise = python_convergence_error(info);
         py::gil_scoped_release no_gil;

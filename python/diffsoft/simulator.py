@@ -76,6 +76,12 @@ class Simulator:
             rollout until its backward has run. On the torch backend: the Hessian blocks at the solution with
             their float64 factor (dense Cholesky) or block-Jacobi preconditioner (CG), which the backward
             then does not make again.
+        reuse_factor: with the direct solver on the C++ backend, Newton's systems after the first are solved by
+            CG preconditioned with the last factorization, factoring again only when that CG stalls
+            (:func:`diffsoft.minimize`'s ``reuse_factor``): 1.3-3.6x faster steps on large meshes (40x40 sheets
+            and up, ``benchmarks/README.md``), no effect where a factorization takes under 2 ms (creatures). Off
+            by default: how often it refactors follows measured times, so the iterates (not the tolerances they
+            meet) can differ between runs. The torch backend refuses it.
         backend: where the fused step is solved (``docs/design.md``, "Backends and devices"): ``"cpp"``, the
             C++ kernels and sparse factorizations (CPU tensors only); ``"torch"``, the same problem in batched
             torch ops (:mod:`diffsoft.torch_backend`) on any device: each creature's dense Hessian factored by
@@ -102,7 +108,7 @@ class Simulator:
     def __init__(self, body, dt=1 / 30, gravity=9.8, ground=0.0, contact_stiffness=None, friction=None,
                  friction_eps=0.01, rtol=None, atol=None, max_iter=100, cg_rtol=0.5, cg_max_iter=None,
                  backward_rtol=1e-10, backward_max_iter=None, on_failure="warn", fused=True, solver="auto",
-                 keep_factors=False, backend="auto"):
+                 keep_factors=False, reuse_factor=False, backend="auto"):
         self.body = body
         self.dt, self.ground, self.friction_eps = dt, ground, friction_eps  # checked by their setters
         self.fused = bool(fused)
@@ -117,7 +123,7 @@ class Simulator:
         self.solver_options = dict(rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol,
                                    cg_max_iter=cg_max_iter, backward_rtol=backward_rtol,
                                    backward_max_iter=backward_max_iter, on_failure=on_failure,
-                                   keep_factor=keep_factors)
+                                   keep_factor=keep_factors, reuse_factor=reuse_factor)
         self._topology = None
 
     @property
@@ -274,7 +280,11 @@ class Simulator:
         try:
             if backend == "torch":
                 solver = torch_backend.linear_solver_for(self.solver, len(self.body.free) * self.body.dim)
-                y, info = torch_backend.solve_step(params, top, solver, **self.solver_options)
+                options = dict(self.solver_options)
+                if options.pop("reuse_factor", False):
+                    raise ValueError("reuse_factor is an option of the C++ backend (CPU tensors): the torch backend "
+                                     "refactors at every Newton step; set sim.solver_options['reuse_factor'] = False")
+                y, info = torch_backend.solve_step(params, top, solver, **options)
             else:
                 y, info = self._minimize(params, top, batched)
         except ValueError as e:
