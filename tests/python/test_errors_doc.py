@@ -20,6 +20,7 @@ UNTRIGGERED = {
     "ImportError: diffsoft's compiled core failed to load": "needs a broken build",
     "diffsoft.training.SimulationFailure": "a training run that fails (test_training, on_failure='stop')",
     "ValueError: the fused step kernels run on CPU tensors only": "needs a non-CPU device",
+    "ValueError: backend='cpp' runs on CPU tensors only": "needs a non-CPU device",
 }
 _PLACEHOLDER = re.compile(r"\\\.\\\.\\\.|\\\(\\\.\\\.\\\.\\\)|\\\[\\\.\\\.\\\.\\\]|<criterion>|(?:\\\*)?SHAPE|"
                           r"\b(?:[A-Z]|PATH|NAME|DTYPE|lo|hi|[ijkteravdn])\b")
@@ -107,6 +108,12 @@ def _mu_in_float32():
     sim = _sim()
     sim.body.mu = sim.body.mu.float()
     sim.step(*sim.rest_state)
+
+
+def _save_per_creature(tmp):
+    sim = _sim()
+    sim.body.mass = sim.body.mass.expand(2, -1).clone()
+    creatures.save(sim, str(tmp / "c.json"))
 
 
 def _not_converging():
@@ -249,6 +256,11 @@ TRIGGERS = [
     ("ValueError: NAME has shape S, but it must be SHAPE for one creature: x0 is (N, d); one value per creature needs "
      "a batch x0 of shape (B, N, d) ...", lambda tmp: _per_creature_step(batch=None, mu_batch=3)),
     ("TypeError: body.mu has dtype A but the body has B", lambda tmp: _mu_in_float32()),
+    ("ValueError: backend must be 'auto', 'cpp' or 'torch', got ...", lambda tmp: _sim(backend="gpu")),
+    ("ValueError: reuse_factor is an option of the C++ backend (CPU tensors): the torch backend refactors at every "
+     "Newton step; ...", lambda tmp: _sim(backend="torch", reuse_factor=True).step(*_sim().rest_state)),
+    ("ValueError: creatures.save writes one creature, but body.NAME has shape S (one per creature of a batch); "
+     "save each creature's own", lambda tmp: _save_per_creature(tmp)),
     ("ValueError: Simulator.step: energy or its gradient is not finite at x0 ... The step's energy overflows at the "
      "start state: check x0, v0 and the constants ...",
      lambda tmp: _sim().step(torch.full((8, 2), -1e300, dtype=F64), torch.zeros(8, 2, dtype=F64))),
