@@ -196,9 +196,10 @@ def load_algovivo_policy(path, dtype=torch.float32):
 
 
 def center_of_mass_x(sim, x):
-    """The mass-weighted mean of the vertices' x coordinates: ``(..., N, d)`` -> ``(...)``."""
+    """The mass-weighted mean of the vertices' x coordinates: ``(..., N, d)`` -> ``(...)``; masses ``(N,)`` or one
+    row per creature ``(B, N)`` (each creature's centre by its own masses)."""
     m = sim.body.mass
-    return (x[..., 0] * m).sum(-1) / m.sum()
+    return (x[..., 0] * m).sum(-1) / m.sum(-1)
 
 
 def run_policy(sim, policy, steps, batch=None, a0=None, noise=None):

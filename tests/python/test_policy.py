@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from diffsoft import creatures
-from diffsoft.policy import (POLICY_KEYS, FramePolicy, frame_vertices, load_algovivo_policy, observe, run_policy,
-                             save_algovivo_policy)
+from diffsoft.policy import (POLICY_KEYS, FramePolicy, center_of_mass_x, frame_vertices, load_algovivo_policy,
+                             observe, run_policy, save_algovivo_policy)
 
 from conftest import F64
 
@@ -93,3 +93,11 @@ def test_hand_written_algovivo_policy_loads_and_runs(tmp_path):
     path.write_text(json.dumps(bad))
     with pytest.raises(ValueError, match="missing key 'min_a'"):
         load_algovivo_policy(str(path))
+
+
+def test_center_of_mass_with_per_creature_masses_is_each_creatures_own():
+    sim = creatures.make_creature("biped", F64)
+    x = sim.rest_state[0].expand(2, -1, -1) + torch.tensor([[[1.0, 0.0]], [[3.0, 0.0]]], dtype=torch.float64)
+    nominal = center_of_mass_x(sim, x)
+    sim.body.mass = sim.body.mass * torch.tensor([[1.0], [2.5]], dtype=torch.float64)
+    torch.testing.assert_close(center_of_mass_x(sim, x), nominal)  # uniform scaling moves no centre
