@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <stdexcept>
 
@@ -68,7 +69,7 @@ struct CholmodSymbolic {
   CholmodNumeric analysis;
   std::mutex mutex;
   std::vector<std::unique_ptr<CholmodNumeric>> spares;
-  size_t spare_max = 1;
+  std::atomic<size_t> spare_max{1};  // written under the cache's mutex, read under this one
 
   std::unique_ptr<CholmodNumeric> take(bool& reused) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -84,7 +85,7 @@ struct CholmodSymbolic {
   }
   void give_back(std::unique_ptr<CholmodNumeric> numeric) {
     std::lock_guard<std::mutex> lock(mutex);
-    if (spares.size() < spare_max) spares.push_back(std::move(numeric));
+    if (spares.size() < spare_max.load()) spares.push_back(std::move(numeric));
   }
 };
 
@@ -123,7 +124,7 @@ class CholmodFactor : public Factor {
           cache->symbolic = symbolic_, cache->n = lower.rows(), cache->nnz = lower.nonZeros();
           ++cache->analyses;
         }
-        symbolic_->spare_max = static_cast<size_t>(std::max<int64_t>(1, cache->spare_max));
+        symbolic_->spare_max.store(static_cast<size_t>(std::max<int64_t>(1, cache->spare_max)));
       }
       numeric_ = symbolic_->take(reused);
       if (reused) {

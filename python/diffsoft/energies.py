@@ -3,8 +3,9 @@
 Shapes: ``x`` is ``(..., N, d)`` (any leading batch dims, ``d`` = 2 or 3, y = ``x[..., 1]`` up); element and
 muscle index tensors are int64 and shared by the batch; per-vertex, per-element and per-muscle parameters
 broadcast against the batch dims (``(N,)`` shared, ``(B, N)`` one row per problem), and scalars against
-``x.shape[:-2]`` (a number or 0-dim tensor shared, ``(B,)`` one per problem). Every ``*_energy`` function returns the total over vertices/elements/
-muscles with shape ``x.shape[:-2]``; every ``*_density`` function returns one value per element.
+``x.shape[:-2]`` (a number or 0-dim tensor shared, ``(B,)`` one per problem). Every ``*_energy`` function
+returns the total over vertices/elements/muscles with shape ``x.shape[:-2]``; every ``*_density`` function
+returns one value per element.
 
 They are written with index gathers and elementwise ops only (no Python loop over elements), so the autograd
 graph has a fixed, small number of nodes whatever the mesh size: a Hessian-vector product by double backward

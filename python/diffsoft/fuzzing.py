@@ -500,7 +500,8 @@ MISUSE_TARGETS = (
         ("lr", lambda v, d: _positive(v)), ("gamma", lambda v, d: _real(v) and 0 <= v <= 1),
         ("backward_rtol", lambda v, d: _unit_open(v)), ("action_noise", lambda v, d: _nonneg(v)),
         ("batch", lambda v, d: _count(v)), ("window", lambda v, d: _count(v) and 256 % v == 0),
-        ("iterations", lambda v, d: _whole(v) and v >= 0), ("init_activation", lambda v, d: _real(v) and 0 <= v <= 0.75),
+        ("iterations", lambda v, d: _whole(v) and v >= 0),
+        ("init_activation", lambda v, d: _real(v) and 0 <= v <= 0.75),
         ("straight_through", lambda v, d: isinstance(v, bool)),
         ("on_failure", lambda v, d: isinstance(v, str) and v in ("skip", "stop")))]
     + [("render_frame", name, (lambda dtype, v, name=name, wrap=wrap: _render(dtype, **{name: wrap(v)})), ok)

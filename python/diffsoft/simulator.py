@@ -203,8 +203,8 @@ class Simulator:
     @ground.setter
     def ground(self, value):
         _, hi = self._range()
-        self._ground = None if value is None else self._number_or_tensor(
-            "ground", value, lambda v: abs(v) <= hi, f"a number (the ground's height, at most {hi:.1g} in size) or None")
+        rule = f"a number (the ground's height, at most {hi:.1g} in size) or None"
+        self._ground = None if value is None else self._number_or_tensor("ground", value, lambda v: abs(v) <= hi, rule)
 
     @property
     def friction_eps(self):
@@ -325,6 +325,11 @@ class Simulator:
     def _minimize(self, params, top, batched):
         """The C++ path: :func:`minimize` with the fused kernels' analytic energy (``fused=False``: the plain
         energy's double-backward products)."""
+        factorize = self.fused and self._factorizes()
+        if self.solver_options.get("reuse_factor") and not factorize:
+            raise ValueError("reuse_factor needs a factored Hessian, but this step solves by CG (solver='cg', "
+                             "fused=False, or 'auto' choosing CG for a large 3D body without CHOLMOD): use "
+                             "solver='direct', or set sim.solver_options['reuse_factor'] = False")
         if self.fused:
             top = with_kernel_model(top, params)
         energy = step_energy if self.fused else reference_step_energy
@@ -335,7 +340,7 @@ class Simulator:
             x_hat, start = params.x_hat.detach(), params.x0_free.detach()
             better = energy(x_hat, *params, top) <= energy(start, *params, top)
             guess = torch.where(better[..., None, None], x_hat, start)
-        analytic = analytic_energy(guess, *params, top, factorize=self._factorizes()) if self.fused else None
+        analytic = analytic_energy(guess, *params, top, factorize=factorize) if self.fused else None
         return minimize(energy, guess, *params, top, batched=batched, return_info=True, _analytic=analytic,
                         **self.solver_options)
 
@@ -473,16 +478,20 @@ class Simulator:
 
     def _number_or_tensor(self, name, value, ok, rule):
         """A number in range (``ok(value)``), kept as a float, or a 0-dim or ``(B,)`` real tensor of them (one per
-        creature), as the body's dtype and device with its graph kept; else a ValueError naming ``name``."""
-        if isinstance(value, torch.Tensor):
-            t = None
-            if value.dim() <= 1 and value.numel() and not value.is_complex() and value.dtype != torch.bool:
-                t = torch.as_tensor(value, dtype=self.body.dtype, device=self.body.device)
-                v = t.detach()
-                t = t if bool((torch.isfinite(v) & ok(v)).all()) else None
-            if t is None:
-                raise ValueError(f"{name} must be {rule}, or a 0-dim or (B,) tensor (one per creature) of them, got "
-                                 f"{value!r}")
+        creature), as the body's dtype and device with its graph kept. As :meth:`_scalar`: a TypeError naming
+        ``name`` for what is not a real number or such a tensor, a ValueError for a value out of range."""
+        is_tensor = isinstance(value, torch.Tensor)
+        if (is_tensor and (value.dim() > 1 or value.numel() == 0 or value.is_complex()
+                           or value.dtype == torch.bool)) or (
+                not is_tensor and (isinstance(value, bool) or not isinstance(value, numbers.Real))):
+            raise TypeError(f"{name} must be {rule}, or a 0-dim or (B,) tensor (one per creature) of them, got "
+                            f"{value!r}")
+        if is_tensor:
+            t = torch.as_tensor(value, dtype=self.body.dtype, device=self.body.device)
+            v = t.detach()
+            if not bool((torch.isfinite(v) & ok(v)).all()):
+                raise ValueError(f"{name} must be {rule}, or a 0-dim or (B,) tensor (one per creature) of them, "
+                                 f"got {value!r}")
             return t
         if not (is_finite_real(value) and ok(float(value))):
             raise ValueError(f"{name} must be {rule}, got {value!r}")

@@ -95,7 +95,8 @@ class TrainConfig:
     to ``policy.json``) is the policy that walked furthest in those evaluations and in one of the final
     policy, instead of the final policy (the distance during training swings by a few tenths to units
     between evaluations; the checkpoint holds both, and ``--resume`` continues from the last);
-    backward_rtol: the adjoint solve's relative tolerance (loose is enough for a stochastic gradient and halves the backward's cost); dtype:
+    backward_rtol: the adjoint solve's relative tolerance (loose is enough for a stochastic gradient and halves
+    the backward's cost); dtype:
     ``"float32"`` or ``"float64"``; device: where the creatures, the simulator, the policy and the critic
     live (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...; random numbers are drawn on the CPU and moved, so a run's
     draws do not depend on it); seed; out_dir; checkpoint_every; on_failure: ``"skip"`` (drop a creature

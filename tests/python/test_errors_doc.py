@@ -259,6 +259,9 @@ TRIGGERS = [
     ("ValueError: backend must be 'auto', 'cpp' or 'torch', got ...", lambda tmp: _sim(backend="gpu")),
     ("ValueError: reuse_factor is an option of the C++ backend (CPU tensors): the torch backend refactors at every "
      "Newton step; ...", lambda tmp: _sim(backend="torch", reuse_factor=True).step(*_sim().rest_state)),
+    ("ValueError: reuse_factor needs a factored Hessian, but this step solves by CG (...): use solver='direct', or "
+     "set sim.solver_options['reuse_factor'] = False",
+     lambda tmp: _sim(solver="cg", reuse_factor=True).step(*_sim().rest_state)),
     ("ValueError: creatures.save writes one creature, but body.NAME has shape S (one per creature of a batch); "
      "save each creature's own", lambda tmp: _save_per_creature(tmp)),
     ("ValueError: Simulator.step: energy or its gradient is not finite at x0 ... The step's energy overflows at the "

@@ -97,12 +97,14 @@ def test_negative_poisson_ratio_is_accepted_by_stable_neo_hookean_and_numpy_scal
     assert mesh.rectangle(np.float32(1.0), 0.5, np.int64(2), 1)[0].shape == (6, 2)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(dt=float("inf")), "dt must be"), (dict(dt=True), "dt must be"), (dict(ground=float("nan")), "ground"),
-    (dict(friction_eps=float("inf")), "friction_eps"), (dict(gravity=float("inf")), "gravity"),
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(dt=float("inf")), ValueError, "dt must be"), (dict(dt=True), TypeError, "dt must be"),
+    (dict(ground=float("nan")), ValueError, "ground"), (dict(friction_eps=float("inf")), ValueError, "friction_eps"),
+    (dict(gravity=float("inf")), ValueError, "gravity"), (dict(gravity=True), TypeError, "gravity"),
 ])
-def test_simulator_scalars_are_checked(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_simulator_scalars_are_checked(kwargs, error, match):
+    """Out of range: ValueError; not a number (a bool, a string): TypeError; for every constant alike."""
+    with pytest.raises(error, match=match):
         Simulator(_sheet(), **kwargs)
 
 

@@ -128,9 +128,9 @@ def test_per_creature_parameters_on_the_fused_and_plain_paths_agree():
     """The same per-creature batch on the kernels (default) and on the plain path (double backward through the
     reference energy): states and the gradients with respect to every per-creature parameter."""
     out = []
-    for fused in (True, False):
+    for use_kernels in (True, False):
         sim, x, v = _biped_sliding_onto_the_ground(batch=3)
-        sim.fused = fused
+        sim.fused = use_kernels
         leaves = {k: t.requires_grad_() for k, t in _per_creature(sim, 3, seed=9).items()}
         _assign(sim, leaves)
         x1, v1 = sim.step(x, v)
@@ -270,13 +270,17 @@ def test_mismatched_batches_are_refused_by_name():
         sim.step(x, v)
 
 
-@pytest.mark.parametrize("name, value, match", [
-    ("dt", torch.tensor(-0.01), "dt must be a positive number"), ("dt", torch.ones(2, 2), "dt must be"),
-    ("dt", torch.tensor(1j), "dt must be"), ("ground", torch.tensor(float("nan")), "ground must be"),
-    ("friction_eps", torch.tensor([0.01, -0.01]), "friction_eps must be"), ("gravity", torch.ones(2, 2), "gravity"),
-    ("friction", torch.tensor([1.0, float("inf")]), "friction must be")])
-def test_bad_constant_tensors_are_refused_by_name(name, value, match):
-    with pytest.raises((ValueError, TypeError), match=match):
+@pytest.mark.parametrize("name, value, error, match", [
+    ("dt", torch.tensor(-0.01), ValueError, "dt must be a positive number"),
+    ("dt", torch.ones(2, 2), TypeError, "dt must be"), ("dt", torch.tensor(1j), TypeError, "dt must be"),
+    ("ground", torch.tensor(float("nan")), ValueError, "ground must be"),
+    ("friction_eps", torch.tensor([0.01, -0.01]), ValueError, "friction_eps must be"),
+    ("gravity", torch.ones(2, 2), TypeError, "gravity"), ("ground", "0.0", TypeError, "ground must be"),
+    ("friction", torch.tensor([1.0, float("inf")]), ValueError, "friction must be")])
+def test_bad_constant_tensors_are_refused_by_name(name, value, error, match):
+    """A value that is not a number or a 0-dim/(B,) tensor is a TypeError, one out of range a ValueError, for
+    each of the six constants alike."""
+    with pytest.raises(error, match=match):
         Simulator(biped(dtype=F64).body, **{name: value})
 
 

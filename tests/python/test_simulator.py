@@ -280,7 +280,7 @@ def test_bad_simulator_arguments():
         Simulator(body, dt=0.0)
     with pytest.raises(ValueError, match="contact_stiffness"):
         Simulator(body, contact_stiffness=-1.0)
-    with pytest.raises(ValueError, match="ground"):
+    with pytest.raises(TypeError, match="ground"):
         Simulator(body, ground="floor")
 
 

@@ -82,7 +82,8 @@ def _small_sim(material, fixed=None, **kw):
 
 
 _FIELDS = [("mu", "body"), ("lam", "body"), ("mass", "body"), ("Dm_inv", "body"), ("muscle_rest_length", "body"),
-           ("muscle_stiffness", "body"), ("gravity", "sim"), ("contact_stiffness", "sim"), ("friction", "sim")]
+           ("muscle_stiffness", "body"), ("gravity", "sim"), ("contact_stiffness", "sim"), ("friction", "sim"),
+           ("dt", "sim"), ("ground", "sim"), ("friction_eps", "sim")]
 
 
 @pytest.mark.parametrize("material,fixed,solver", [("neo_hookean", None, "direct"), ("algovivo", [2], "direct"),
@@ -96,7 +97,8 @@ def test_step_gradients_against_finite_differences(material, fixed, solver, devi
     v0 = v0.to(device)
     a = torch.tensor([0.7, 0.9], dtype=F64, device=device)
     owners = {"body": sim.body, "sim": sim}
-    originals = [getattr(owners[o], name).detach().clone() for name, o in _FIELDS]
+    originals = [torch.as_tensor(getattr(owners[o], name), dtype=F64, device=device).detach().clone()
+                 for name, o in _FIELDS]  # dt, ground and friction_eps are kept as numbers until given tensors
     inputs = tuple(t.clone().requires_grad_() for t in [x0, v0, a] + originals)
 
     def step(x0, v0, a, *values):
