@@ -1,9 +1,16 @@
-"""Shared by every Python test: the dtypes and devices tests run in, and seeded random state, so that a test's
-data does not depend on which tests ran before it (``pytest -k``, ``-x`` and a full run see the same numbers)."""
+"""Shared by every Python test: the dtypes and devices tests run in, seeded random state, so that a test's
+data does not depend on which tests ran before it (``pytest -k``, ``-x`` and a full run see the same numbers),
+and the small simulators several test files step."""
 import pytest
 import torch
 
+from diffsoft.body import SoftBody
+from diffsoft.mesh import box, rectangle
+from diffsoft.simulator import Simulator
+
 F64, F32 = torch.float64, torch.float32
+TIGHT = dict(rtol=1e-12, atol=1e-10, backward_rtol=1e-12, on_failure="raise")
+"""Solver options for comparisons with finite differences."""
 DTYPES = (F64, F32)
 """Float64 first: derivatives are checked against finite differences in it; float32 is the training dtype."""
 
@@ -36,3 +43,27 @@ def device(request):
 def generator():
     """A ``torch.Generator`` seeded at 0, for tests that draw their own data."""
     return torch.Generator().manual_seed(0)
+
+
+def small_sim(material="neo_hookean", fixed=None, device=None, **kw):
+    """2 x 1 cells (6 vertices), 2 muscles, resting near the ground: contact and friction are active; float64,
+    :data:`TIGHT` options (``kw`` overrides them, e.g. ``backend``). On ``device`` (default the CPU), where the
+    step takes that device's backend."""
+    v, t = rectangle(0.4, 0.2, 2, 1, dtype=F64)
+    body = SoftBody(v, t, material=material, density=100.0, youngs_modulus=2e3, poisson_ratio=0.3,
+                    muscles=[[0, 4], [1, 5]], muscle_stiffness=[30.0, 40.0], fixed=fixed)
+    sim = Simulator(body, dt=0.02, **{**TIGHT, **kw})
+    return sim if device is None else sim.to(device=device)
+
+
+def sheet_sim(dim, material, fixed=None):
+    """A 2D sheet (3 x 2 cells) or 3D box (2 x 1 x 1 cells) with 2 muscles over the ground, float64."""
+    if dim == 2:
+        verts, elements = rectangle(width=0.4, height=0.2, nx=3, ny=2, dtype=F64)
+        muscles = [[0, 5], [1, 4]]
+    else:
+        verts, elements = box(size=(0.4, 0.2, 0.2), resolution=(2, 1, 1), dtype=F64)
+        muscles = [[0, 7], [1, 6]]
+    body = SoftBody(verts, elements, material=material, density=1000.0, youngs_modulus=1e4, poisson_ratio=0.3,
+                    fixed=fixed, muscles=muscles)
+    return Simulator(body, dt=0.02, ground=0.0)

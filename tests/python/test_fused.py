@@ -9,24 +9,12 @@ from diffsoft.body import SoftBody
 from diffsoft.creatures import biped, tetrapod
 from diffsoft.energies import reference_step_energy
 from diffsoft.fused import step_energy
-from diffsoft.mesh import box, rectangle
+from diffsoft.mesh import box
 from diffsoft.simulator import Simulator
 from diffsoft.step import StepParams
 
-from conftest import F64
+from conftest import F64, sheet_sim
 
-
-
-def _sim(dim, material, fixed=None):
-    if dim == 2:
-        verts, elements = rectangle(width=0.4, height=0.2, nx=3, ny=2, dtype=F64)
-        muscles = [[0, 5], [1, 4]]
-    else:
-        verts, elements = box(size=(0.4, 0.2, 0.2), resolution=(2, 1, 1), dtype=F64)
-        muscles = [[0, 7], [1, 6]]
-    body = SoftBody(verts, elements, material=material, density=1000.0, youngs_modulus=1e4, poisson_ratio=0.3,
-                    fixed=fixed, muscles=muscles)
-    return Simulator(body, dt=0.02, ground=0.0)
 
 
 def _params(sim, x0, v0, activation):
@@ -56,7 +44,7 @@ CASES = [(2, "algovivo", None), (2, "neo_hookean", [0]), (2, "stable_neo_hookean
 @pytest.mark.parametrize("dim,material,fixed", CASES)
 @pytest.mark.parametrize("batch", [0, 2])
 def test_value_gradient_and_hvp_match_the_reference(dim, material, fixed, batch):
-    sim = _sim(dim, material, fixed)
+    sim = sheet_sim(dim, material, fixed)
     x0, v0, a, y = _state(sim, batch, seed=dim)
     params = _params(sim, x0, v0, a)
     y = y.requires_grad_()
@@ -81,7 +69,7 @@ def test_parameter_derivatives_match_the_reference(dim, material, fixed, batch):
     double backward through the plain-torch energy, for every parameter tensor."""
     from diffsoft import fused
 
-    sim = _sim(dim, material, fixed)
+    sim = sheet_sim(dim, material, fixed)
     x0, v0, a, y = _state(sim, batch, seed=11)
     params = _params(sim, x0, v0, a)
     tensors = StepParams(*[p.detach().clone().requires_grad_() for p in params[:-1]])
@@ -102,7 +90,7 @@ def test_parameter_derivatives_match_the_reference(dim, material, fixed, batch):
 
 @pytest.mark.parametrize("dim,material,fixed", CASES[:4])
 def test_gradcheck_and_gradgradcheck_in_every_input(dim, material, fixed):
-    sim = _sim(dim, material, fixed)
+    sim = sheet_sim(dim, material, fixed)
     x0, v0, a, y = _state(sim, 0, seed=3)
     params = _params(sim, x0, v0, a)
     tensors = [p.detach().clone().requires_grad_() if isinstance(p, torch.Tensor) else p for p in params]
@@ -143,7 +131,7 @@ def test_cpu_kernels_and_device_agnostic_torch_path_agree(dim, material, fixed):
     """CPU tensors take the C++ kernels; other devices the vectorised torch ops: both against each other."""
     from diffsoft import fused
 
-    sim = _sim(dim, material, fixed)
+    sim = sheet_sim(dim, material, fixed)
     x0, v0, a, y = _state(sim, 2, seed=7)
     params = _params(sim, x0, v0, a)
     p, top = StepParams(*params[:-1]), params[-1]
@@ -166,7 +154,7 @@ def _block(dtype=F64):
 
 
 @pytest.mark.parametrize("make", [lambda: biped(dtype=F64), lambda: tetrapod(dtype=F64),
-                                  lambda: _sim(2, "neo_hookean", fixed=[0, 3]), _block],
+                                  lambda: sheet_sim(2, "neo_hookean", fixed=[0, 3]), _block],
                          ids=["biped", "tetrapod", "fixed", "block"])
 def test_sparse_direct_and_cg_solvers_agree(make):
     """solver="direct" (sparse LDL^T of each creature's Hessian, also for the adjoint) against "cg"."""
@@ -196,7 +184,7 @@ def test_batched_step_gradients_for_every_parameter_match_the_plain_path(solver)
     fields, one activation for both creatures), against the plain path's double backward."""
     grads = []
     for fused in (True, False):
-        sim = _sim(2, "neo_hookean", fixed=[0])
+        sim = sheet_sim(2, "neo_hookean", fixed=[0])
         sim.fused, sim.solver = fused, solver
         sim.solver_options.update(on_failure="raise", rtol=1e-11, atol=sim.solver_options["atol"] * 1e-3)
         body = sim.body

@@ -10,11 +10,11 @@ from diffsoft.body import SoftBody
 from diffsoft.creatures import biped
 from diffsoft.energies import reference_step_energy
 from diffsoft.fused import step_energy
-from diffsoft.mesh import box, rectangle
+from diffsoft.mesh import rectangle
 from diffsoft.simulator import Simulator
 from diffsoft.step import StepParams
 
-from conftest import F64
+from conftest import F64, sheet_sim
 
 BODY_FIELDS = ("mass", "Dm_inv", "mu", "lam", "muscle_rest_length", "muscle_stiffness")
 CONSTANTS = ("dt", "gravity", "ground", "contact_stiffness", "friction", "friction_eps")
@@ -191,15 +191,8 @@ CASES = [(2, "algovivo", None), (2, "neo_hookean", [0]), (3, "stable_neo_hookean
 
 def _energy_problem(dim, material, fixed, batch=2):
     """A step problem of ``batch`` problems whose every parameter is per problem, and a point y near x0."""
-    if dim == 2:
-        verts, elements = rectangle(width=0.4, height=0.2, nx=3, ny=2, dtype=F64)
-        muscles = [[0, 5], [1, 4]]
-    else:
-        verts, elements = box(size=(0.4, 0.2, 0.2), resolution=(2, 1, 1), dtype=F64)
-        muscles = [[0, 7], [1, 6]]
-    body = SoftBody(verts, elements, material=material, density=1000.0, youngs_modulus=1e4, poisson_ratio=0.3,
-                    fixed=fixed, muscles=muscles)
-    sim = Simulator(body, dt=0.02, ground=0.0)
+    sim = sheet_sim(dim, material, fixed)
+    body, verts = sim.body, sim.body.rest_positions
     _assign(sim, _per_creature(sim, batch, seed=dim))
     g = torch.Generator().manual_seed(7)
     x0 = verts + 0.01 * torch.randn((batch,) + verts.shape, generator=g, dtype=F64)

@@ -10,19 +10,9 @@ from diffsoft.body import SoftBody
 from diffsoft.mesh import box, rectangle
 from diffsoft.simulator import Simulator
 
-TIGHT = dict(rtol=1e-12, atol=1e-10, backward_rtol=1e-12, on_failure="raise")  # for finite differences
+from conftest import F64, TIGHT, small_sim
+
 PHYSICS = dict(on_failure="raise")
-F64 = torch.float64
-
-
-def _small_sim(material="neo_hookean", fixed=None, device=None, **kw):
-    """2 x 1 cells (6 vertices), 2 muscles, resting near the ground: contact and friction are active. On
-    ``device`` (default the CPU), where the step takes that device's backend."""
-    v, t = rectangle(0.4, 0.2, 2, 1, dtype=F64)
-    body = SoftBody(v, t, material=material, density=100.0, youngs_modulus=2e3, poisson_ratio=0.3,
-                    muscles=[[0, 4], [1, 5]], muscle_stiffness=[30.0, 40.0], fixed=fixed)
-    sim = Simulator(body, dt=0.02, **{**TIGHT, **kw})
-    return sim if device is None else sim.to(device=device)
 
 
 def _state(sim, seed=0):
@@ -59,7 +49,7 @@ def _with_params(sim, values):
 @pytest.mark.parametrize("material,fixed", [("neo_hookean", None), ("algovivo", [2]),
                                             ("stable_neo_hookean", None)])
 def test_step_gradients_against_finite_differences(material, fixed, device):
-    sim = _small_sim(material, fixed, device)
+    sim = small_sim(material, fixed, device)
     x0, v0 = _state(sim)
     a = torch.tensor([0.7, 0.9], dtype=F64, device=device)
     originals = [get(sim).detach().clone() for _, get, _ in _PARAMS]
@@ -137,7 +127,7 @@ def test_rollout_of_20_steps_with_contact_gradients_against_central_differences(
 
 
 def test_batched_step_matches_separate_steps_and_gradients(device):
-    sim = _small_sim(fixed=[0], device=device)
+    sim = small_sim(fixed=[0], device=device)
     xa, va = _state(sim, 1)
     xb, vb = _state(sim, 2)
     acts = torch.tensor([[0.7, 0.9], [1.0, 0.5]], dtype=F64, device=device, requires_grad=True)
@@ -155,7 +145,7 @@ def test_batched_step_matches_separate_steps_and_gradients(device):
 
 
 def test_fixed_vertices_do_not_move(device):
-    sim = _small_sim(fixed=[0, 3], device=device)
+    sim = small_sim(fixed=[0, 3], device=device)
     x0, v0 = _state(sim)
     x1, v1, info = sim.step(x0, v0, return_info=True)
     assert torch.equal(x1[[0, 3]], x0[[0, 3]]) and v1[[0, 3]].abs().max() == 0
@@ -268,14 +258,14 @@ def test_neo_hookean_step_never_inverts():
     (lambda x, v, a: (x, v, torch.ones(3, 2, dtype=F64)), ValueError, "one per muscle"),
 ])
 def test_bad_state_or_activation_raises(make_args, error, match):
-    sim = _small_sim()
+    sim = small_sim()
     x, v = _state(sim)
     with pytest.raises(error, match=match):
         sim.step(*make_args(x, v, torch.tensor([0.5, 0.5], dtype=F64)))
 
 
 def test_bad_simulator_arguments():
-    body = _small_sim().body
+    body = small_sim().body
     with pytest.raises(ValueError, match="dt"):
         Simulator(body, dt=0.0)
     with pytest.raises(ValueError, match="contact_stiffness"):

@@ -11,8 +11,7 @@ from diffsoft.creatures import biped
 from diffsoft.mesh import box, rectangle
 from diffsoft.simulator import Simulator
 
-F64 = torch.float64
-TIGHT = dict(rtol=1e-12, atol=1e-10, backward_rtol=1e-12, on_failure="raise")
+from conftest import F64, TIGHT, small_sim
 
 
 def _biped_batch(batch, dtype=F64, seed=0):
@@ -73,14 +72,6 @@ def test_one_material_per_creature_matches_the_cpp_path():
     torch.testing.assert_close(out["torch"][1], out["cpp"][1], rtol=1e-8, atol=1e-8 * out["cpp"][1].abs().max().item())
 
 
-def _small_sim(material, fixed=None, **kw):
-    """2 x 1 cells (6 vertices), 2 muscles, resting near the ground: contact and friction are active."""
-    v, t = rectangle(0.4, 0.2, 2, 1, dtype=F64)
-    body = SoftBody(v, t, material=material, density=100.0, youngs_modulus=2e3, poisson_ratio=0.3,
-                    muscles=[[0, 4], [1, 5]], muscle_stiffness=[30.0, 40.0], fixed=fixed)
-    return Simulator(body, dt=0.02, backend="torch", **{**TIGHT, **kw})
-
-
 _FIELDS = [("mu", "body"), ("lam", "body"), ("mass", "body"), ("Dm_inv", "body"), ("muscle_rest_length", "body"),
            ("muscle_stiffness", "body"), ("gravity", "sim"), ("contact_stiffness", "sim"), ("friction", "sim"),
            ("dt", "sim"), ("ground", "sim"), ("friction_eps", "sim")]
@@ -89,7 +80,7 @@ _FIELDS = [("mu", "body"), ("lam", "body"), ("mass", "body"), ("Dm_inv", "body")
 @pytest.mark.parametrize("material,fixed,solver", [("neo_hookean", None, "direct"), ("algovivo", [2], "direct"),
                                                    ("stable_neo_hookean", None, "cg")])
 def test_step_gradients_against_finite_differences(material, fixed, solver, device):
-    sim = _small_sim(material, fixed, solver=solver).to(device=device)
+    sim = small_sim(material, fixed, device, solver=solver, backend="torch")
     g = torch.Generator().manual_seed(0)
     x0 = sim.body.rest_positions + torch.tensor([0.0, 0.004], dtype=F64, device=device)
     x0 = x0 + 0.003 * torch.randn(x0.shape, generator=g, dtype=F64).to(device)
