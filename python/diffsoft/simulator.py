@@ -464,12 +464,7 @@ class Simulator:
         """A constant as a 0-dim tensor of the body's dtype, or a ``(B,)`` tensor given (one per creature); a
         tensor given keeps its graph."""
         kind = "non-negative" if allow_zero else "positive"
-        is_tensor = isinstance(value, torch.Tensor)
-        if (is_tensor and (value.dim() > 1 or value.numel() == 0 or value.is_complex()
-                           or value.dtype == torch.bool)) or (
-                not is_tensor and (isinstance(value, bool) or not isinstance(value, numbers.Real))):
-            raise TypeError(f"{name} must be a {kind} number, or a 0-dim or (B,) tensor (one per creature) of them, "
-                            f"got {value!r}")
+        _check_constant_kind(name, value, f"a {kind} number")
         t = torch.as_tensor(value, dtype=self.body.dtype, device=self.body.device)
         v = t.detach()
         if not bool((torch.isfinite(v) & (v >= 0) & (allow_zero | (v >= torch.finfo(t.dtype).tiny))).all()):
@@ -480,13 +475,8 @@ class Simulator:
         """A number in range (``ok(value)``), kept as a float, or a 0-dim or ``(B,)`` real tensor of them (one per
         creature), as the body's dtype and device with its graph kept. As :meth:`_scalar`: a TypeError naming
         ``name`` for what is not a real number or such a tensor, a ValueError for a value out of range."""
-        is_tensor = isinstance(value, torch.Tensor)
-        if (is_tensor and (value.dim() > 1 or value.numel() == 0 or value.is_complex()
-                           or value.dtype == torch.bool)) or (
-                not is_tensor and (isinstance(value, bool) or not isinstance(value, numbers.Real))):
-            raise TypeError(f"{name} must be {rule}, or a 0-dim or (B,) tensor (one per creature) of them, got "
-                            f"{value!r}")
-        if is_tensor:
+        _check_constant_kind(name, value, rule)
+        if isinstance(value, torch.Tensor):
             t = torch.as_tensor(value, dtype=self.body.dtype, device=self.body.device)
             v = t.detach()
             if not bool((torch.isfinite(v) & ok(v)).all()):
@@ -536,3 +526,12 @@ class Simulator:
             raise ValueError(f"activation must be in [{_MIN_ACTIVATION:g}, 1] (1 is relaxed; a muscle's rest length "
                              f"is scaled by it, and cannot vanish), got {bad:g}")
         return a
+
+
+def _check_constant_kind(name, value, rule):
+    """A TypeError naming ``name`` unless ``value`` is a real number (not a bool) or a 0-dim or ``(B,)`` real
+    tensor (one per creature): the kind every simulator constant takes, whatever its range (``rule``)."""
+    is_tensor = isinstance(value, torch.Tensor)
+    if (is_tensor and (value.dim() > 1 or value.numel() == 0 or value.is_complex() or value.dtype == torch.bool)) or (
+            not is_tensor and (isinstance(value, bool) or not isinstance(value, numbers.Real))):
+        raise TypeError(f"{name} must be {rule}, or a 0-dim or (B,) tensor (one per creature) of them, got {value!r}")
