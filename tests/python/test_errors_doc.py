@@ -65,32 +65,26 @@ def _json_file(tmp, data, name="f.json"):
     return str(path)
 
 
-def _policy_file(tmp, **edits):
-    path = str(tmp / "policy.json")
-    policy.save_algovivo_policy(policy.FramePolicy(4, 2, 2, 0, 1, hidden=8), path)
-    data = json.loads(Path(path).read_text())
-    for key, value in edits.items():
-        if key == "fc1_weight":
-            data["fc1"]["weight"][0][0] = value
-        else:
-            data[key] = value
-    return _json_file(tmp, json.dumps(data), "policy.json")
+def _edited(tmp, name, save, edit):
+    """The path of the JSON file ``name`` that ``save(path)`` writes, rewritten after ``edit(data)``."""
+    path = tmp / name
+    save(str(path))
+    data = json.loads(path.read_text())
+    edit(data)
+    return _json_file(tmp, data, name)
 
 
-def _creature_file(tmp, **edits):
-    path = str(tmp / "creature.json")
-    creatures.save(_sim(), path)
-    data = json.loads(Path(path).read_text())
-    data.update(edits)
-    return _json_file(tmp, json.dumps(data), "creature.json")
+def _policy_file(tmp, fc1_weight):
+    """A policy file whose first weight is ``fc1_weight``."""
+    def edit(data):
+        data["fc1"]["weight"][0][0] = fc1_weight
+    return _edited(tmp, "policy.json", lambda path: policy.save_algovivo_policy(
+        policy.FramePolicy(4, 2, 2, 0, 1, hidden=8), path), edit)
 
 
-def _algovivo_file(tmp, **edits):
-    path = str(tmp / "creature.json")
-    creatures.save_algovivo(_sim(), path)
-    data = json.loads(Path(path).read_text())
-    data.update(edits)
-    return creatures.load_algovivo(_json_file(tmp, json.dumps(data), "creature.json"))
+def _creature_file(tmp, save=creatures.save, **edits):
+    """A creature file (diffsoft's format, or algovivo's with ``save=creatures.save_algovivo``) with ``edits``."""
+    return _edited(tmp, "creature.json", lambda path: save(_sim(), path), lambda data: data.update(edits))
 
 
 def _per_creature_step(batch, mu_batch):
@@ -301,7 +295,7 @@ TRIGGERS = [
     ("ValueError: PATH: key 'mass' must be a (nested) list of numbers of equal lengths",
      lambda tmp: creatures.load(_creature_file(tmp, mass=["1"] * 8))),
     ("ValueError: PATH: key 'l0' (the muscles' rest lengths) must be positive numbers that DTYPE holds, in [lo, hi], "
-     "got v", lambda tmp: _algovivo_file(tmp, l0=[0.0])),
+     "got v", lambda tmp: creatures.load_algovivo(_creature_file(tmp, creatures.save_algovivo, l0=[0.0]))),
     ("ValueError: size must be (width, height), two integers in [1, 16384] (pixels), got ...",
      lambda tmp: render.render_frame(_sim(), _sim().rest_state[0], size=(0, 10))),
     ("ValueError: x0 is on D but the body is on E",
