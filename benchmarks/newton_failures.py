@@ -13,6 +13,7 @@ import time
 import torch
 
 from diffsoft import training
+from diffsoft._compat import load_checkpoint
 from diffsoft.creatures import make_creature
 from diffsoft.policy import FramePolicy
 
@@ -65,7 +66,7 @@ def main():
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    ckpt = torch.load(args.checkpoint, map_location="cpu")
+    ckpt = load_checkpoint(args.checkpoint)
     print("| solver setting | creature-steps not converged | creature-steps | most Newton iterations in a step "
           "| mean Newton iterations per step | seconds |")
     print("| --- | --- | --- | --- | --- | --- |")

@@ -26,6 +26,7 @@ import time
 import torch
 
 from diffsoft import ppo, training
+from diffsoft._compat import load_checkpoint
 from diffsoft.creatures import CREATURES, make_creature
 from diffsoft.policy import FramePolicy, distance_walked
 
@@ -171,7 +172,7 @@ def speed(args, rounds=6):
     Newton iterations per step than standing still): the differentiable trainer with its pool, PPO with it
     as the mean of its Gaussian policy. Returns ``{method: [seconds per creature-step, ...]}`` (wall) and the
     same in process CPU time."""
-    ckpt = torch.load(args.speed, map_location="cpu")
+    ckpt = load_checkpoint(args.speed)
     cfg = training.TrainConfig(**dict(ckpt["config"], out_dir=args.out))
     sim = make_creature(cfg.creature, getattr(torch, cfg.dtype))
     sim.solver_options["backward_rtol"] = cfg.backward_rtol
