@@ -74,13 +74,13 @@ diffsoft::RaiseFn python_convergence_error(std::shared_ptr<SolveInfo> info) {
 // SolveInfo as a tuple of its fields, for pickling (multiprocessing, ConvergenceError.info).
 py::tuple solve_info_state(const SolveInfo& i) {
   return py::make_tuple(i.converged, i.iterations, i.cg_iterations, i.hvp_count, i.factorizations,
-                        i.line_search_steps, i.energy, i.grad_norm, i.grad_norm_initial, i.problem_converged,
-                        i.message, i.backward_ran, i.backward_converged, i.backward_cg_iterations,
+                        i.line_search_steps, i.fallback_steps, i.energy, i.grad_norm, i.grad_norm_initial,
+                        i.problem_converged, i.message, i.backward_ran, i.backward_converged, i.backward_cg_iterations,
                         i.backward_direct, i.backward_residual, i.backward_message);
 }
 
 std::shared_ptr<SolveInfo> solve_info_from(const py::tuple& t) {
-  if (t.size() != 17) throw std::invalid_argument("SolveInfo: a pickled state of 17 fields expected");
+  if (t.size() != 18) throw std::invalid_argument("SolveInfo: a pickled state of 18 fields expected");
   auto i = std::make_shared<SolveInfo>();
   i->converged = t[0].cast<bool>();
   i->iterations = t[1].cast<int64_t>();
@@ -88,17 +88,18 @@ std::shared_ptr<SolveInfo> solve_info_from(const py::tuple& t) {
   i->hvp_count = t[3].cast<int64_t>();
   i->factorizations = t[4].cast<int64_t>();
   i->line_search_steps = t[5].cast<int64_t>();
-  i->energy = t[6].cast<double>();
-  i->grad_norm = t[7].cast<double>();
-  i->grad_norm_initial = t[8].cast<double>();
-  i->problem_converged = t[9].cast<std::vector<bool>>();
-  i->message = t[10].cast<std::string>();
-  i->backward_ran = t[11].cast<bool>();
-  i->backward_converged = t[12].cast<bool>();
-  i->backward_cg_iterations = t[13].cast<int64_t>();
-  i->backward_direct = t[14].cast<bool>();
-  i->backward_residual = t[15].cast<double>();
-  i->backward_message = t[16].cast<std::string>();
+  i->fallback_steps = t[6].cast<int64_t>();
+  i->energy = t[7].cast<double>();
+  i->grad_norm = t[8].cast<double>();
+  i->grad_norm_initial = t[9].cast<double>();
+  i->problem_converged = t[10].cast<std::vector<bool>>();
+  i->message = t[11].cast<std::string>();
+  i->backward_ran = t[12].cast<bool>();
+  i->backward_converged = t[13].cast<bool>();
+  i->backward_cg_iterations = t[14].cast<int64_t>();
+  i->backward_direct = t[15].cast<bool>();
+  i->backward_residual = t[16].cast<double>();
+  i->backward_message = t[17].cast<std::string>();
   return i;
 }
 
@@ -165,23 +166,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<SolveInfo, std::shared_ptr<SolveInfo>>(m, "SolveInfo")
       .def(py::init<>())
-      .def_readonly("converged", &SolveInfo::converged)
-      .def_readonly("iterations", &SolveInfo::iterations)
-      .def_readonly("cg_iterations", &SolveInfo::cg_iterations)
-      .def_readonly("hvp_count", &SolveInfo::hvp_count)
-      .def_readonly("factorizations", &SolveInfo::factorizations)
-      .def_readonly("backward_direct", &SolveInfo::backward_direct)
-      .def_readonly("line_search_steps", &SolveInfo::line_search_steps)
-      .def_readonly("energy", &SolveInfo::energy)
-      .def_readonly("grad_norm", &SolveInfo::grad_norm)
-      .def_readonly("grad_norm_initial", &SolveInfo::grad_norm_initial)
-      .def_readonly("problem_converged", &SolveInfo::problem_converged)
-      .def_readonly("message", &SolveInfo::message)
-      .def_readonly("backward_ran", &SolveInfo::backward_ran)
-      .def_readonly("backward_converged", &SolveInfo::backward_converged)
-      .def_readonly("backward_cg_iterations", &SolveInfo::backward_cg_iterations)
-      .def_readonly("backward_residual", &SolveInfo::backward_residual)
-      .def_readonly("backward_message", &SolveInfo::backward_message)
+      .def_readwrite("converged", &SolveInfo::converged)
+      .def_readwrite("iterations", &SolveInfo::iterations)
+      .def_readwrite("cg_iterations", &SolveInfo::cg_iterations)
+      .def_readwrite("hvp_count", &SolveInfo::hvp_count)
+      .def_readwrite("factorizations", &SolveInfo::factorizations)
+      .def_readwrite("backward_direct", &SolveInfo::backward_direct)
+      .def_readwrite("line_search_steps", &SolveInfo::line_search_steps)
+      .def_readwrite("fallback_steps", &SolveInfo::fallback_steps)
+      .def_readwrite("energy", &SolveInfo::energy)
+      .def_readwrite("grad_norm", &SolveInfo::grad_norm)
+      .def_readwrite("grad_norm_initial", &SolveInfo::grad_norm_initial)
+      .def_readwrite("problem_converged", &SolveInfo::problem_converged)
+      .def_readwrite("message", &SolveInfo::message)
+      .def_readwrite("backward_ran", &SolveInfo::backward_ran)
+      .def_readwrite("backward_converged", &SolveInfo::backward_converged)
+      .def_readwrite("backward_cg_iterations", &SolveInfo::backward_cg_iterations)
+      .def_readwrite("backward_residual", &SolveInfo::backward_residual)
+      .def_readwrite("backward_message", &SolveInfo::backward_message)
       .def(py::pickle(&solve_info_state, &solve_info_from));
 
   py::class_<StepModel>(m, "StepModel")

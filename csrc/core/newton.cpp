@@ -176,7 +176,9 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     if (last_solve && stale) *last_solve = stale;
     // A row whose CG direction is numerically useless (no descent) falls back to steepest descent.
     torch::Tensor row_slope = row_dot(g, cg.x);
-    torch::Tensor p = torch::where((row_slope < 0).unsqueeze(1), cg.x, rhs);
+    torch::Tensor descent = row_slope < 0;
+    info.fallback_steps += (descent.logical_not() & active).sum().item<int64_t>();
+    torch::Tensor p = torch::where(descent.unsqueeze(1), cg.x, rhs);
     row_slope = row_dot(g, p);
 
     // Backtracking line search, per problem when the energy gives per-problem values; non-finite trial

@@ -88,8 +88,8 @@ def minimize(
 
     Returns:
         ``x*`` with the shape of ``x0``, or ``(x*, info)``. ``info`` holds converged, iterations,
-        cg_iterations, hvp_count, line_search_steps, energy, grad_norm, grad_norm_initial,
-        problem_converged and message; after ``backward()`` the same object also holds backward_ran,
+        cg_iterations, hvp_count, factorizations, line_search_steps, fallback_steps, energy, grad_norm,
+        grad_norm_initial, problem_converged and message; after ``backward()`` the same object also holds backward_ran,
         backward_converged, backward_cg_iterations, backward_residual and backward_message.
     """
     if not callable(energy):

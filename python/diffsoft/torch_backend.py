@@ -37,7 +37,7 @@ import weakref
 
 import torch
 
-from ._extension import ConvergenceError
+from ._extension import ConvergenceError, SolveInfo
 from ._minimize import _options
 from .energies import reference_step_energy
 from .fused import _gradient_and_hessian
@@ -52,39 +52,6 @@ DENSE_MAX_UNKNOWNS = 1000
 ``B n^2`` memory and ``B n^3 / 3`` flops), block-Jacobi CG above. A judgement, not a measured crossover."""
 
 LINEAR_SOLVERS = ("cholesky", "block_jacobi_cg")
-
-
-@dataclasses.dataclass
-class TorchSolveInfo:
-    """The torch backend's solve record: the fields of :class:`diffsoft.SolveInfo` (whose fields cannot be set
-    from Python), with the same meanings, plus ``linear_solver`` and ``fallback_steps``.
-
-    ``iterations`` counts Newton iterations (a rejected line-search trial is one: the creature retries from
-    the same point); ``line_search_steps`` the trials of all creatures; ``factorizations`` batched Cholesky
-    factorizations; ``fallback_steps`` the (creature, iteration) pairs where the Hessian was not positive
-    definite and a Jacobi-scaled gradient step was taken instead of Newton's. ``energy`` is the creatures'
-    total energy at the end, ``grad_norm`` / ``grad_norm_initial`` the largest gradient norm at the end / the
-    start (failed creatures included). The ``backward_*`` fields are filled in by the backward.
-    """
-    converged: bool = False
-    iterations: int = 0
-    cg_iterations: int = 0
-    hvp_count: int = 0
-    factorizations: int = 0
-    line_search_steps: int = 0
-    energy: float = 0.0
-    grad_norm: float = 0.0
-    grad_norm_initial: float = 0.0
-    problem_converged: typing.List[bool] = dataclasses.field(default_factory=list)
-    message: str = ""
-    linear_solver: str = ""
-    fallback_steps: int = 0
-    backward_ran: bool = False
-    backward_converged: bool = False
-    backward_cg_iterations: int = 0
-    backward_direct: bool = False
-    backward_residual: float = 0.0
-    backward_message: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +110,13 @@ def solve_step(params, top, linear_solver, rtol=None, atol=0.0, max_iter=100, cg
             :data:`CHECK_EVERY_OFF_CPU`).
 
     Returns:
-        ``(y*, info)``: ``y*`` shaped like ``params.x_hat``, and a :class:`TorchSolveInfo`.
+        ``(y*, info)``: ``y*`` shaped like ``params.x_hat``, and a :class:`diffsoft.SolveInfo` with the C++
+        path's meanings: ``iterations`` counts Newton iterations (a rejected line-search trial is one: the
+        creature retries from the same point); ``line_search_steps`` the trials of all creatures;
+        ``factorizations`` batched Cholesky factorizations; ``fallback_steps`` the (creature, iteration) pairs
+        where the Hessian was not positive definite and a Jacobi-scaled gradient step was taken instead of
+        Newton's. Which linear solver ran: ``factorizations > 0`` for ``"cholesky"``, ``cg_iterations`` for
+        ``"block_jacobi_cg"``. The ``backward_*`` fields are filled in by the backward.
     """
     if linear_solver not in LINEAR_SOLVERS:
         raise ValueError(f"linear_solver must be one of {LINEAR_SOLVERS}, got {linear_solver!r}")
@@ -171,7 +144,7 @@ def solve_step(params, top, linear_solver, rtol=None, atol=0.0, max_iter=100, cg
         act = params.activation
         params = params._replace(x_hat=params.x_hat[None], x0=params.x0[None], x0_free=params.x0_free[None],
                                  activation=None if act is None else act.reshape(1, -1))
-    info = TorchSolveInfo(linear_solver=linear_solver)
+    info = SolveInfo()
     y = ImplicitStep.apply(options, info, top, *params)
     return (y[0] if squeeze else y), info
 

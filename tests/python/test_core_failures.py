@@ -151,3 +151,14 @@ def test_params_of_dtypes_the_solver_cannot_run_in_are_refused(dtype):
     k = torch.ones(3, dtype=dtype)
     with pytest.raises(TypeError, match=rf"params\[0\] has dtype {dtype}"):
         diffsoft.minimize(lambda x, k: (k.real.to(F64) * x * x).sum() - x.sum(), torch.zeros(3, dtype=F64), k)
+
+
+def test_fallback_steps_counts_only_unconverged_problems():
+    # Problems converging at different Newton iterations: the converged rows' zero directions are no
+    # fallback, so a convex problem's record counts none (and the pickled state carries the field).
+    k = torch.tensor([[1.0, 1.0, 1.0], [1.0, 50.0, 2500.0]], dtype=F64)
+    _, info = diffsoft.minimize(lambda x, k: (0.5 * k * x * x + 0.25 * x ** 4).sum(-1),
+                                torch.tensor([[0.1, 0.1, 0.1], [3.0, -2.0, 1.0]], dtype=F64), k,
+                                batched=True, return_info=True)
+    assert info.converged and info.iterations >= 3 and info.fallback_steps == 0
+    assert pickle.loads(pickle.dumps(info)).fallback_steps == 0

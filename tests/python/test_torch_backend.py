@@ -124,7 +124,7 @@ def test_block_jacobi_cg_path_matches_the_cpp_path_on_a_larger_body(keep_factors
         (grad,) = torch.autograd.grad((x1[:, 1] ** 2).sum(), x)
         out[backend] = x1.detach(), grad, info
     info = out["torch"][2]
-    assert info.linear_solver == "block_jacobi_cg" and info.cg_iterations > 0 and info.factorizations == 0
+    assert info.cg_iterations > 0 and info.factorizations == 0
     assert info.converged and info.backward_converged and not info.backward_direct
     assert info.backward_cg_iterations > 0
     torch.testing.assert_close(out["torch"][0], out["cpp"][0], rtol=0, atol=1e-9)
@@ -159,9 +159,11 @@ def test_solver_option_maps_to_a_linear_solver():
     assert torch_backend.linear_solver_for("auto", torch_backend.DENSE_MAX_UNKNOWNS + 1) == "block_jacobi_cg"
     sim, x0, v0, acts = _biped_batch(2)
     sim.backend = "torch"
-    assert sim.step(x0, v0, acts[0], return_info=True)[2].linear_solver == "cholesky"
+    info = sim.step(x0, v0, acts[0], return_info=True)[2]
+    assert isinstance(info, diffsoft.SolveInfo) and info.factorizations > 0 and info.cg_iterations == 0
     sim.solver = "cg"
-    assert sim.step(x0, v0, acts[0], return_info=True)[2].linear_solver == "block_jacobi_cg"
+    info = sim.step(x0, v0, acts[0], return_info=True)[2]
+    assert info.factorizations == 0 and info.cg_iterations > 0
 
 
 def test_keep_factors_gives_the_same_gradients():
