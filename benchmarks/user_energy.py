@@ -12,8 +12,8 @@ respect to the inertial prediction), best of ``--repeat``, the paths interleaved
 - ``cg``: matrix-free CG on Hessian-vector products (the paper's algorithm, in C++);
 - ``probes 1``: ``sparsity=``, one probe (Hessian-vector product) per autograd call, ``probe_batch=1``;
 - ``probes K``: ``sparsity=``, as many probes per call as the memory bound allows (all of them here);
-- ``probes``: ``sparsity=`` by default, ``probe_batch=None``: one or K per call, as timed at the first
-  factorization.
+- ``probes``: ``sparsity=`` by default, ``probe_batch=None``: one probe alone, then 2, 4, 8, ... per call
+  while each is faster per probe, settling on the fastest.
 """
 import argparse
 import math
@@ -40,7 +40,7 @@ PATHS = {  # name: (with the sparsity pattern, minimize's probe_batch)
     "cg": (False, None),
     "probes 1": (True, 1),
     "probes K": (True, 2 ** 19),  # as many per autograd call as the memory bound allows
-    "probes": (True, None),  # the default: chosen by timing
+    "probes": (True, None),  # the default: measured (1, 2, 4, ... per call while faster per probe)
 }
 
 

@@ -2,6 +2,7 @@
 // in torch whose sparsity is known from a mesh. See probed_energy in solver.h.
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <stdexcept>
 
 #include "core/factor.h"
@@ -74,7 +75,16 @@ AnalyticEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Te
     torch::NoGradGuard no_grad;
     return energy(x_rows.view(full), consts);
   };
-  auto plan = std::make_shared<int64_t>(probe_batch);  // probes per autograd call, shared by the solve's points
+  // Probes per autograd call, shared by the solve's points: given, or being measured (see below).
+  struct ProbePlan {
+    int64_t per_call = 1;
+    bool settled = true;
+    int64_t fastest = 1;  // the measured size with the fewest seconds per probe so far
+    double per_probe = std::numeric_limits<double>::infinity();
+  };
+  auto plan = std::make_shared<ProbePlan>();
+  if (batched_vjp && probe_batch > 0) plan->per_call = probe_batch;
+  if (batched_vjp && probe_batch == 0) plan->settled = false;
   analytic.derivatives = [=](const torch::Tensor& x_rows) {
     auto point = std::make_shared<SecondOrderPoint>(energy, x_rows, full, consts, batched);
     AnalyticDerivatives out;
@@ -103,37 +113,36 @@ AnalyticEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Te
             for (int64_t p = p0; p < p1; ++p) hv[p] = h[p - p0];
             return true;
           };
-          // How many probes per autograd call: the solve's first factorization times one probe alone against
-          // a batch of them, unless probe_batch says (see kMaxProbeElements and probe_batch in solver.h). A
-          // batch runs the backward's operations once on K-times larger tensors: faster per probe wherever the
-          // per-operation overhead dominates (small meshes; 1.1x-13x per probe on sheets of 180 to 9,800
-          // unknowns with a plain allocator), slower where the larger buffers cost more than the calls they
+          // How many probes per autograd call (see kMaxProbeElements and probe_batch in solver.h). A batch runs
+          // the backward's operations once on K-times larger tensors: faster per probe where the per-operation
+          // overhead dominates (small meshes), slower where the larger buffers cost more than the calls they
           // save (on this project's 2-core VM, whose allocator returns and re-faults every buffer over 128 KiB,
-          // 0.3x-0.5x on sheets of a few thousand unknowns): which one depends on the machine and the energy,
-          // hence a measurement. Either way the products are the same (bit for bit in the tests).
-          int64_t& per_call = *plan;
+          // sheets of a few thousand unknowns): which one depends on the machine and the energy, hence, unless
+          // probe_batch says, a measurement: one probe alone, then batches of 2, 4, 8, ... while each is faster
+          // per probe than the last, settling on the fastest. The products are the same either way (bit for
+          // bit in the tests). benchmarks/README.md has the figures.
           const int64_t cap = std::max<int64_t>(1, kMaxProbeElements / std::max<int64_t>(1, batch * n_vertices * d));
-          int64_t p = 0;
-          if (per_call == 0 && (!batched_vjp || cap < 2 || total < 3)) per_call = 1;
-          if (per_call == 0) {
-            auto t0 = std::chrono::steady_clock::now();
-            one_by_one(p++);
-            const std::chrono::duration<double> one = std::chrono::steady_clock::now() - t0;
-            const int64_t k = std::min(cap, total - 1);
-            t0 = std::chrono::steady_clock::now();
-            const bool batched_ok = in_one_call(p, p + k);
-            const std::chrono::duration<double> many = std::chrono::steady_clock::now() - t0;
-            if (batched_ok) p += k;
-            per_call = batched_ok && many.count() < k * one.count() ? cap : 1;
-          }
-          while (p < total) {
-            const int64_t end = std::min(total, p + std::min(per_call, cap));
-            if (end - p > 1 && batched_vjp && in_one_call(p, end)) {
-              p = end;
+          for (int64_t p = 0; p < total;) {
+            const int64_t size = std::min(plan->per_call, cap), k = std::min(size, total - p);
+            const auto t0 = std::chrono::steady_clock::now();
+            if (k > 1 && !in_one_call(p, p + k)) {  // torch cannot batch this graph: one at a time from here on
+              plan->per_call = 1;
+              plan->settled = true;
               continue;
             }
-            if (end - p > 1) per_call = 1;  // declined (or no batched_vjp): one at a time from here on
-            one_by_one(p++);
+            if (k == 1) one_by_one(p);
+            p += k;
+            if (plan->settled || k < size) continue;  // a last, smaller call measures nothing
+            const double per_probe = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / k;
+            if (per_probe < plan->per_probe) {
+              plan->per_probe = per_probe;
+              plan->fastest = size;
+              plan->per_call = std::min(2 * size, cap);
+              plan->settled = size == cap;
+            } else {
+              plan->per_call = plan->fastest;
+              plan->settled = true;
+            }
           }
           *probes += total;
           for (int64_t r = 0; r < batch; ++r) {

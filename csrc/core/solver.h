@@ -81,8 +81,8 @@ struct SolverOptions {
   // meshes); the number of CG iterations then depends on timing.
   bool reuse_factor = false;
   // With a sparsity pattern (probed_energy): Hessian-vector products per autograd call when probing the Hessian.
-  // 0: chosen by timing at the solve's first factorization (probe.cpp); 1: one per call; K > 1: up to K per
-  // call where a BatchedVjp is given. Always at most kMaxProbeElements / (B n) per call.
+  // 0: measured (probe.cpp: 1, 2, 4, ... while faster per probe); 1: one per call; K > 1: up to K per call where
+  // a BatchedVjp is given. Always at most kMaxProbeElements / (B n) per call.
   int64_t probe_batch = 0;
   bool batched = false;         // dim 0 of x indexes independent problems
   bool raise_on_failure = false;  // throw ConvergenceError instead of reporting it in SolveInfo
@@ -188,8 +188,8 @@ torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const 
 // adjoint solve when a solve first needs it. Value, gradient, Hessian products and parameter derivatives
 // stay autograd's. A pattern that misses couplings makes a wrong factor, which the solver's measured
 // residuals and CG polish correct (slowly): the derivatives stay right; so would wrong probes.
-// With batched_vjp, up to probe_batch probes (SolverOptions::probe_batch: 0 = chosen by timing) are taken per
-// autograd call, at most kMaxProbeElements / (B n) of them, one at a time where batched_vjp declines.
+// With batched_vjp, up to probe_batch probes (SolverOptions::probe_batch: 0 = measured) are taken per autograd
+// call, at most kMaxProbeElements / (B n) of them, one at a time where batched_vjp declines.
 struct FactorCache;
 // Probes per autograd call are at most this over B n: a batched backward holds each of its intermediates K
 // times (the plain-torch step energy's took 240-280 bytes per probe element on a 100 x 100 sheet, so about

@@ -75,8 +75,8 @@ def minimize(
             CG then correct: the answers and gradients stay right, only slower.
         probe_batch: with ``sparsity``, how many of the probes' Hessian-vector products one autograd call takes
             (torch's vmap over the double backward, ``torch.autograd.grad(..., is_grads_batched=True)``):
-            ``None`` (default) chooses between one and as many as allowed by timing one probe against a batch
-            at the solve's first factorization; ``1`` takes them one at a time; ``K`` up to K per call. Never
+            ``None`` (default) measures: one probe alone, then batches of 2, 4, 8, ... while each is faster
+            per probe, settling on the fastest; ``1`` takes them one at a time; ``K`` up to K per call. Never
             more than ``2**19 / x0.numel()`` per call (a batch's backward holds K copies of each intermediate:
             about 140 MB for a neo-Hookean sheet's step energy at that bound), and one at a time wherever torch
             cannot batch the energy's backward (a custom autograd Function reading data in its backward, say).
