@@ -12,8 +12,8 @@ respect to the inertial prediction), best of ``--repeat``, the paths interleaved
 - ``cg``: matrix-free CG on Hessian-vector products (the paper's algorithm, in C++);
 - ``probes 1``: ``sparsity=``, one probe (Hessian-vector product) per autograd call, ``probe_batch=1``;
 - ``probes K``: ``sparsity=``, as many probes per call as the memory bound allows (all of them here);
-- ``probes``: ``sparsity=`` by default, ``probe_batch=None``: one probe alone, then 2, 4, 8, ... per call
-  while each is faster per probe, settling on the fastest.
+- ``probes``: ``sparsity=`` by default, ``probe_batch=None``: one probe per call, then 2, 4, 8, ... while
+  each is faster per probe (each timed on two calls), settling on the fastest.
 """
 import argparse
 import math

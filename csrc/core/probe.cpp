@@ -81,6 +81,8 @@ AnalyticEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Te
     bool settled = true;
     int64_t fastest = 1;  // the measured size with the fewest seconds per probe so far
     double per_probe = std::numeric_limits<double>::infinity();
+    int64_t trials = 0;  // calls of the size being measured so far, and their fewest seconds per probe
+    double this_size = std::numeric_limits<double>::infinity();
   };
   auto plan = std::make_shared<ProbePlan>();
   if (batched_vjp && probe_batch > 0) plan->per_call = probe_batch;
@@ -119,7 +121,7 @@ AnalyticEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Te
           // save (on this project's 2-core VM, whose allocator returns and re-faults every buffer over 128 KiB,
           // sheets of a few thousand unknowns): which one depends on the machine and the energy, hence, unless
           // probe_batch says, a measurement: one probe alone, then batches of 2, 4, 8, ... while each is faster
-          // per probe than the last, settling on the fastest. The products are the same either way (bit for
+          // per probe than the last (each size timed twice, its faster call counting), settling on the fastest. The products are the same either way (bit for
           // bit in the tests). benchmarks/README.md has the figures.
           const int64_t cap = std::max<int64_t>(1, kMaxProbeElements / std::max<int64_t>(1, batch * n_vertices * d));
           for (int64_t p = 0; p < total;) {
@@ -133,7 +135,12 @@ AnalyticEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Te
             if (k == 1) one_by_one(p);
             p += k;
             if (plan->settled || k < size) continue;  // a last, smaller call measures nothing
-            const double per_probe = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / k;
+            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            plan->this_size = std::min(plan->this_size, seconds / k);
+            if (++plan->trials < 2) continue;  // each size is judged by the faster of two calls (noise)
+            const double per_probe = plan->this_size;
+            plan->trials = 0;
+            plan->this_size = std::numeric_limits<double>::infinity();
             if (per_probe < plan->per_probe) {
               plan->per_probe = per_probe;
               plan->fastest = size;

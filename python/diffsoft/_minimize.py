@@ -75,13 +75,15 @@ def minimize(
             CG then correct: the answers and gradients stay right, only slower.
         probe_batch: with ``sparsity``, how many of the probes' Hessian-vector products one autograd call takes
             (torch's vmap over the double backward, ``torch.autograd.grad(..., is_grads_batched=True)``):
-            ``None`` (default) measures: one probe alone, then batches of 2, 4, 8, ... while each is faster
-            per probe, settling on the fastest; ``1`` takes them one at a time; ``K`` up to K per call. Never
-            more than ``2**19 / x0.numel()`` per call (a batch's backward holds K copies of each intermediate:
-            about 140 MB for a neo-Hookean sheet's step energy at that bound), and one at a time wherever torch
-            cannot batch the energy's backward (a custom autograd Function reading data in its backward, say).
-            The products, and so the results, are the same either way; only the time differs: batches pay on
-            small meshes, where each operation's overhead outweighs its work (``benchmarks/user_energy.py``).
+            ``None`` (default) measures: one probe per call, then 2, 4, 8, ... while each is faster per probe
+            (each timed on two calls), settling on the fastest; ``1`` takes them one at a time; ``K`` up to K
+            per call. Never more than ``2**19 / x0.numel()`` per call (a batch's backward holds K copies of each
+            intermediate: about 140 MB for a neo-Hookean sheet's step energy at that bound), and one at a time
+            wherever torch cannot batch the energy's backward (a custom autograd Function reading data in its
+            backward, say). The products, and so the results, are the same either way; only the time differs:
+            batches pay where each operation's overhead outweighs its work (small meshes), and can lose where
+            allocating their larger buffers is dear (``benchmarks/README.md``). Timings of a loaded machine can
+            mislead the measurement: fix ``probe_batch`` where that matters.
         keep_factor: with a factored Hessian (``sparsity``, or the simulator's direct solver), keep Newton's
             last factorization for the backward, which then solves the adjoint system by back-substitution
             and iterative refinement with it instead of factoring again at ``x*``: a cheaper backward, for the

@@ -129,7 +129,7 @@ def test_probe_batch_measured_gives_the_same_results(vjp_calls):
     energy = neo_hookean(body)
     x1, g1, i1 = _solve(energy, body, probe_batch=1)
     x0, g0, i0 = _solve(energy, body, probe_batch=None)
-    assert vjp_calls[0][0] == 2  # after one probe alone, a batch of 2, whichever way it then goes
+    assert vjp_calls[0][0] == 2  # after two probes alone, a batch of 2, whichever way it then goes
     assert (i0.iterations, i0.factorizations, i0.hvp_count) == (i1.iterations, i1.factorizations, i1.hvp_count)
     torch.testing.assert_close(x0, x1, rtol=0, atol=1e-12)
     for a, b in zip(g0, g1):
