@@ -179,6 +179,7 @@ def minimize(
 def _options(**kw):
     """Checks the options up front, naming the one that is out of range, and packs them for C++."""
     o = SolverOptions()
+    kw.setdefault("probe_batch", None)  # only minimize's sparsity= path probes
     for name in ("max_iter", "ls_max_iter"):
         v = kw[name]
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < (0 if name == "max_iter" else 1):
