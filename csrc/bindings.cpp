@@ -18,11 +18,9 @@ using torch::Tensor;
 
 namespace {
 
-// A Python energy as a C++ EnergyFn. The C++ solver calls it without the GIL (LibTorch refuses to run
-// autograd while it is held), from the caller's thread in the forward and from the autograd engine in the
-// backward; each call takes the GIL, and the last copy drops the Python callable with the GIL held.
-EnergyFn python_energy(py::function fn) {
-  std::shared_ptr<py::function> callable(new py::function(std::move(fn)), [](py::function* f) {
+// A Python callable that C++ may copy and drop without the GIL: the last copy drops it with the GIL held.
+std::shared_ptr<py::function> held(py::function fn) {
+  return std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* f) {
     if (!Py_IsInitialized()) {  // interpreter gone: nothing left to decref
       f->release();
       delete f;
@@ -31,6 +29,23 @@ EnergyFn python_energy(py::function fn) {
     py::gil_scoped_acquire gil;
     delete f;
   });
+}
+
+// A Python exception as torch's python_error, which the autograd engine carries to backward()'s caller and
+// restores there: the energy's own exception then reaches the user from a backward too, not a RuntimeError
+// naming it.
+[[noreturn]] void throw_python_error(py::error_already_set& e) {
+  e.restore();
+  python_error error;
+  error.persist();
+  throw error;
+}
+
+// A Python energy as a C++ EnergyFn. The C++ solver calls it without the GIL (LibTorch refuses to run
+// autograd while it is held), from the caller's thread in the forward and from the autograd engine in the
+// backward; each call takes the GIL.
+EnergyFn python_energy(py::function fn) {
+  std::shared_ptr<py::function> callable = held(std::move(fn));
   return [callable](const torch::Tensor& x, const std::vector<torch::Tensor>& params) {
     py::gil_scoped_acquire gil;
     py::tuple args(1 + params.size());
@@ -40,18 +55,29 @@ EnergyFn python_energy(py::function fn) {
     try {
       out = (*callable)(*args);
     } catch (py::error_already_set& e) {
-      // As torch's python_error, which the autograd engine carries to backward()'s caller and restores there:
-      // the energy's own exception then reaches the user from a backward too, not a RuntimeError naming it.
-      e.restore();
-      python_error error;
-      error.persist();
-      throw error;
+      throw_python_error(e);
     }
     if (!THPVariable_Check(out.ptr())) {
       throw std::invalid_argument("energy must return a torch.Tensor, got " +
                                   std::string(py::str(py::type::of(out).attr("__name__"))));
     }
     return out.cast<torch::Tensor>();
+  };
+}
+
+// diffsoft._compat.batched_vjp as the core's BatchedVjp (torch's vmap over the backward is Python's alone):
+// called without the GIL like an energy, it takes it; None (torch cannot batch this graph) is undefined.
+diffsoft::BatchedVjp python_batched_vjp(py::function fn) {
+  std::shared_ptr<py::function> callable = held(std::move(fn));
+  return [callable](const torch::Tensor& output, const torch::Tensor& input, const torch::Tensor& v) {
+    py::gil_scoped_acquire gil;
+    py::object out;
+    try {
+      out = (*callable)(output, input, v);
+    } catch (py::error_already_set& e) {
+      throw_python_error(e);
+    }
+    return out.is_none() ? torch::Tensor() : out.cast<torch::Tensor>();
   };
 }
 
@@ -162,6 +188,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("raise_on_failure", &SolverOptions::raise_on_failure)
       .def_readwrite("keep_factor", &SolverOptions::keep_factor)
       .def_readwrite("reuse_factor", &SolverOptions::reuse_factor)
+      .def_readwrite("probe_batch", &SolverOptions::probe_batch)
       .def("check", &diffsoft::check_options);
 
   py::class_<SolveInfo, std::shared_ptr<SolveInfo>>(m, "SolveInfo")
@@ -272,14 +299,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "minimize",
       [](py::function energy, const Tensor& x0, const std::vector<Tensor>& params, const SolverOptions& options,
          std::shared_ptr<SolveInfo> info, std::shared_ptr<AnalyticEnergy> analytic,
-         const std::optional<Tensor>& sparsity) {
+         const std::optional<Tensor>& sparsity, const std::optional<py::function>& batched_vjp) {
         EnergyFn fn = python_energy(std::move(energy));
         diffsoft::RaiseFn raise = python_convergence_error(info);
+        diffsoft::BatchedVjp vjp = batched_vjp ? python_batched_vjp(*batched_vjp) : nullptr;
         py::gil_scoped_release no_gil;
         return diffsoft::implicit_minimize(fn, x0, params, options, info, analytic, sparsity.value_or(Tensor()),
-                                           std::move(raise));
+                                           std::move(raise), std::move(vjp));
       },
       py::arg("energy"), py::arg("x0"), py::arg("params"), py::arg("options"), py::arg("info"),
-      py::arg("analytic") = nullptr, py::arg("sparsity") = py::none(),
+      py::arg("analytic") = nullptr, py::arg("sparsity") = py::none(), py::arg("batched_vjp") = py::none(),
       "x* = argmin_x energy(x, *params), differentiable w.r.t. params by the implicit function theorem.");
 }

@@ -52,6 +52,12 @@ torch::Tensor SecondOrderPoint::hvp(const torch::Tensor& v) const {
   return hv.defined() ? hv : torch::zeros_like(v);
 }
 
+torch::Tensor SecondOrderPoint::hvps(const torch::Tensor& v, const BatchedVjp& batched_vjp) const {
+  if (!grad_graph_.requires_grad()) return torch::zeros_like(v);
+  torch::AutoGradMode grad_mode(true);
+  return batched_vjp(grad_graph_, x_, v);
+}
+
 std::vector<torch::Tensor> SecondOrderPoint::mixed_vjp(const torch::Tensor& w,
                                                        const std::vector<torch::Tensor>& wrt) const {
   if (wrt.empty() || !grad_graph_.requires_grad()) {

@@ -152,10 +152,11 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
 torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
                                 const SolverOptions& options, std::shared_ptr<SolveInfo> info,
                                 std::shared_ptr<const AnalyticEnergy> analytic, const torch::Tensor& sparsity,
-                                RaiseFn raise_backward) {
+                                RaiseFn raise_backward, BatchedVjp batched_vjp) {
   if (sparsity.defined() && !analytic) {
-    analytic = std::make_shared<AnalyticEnergy>(
-        probed_energy(energy, params, x0.sizes(), options.batched, sparsity, std::make_shared<FactorCache>()));
+    analytic = std::make_shared<AnalyticEnergy>(probed_energy(energy, params, x0.sizes(), options.batched, sparsity,
+                                                              std::make_shared<FactorCache>(),
+                                                              std::move(batched_vjp), options.probe_batch));
   }
   auto problem = c10::make_intrusive<Problem>();
   problem->analytic = std::move(analytic);

@@ -80,6 +80,10 @@ struct SolverOptions {
   // factorization is dear and the Hessian changes little from one Newton iteration to the next (large
   // meshes); the number of CG iterations then depends on timing.
   bool reuse_factor = false;
+  // With a sparsity pattern (probed_energy): Hessian-vector products per autograd call when probing the Hessian.
+  // 0: measured (probe.cpp: 1, 2, 4, ... while faster per probe); 1: one per call; K > 1: up to K per call where
+  // a BatchedVjp is given. Always at most kMaxProbeElements / (B n) per call.
+  int64_t probe_batch = 0;
   bool batched = false;         // dim 0 of x indexes independent problems
   bool raise_on_failure = false;  // throw ConvergenceError instead of reporting it in SolveInfo
 };
@@ -108,6 +112,13 @@ struct SolveInfo {
   std::string backward_message;
 };
 
+// K vector-Jacobian products in one autograd call: v is (K, *output.shape); returns (K, *input.shape), the k-th
+// being v[k] . d output / d input, with the graph retained; or an undefined tensor where this graph cannot be
+// batched (the caller then takes them one at a time). diffsoft's Python layer gives one that calls torch's
+// vmap over the backward (torch.autograd.grad(..., is_grads_batched=True)), which LibTorch's C++ API lacks.
+using BatchedVjp =
+    std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& input, const torch::Tensor& v)>;
+
 // Energy, gradient and the graph of the gradient at one point, so that Hessian-vector products by double
 // backward can follow without re-evaluating the energy. Vectors are (B, n) rows: B problems of n unknowns.
 class SecondOrderPoint {
@@ -117,6 +128,8 @@ class SecondOrderPoint {
   const torch::Tensor& energy() const { return energy_; }  // 0-dim or (B,) per problem, detached
   const torch::Tensor& grad() const { return grad_; }      // (B, n), detached
   torch::Tensor hvp(const torch::Tensor& v) const;          // (B, n) -> (B, n)
+  // K products in one autograd call by batched_vjp: (K, B, n) -> (K, B, n), undefined where it declines.
+  torch::Tensor hvps(const torch::Tensor& v, const BatchedVjp& batched_vjp) const;
   // d/dparams [grad_x E . w] for the params in `wrt`; undefined where a param does not enter the energy.
   std::vector<torch::Tensor> mixed_vjp(const torch::Tensor& w, const std::vector<torch::Tensor>& wrt) const;
 
@@ -160,13 +173,15 @@ using RaiseFn = std::function<void(const std::string& message)>;
 // x* = argmin_x energy(x, params) as a differentiable function of params (implicit function theorem).
 // info, if given, receives the forward's record, and the backward's when it runs. sparsity, if defined and
 // analytic is not given, is the (E, k) pattern of probed_energy below: the energy's Hessian is then probed
-// and factored (with a FactorCache of this solve's own). With options.raise_on_failure, a failed adjoint
+// and factored (with a FactorCache of this solve's own), its probes batched by batched_vjp if given (see
+// probed_energy and SolverOptions::probe_batch). With options.raise_on_failure, a failed adjoint
 // solve calls raise_backward if given (which must throw), else throws ConvergenceError. The backward is first
 // order: run with create_graph=True it throws.
 torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
                                 const SolverOptions& options, std::shared_ptr<SolveInfo> info = nullptr,
                                 std::shared_ptr<const AnalyticEnergy> analytic = nullptr,
-                                const torch::Tensor& sparsity = torch::Tensor(), RaiseFn raise_backward = nullptr);
+                                const torch::Tensor& sparsity = torch::Tensor(), RaiseFn raise_backward = nullptr,
+                                BatchedVjp batched_vjp = nullptr);
 
 // A user energy's analytic path when its Hessian's sparsity is known: x is (N, d) per problem (batched: (B, N, d))
 // and the energy couples only vertices that share one of `elements` ((E, k) int64). The vertices get a
@@ -174,10 +189,17 @@ torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const 
 // by double backward, recover every nonzero of H; H is factored (core/factor.h) for Newton's steps and the
 // adjoint solve when a solve first needs it. Value, gradient, Hessian products and parameter derivatives
 // stay autograd's. A pattern that misses couplings makes a wrong factor, which the solver's measured
-// residuals and CG polish correct (slowly): the derivatives stay right.
+// residuals and CG polish correct (slowly): the derivatives stay right; so would wrong probes.
+// With batched_vjp, up to probe_batch probes (SolverOptions::probe_batch: 0 = measured) are taken per autograd
+// call, at most kMaxProbeElements / (B n) of them, one at a time where batched_vjp declines.
 struct FactorCache;
+// Probes per autograd call are at most this over B n: a batched backward holds each of its intermediates K
+// times (the plain-torch step energy's took 240-280 bytes per probe element on a 100 x 100 sheet, so about
+// 140 MB at this bound), and batches of over 10^5 probe elements gained little per probe where measured.
+constexpr int64_t kMaxProbeElements = int64_t(1) << 19;
 AnalyticEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Tensor>& params, at::IntArrayRef shape,
-                             bool batched, const torch::Tensor& elements, std::shared_ptr<FactorCache> cache = nullptr);
+                             bool batched, const torch::Tensor& elements, std::shared_ptr<FactorCache> cache = nullptr,
+                             BatchedVjp batched_vjp = nullptr, int64_t probe_batch = 0);
 
 // Value, gradient and Hessian products at x_rows: by the analytic path if given, else by autograd.
 AnalyticDerivatives derivatives_at(const EnergyFn& energy, const AnalyticEnergy* analytic,

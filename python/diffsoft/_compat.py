@@ -14,3 +14,22 @@ def load_checkpoint(path):
     1.13's ``weights_only`` loader cannot read floats, so it is not asked for there."""
     extra = {"weights_only": True} if TORCH_VERSION >= (2, 4) else {}
     return torch.load(path, map_location="cpu", **extra)
+
+
+def batched_vjp(output, input, v):
+    """``K`` vector-Jacobian products in one autograd call: ``v`` is ``(K, *output.shape)``; returns
+    ``(K, *input.shape)``, the k-th being ``v[k] . d output / d input``, the graph retained. ``None`` where torch
+    cannot batch this graph, and the caller takes the products one at a time.
+
+    By ``torch.autograd.grad(..., is_grads_batched=True)``, torch's vmap over the backward: the same call in
+    torch 1.13 and 2.x, which both run it on torch's legacy vmap (``torch._vmap_internals``); LibTorch's C++
+    API has no equivalent. An operation without a batching rule there is looped over the K products
+    inside the call (right, slower: indexing ops in 1.13); one that cannot be looped over (a custom autograd
+    Function whose backward reads data, e.g. ``.item()`` or ``.numpy()``; an in-place write of a batched value
+    into an unbatched tensor) raises, and so does a genuine error of the energy's backward, which the one-at-a-
+    time products then raise again: hence any exception here means "take them one at a time"."""
+    try:
+        (hv,) = torch.autograd.grad(output, input, v, retain_graph=True, allow_unused=True, is_grads_batched=True)
+    except Exception:  # noqa: BLE001 - see the docstring: the caller retries one at a time, which raises anew
+        return None
+    return v.new_zeros((v.shape[0],) + tuple(input.shape)) if hv is None else hv

@@ -5,6 +5,7 @@ import warnings
 import torch
 
 from ._checks import is_finite_real
+from ._compat import batched_vjp
 from ._extension import ConvergenceError, SolveInfo, SolverOptions, _C
 
 
@@ -28,6 +29,7 @@ def minimize(
     keep_factor=False,
     reuse_factor=False,
     sparsity=None,
+    probe_batch=None,
     _analytic=None,
 ):
     """Minimize ``energy(x, *params)`` over ``x`` by Newton's method, matrix-free, in C++.
@@ -71,6 +73,17 @@ def minimize(
             exact steps and the adjoint solve is a back-substitution, instead of CG. Pays from a few hundred
             unknowns on. A pattern that misses couplings gives a wrong factor, which measured residuals and
             CG then correct: the answers and gradients stay right, only slower.
+        probe_batch: with ``sparsity``, how many of the probes' Hessian-vector products one autograd call takes
+            (torch's vmap over the double backward, ``torch.autograd.grad(..., is_grads_batched=True)``):
+            ``None`` (default) measures: one probe per call, then 2, 4, 8, ... while each is faster per probe
+            (each timed on two calls), settling on the fastest; ``1`` takes them one at a time; ``K`` up to K
+            per call. Never more than ``2**19 / x0.numel()`` per call (a batch's backward holds K copies of each
+            intermediate: about 140 MB for a neo-Hookean sheet's step energy at that bound), and one at a time
+            wherever torch cannot batch the energy's backward (a custom autograd Function reading data in its
+            backward, say). The products, and so the results, are the same either way; only the time differs:
+            batches pay where each operation's overhead outweighs its work (small meshes), and can lose where
+            allocating their larger buffers is dear (``benchmarks/README.md``). Timings of a loaded machine can
+            mislead the measurement: fix ``probe_batch`` where that matters.
         keep_factor: with a factored Hessian (``sparsity``, or the simulator's direct solver), keep Newton's
             last factorization for the backward, which then solves the adjoint system by back-substitution
             and iterative refinement with it instead of factoring again at ``x*``: a cheaper backward, for the
@@ -106,7 +119,7 @@ def minimize(
         batched=batched, rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol, cg_max_iter=cg_max_iter,
         backward_rtol=backward_rtol, backward_max_iter=backward_max_iter, ls_c1=ls_c1, ls_shrink=ls_shrink,
         ls_max_iter=ls_max_iter, raise_on_failure=on_failure == "raise", keep_factor=bool(keep_factor),
-        reuse_factor=bool(reuse_factor),
+        reuse_factor=bool(reuse_factor), probe_batch=probe_batch,
     )
 
     for i, p in enumerate(params):
@@ -152,9 +165,9 @@ def minimize(
             with torch.inference_mode(False):
                 x0, tensors = x0.clone(), [t.clone() for t in tensors]
                 with torch.no_grad():
-                    x_star = _C.minimize(fn, x0, tensors, options, info, _analytic, sparsity)
+                    x_star = _C.minimize(fn, x0, tensors, options, info, _analytic, sparsity, batched_vjp)
         else:
-            x_star = _C.minimize(fn, x0, tensors, options, info, _analytic, sparsity)
+            x_star = _C.minimize(fn, x0, tensors, options, info, _analytic, sparsity, batched_vjp)
     except ConvergenceError as e:  # keep the record (per-problem flags, residuals) with the exception
         e.info = info
         raise
@@ -166,15 +179,16 @@ def minimize(
 def _options(**kw):
     """Checks the options up front, naming the one that is out of range, and packs them for C++."""
     o = SolverOptions()
+    kw.setdefault("probe_batch", None)  # only minimize's sparsity= path probes
     for name in ("max_iter", "ls_max_iter"):
         v = kw[name]
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < (0 if name == "max_iter" else 1):
             raise ValueError(f"{name} must be an integer >= {0 if name == 'max_iter' else 1}, got {v!r}")
-    for name in ("cg_max_iter", "backward_max_iter"):
+    for name in ("cg_max_iter", "backward_max_iter", "probe_batch"):
         v = kw[name]
         if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1):
             raise ValueError(f"{name} must be None or an integer >= 1, got {v!r}")
-        kw[name] = 0 if v is None else v
+        kw[name] = 0 if v is None else v  # 0: the C++ default (the size, or a measured probe_batch)
     bounds = {"rtol": (0, 1), "cg_rtol": (0, 1), "backward_rtol": (0, 1), "ls_c1": (0, 0.5), "ls_shrink": (0, 1)}
     if kw["rtol"] is None:
         kw["rtol"] = 0.0  # the C++ side picks the dtype's default

@@ -203,21 +203,32 @@ TEST_F(Core, NonConvergenceIsReportedOrThrown) {
                diffsoft::ConvergenceError);
 }
 
+namespace {
+
 // A convex spring energy on a 5 x 4 grid of 2D vertices; its edges are the sparsity pattern.
-TEST(ProbedEnergy, RecoversAndFactorsTheHessianFromColouredProbes) {
-  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+Tensor grid_edges() {
   std::vector<int64_t> edges;
   for (int64_t j = 0; j < 4; ++j)
     for (int64_t i = 0; i < 5; ++i) {
       if (i + 1 < 5) edges.insert(edges.end(), {j * 5 + i, j * 5 + i + 1});
       if (j + 1 < 4) edges.insert(edges.end(), {j * 5 + i, (j + 1) * 5 + i});
     }
-  Tensor pattern = torch::tensor(edges, torch::kLong).view({-1, 2});
-  const EnergyFn springs = [pattern](const Tensor& x, const std::vector<Tensor>&) {
+  return torch::tensor(edges, torch::kLong).view({-1, 2});
+}
+
+EnergyFn grid_springs(const Tensor& pattern) {
+  return [pattern](const Tensor& x, const std::vector<Tensor>&) {
     Tensor d = x.index_select(-2, pattern.select(1, 0)) - x.index_select(-2, pattern.select(1, 1));
     Tensor s = d.square().sum(-1);
     return (0.25 * s.square() + 0.5 * s).sum() + 0.5 * x.square().sum();
   };
+}
+
+}  // namespace
+
+TEST(ProbedEnergy, RecoversAndFactorsTheHessianFromColouredProbes) {
+  const Tensor pattern = grid_edges();
+  const EnergyFn springs = grid_springs(pattern);
   diffsoft::AnalyticEnergy probed = diffsoft::probed_energy(springs, {}, {20, 2}, false, pattern);
   torch::manual_seed(3);
   Tensor x = torch::randn({1, 40}, f64);
@@ -244,4 +255,53 @@ TEST(ProbedEnergy, RecoversAndFactorsTheHessianFromColouredProbes) {
   EXPECT_GT(sparse_info->factorizations, 0);
   EXPECT_THROW(diffsoft::probed_energy(springs, {}, {20, 2}, false, pattern + 20), std::invalid_argument);
   EXPECT_THROW(diffsoft::probed_energy(springs, {}, {40}, false, pattern), std::invalid_argument);
+}
+
+// Probes taken K per call (SolverOptions::probe_batch) give the factor of probes taken one at a time, and a
+// BatchedVjp that declines leaves the rest of the solve to one at a time. The BatchedVjp here loops (LibTorch has
+// no vmap): what is tested is the chunking and the fallback, not torch's batching.
+TEST(ProbedEnergy, BatchedProbesGiveTheSameFactorAndFallBackWhereDeclined) {
+  const Tensor pattern = grid_edges();
+  const EnergyFn springs = grid_springs(pattern);
+  std::vector<int64_t> sizes;
+  const diffsoft::BatchedVjp looped = [&sizes](const Tensor& output, const Tensor& input, const Tensor& v) {
+    sizes.push_back(v.size(0));
+    std::vector<Tensor> out;
+    for (int64_t k = 0; k < v.size(0); ++k)
+      out.push_back(torch::autograd::grad({output}, {input}, {v[k]}, /*retain_graph=*/true)[0]);
+    return torch::stack(out);
+  };
+  int64_t declined = 0;
+  const diffsoft::BatchedVjp declining = [&declined](const Tensor&, const Tensor&, const Tensor&) {
+    ++declined;
+    return Tensor();
+  };
+  torch::manual_seed(5);
+  const Tensor x = torch::randn({2, 40}, f64), b = torch::randn({2, 40}, f64);
+  auto solve = [&](const diffsoft::BatchedVjp& vjp, int64_t probe_batch, int64_t* probes) {
+    diffsoft::AnalyticEnergy probed =
+        diffsoft::probed_energy(springs, {}, {2, 20, 2}, true, pattern, nullptr, vjp, probe_batch);
+    diffsoft::AnalyticDerivatives point = probed.derivatives(x);
+    Tensor sol = point.solve(b);
+    *probes = point.probes();
+    return sol;
+  };
+  int64_t probes = 0, probes_k = 0, probes_declined = 0;
+  const Tensor one_by_one = solve(nullptr, 1, &probes);
+  const Tensor batched = solve(looped, 3, &probes_k);
+  EXPECT_TRUE(torch::equal(batched, one_by_one)) << (batched - one_by_one).abs().max();
+  EXPECT_EQ(probes_k, probes);
+  ASSERT_FALSE(sizes.empty());
+  int64_t in_calls = 0;
+  for (int64_t k : sizes) {
+    EXPECT_LE(k, 3);
+    in_calls += k;
+  }
+  EXPECT_EQ(in_calls, probes - (probes % 3 == 1));  // a last probe on its own goes one at a time
+  const Tensor fallen_back = solve(declining, 4, &probes_declined);
+  EXPECT_TRUE(torch::equal(fallen_back, one_by_one));
+  EXPECT_EQ(declined, 1);
+  EXPECT_EQ(probes_declined, probes);
+  EXPECT_THROW(diffsoft::probed_energy(springs, {}, {20, 2}, false, pattern, nullptr, looped, -1),
+               std::invalid_argument);
 }
