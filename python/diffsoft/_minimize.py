@@ -80,8 +80,9 @@ def minimize(
             per call. Never more than ``2**19 / x0.numel()`` per call (a batch's backward holds K copies of each
             intermediate: about 140 MB for a neo-Hookean sheet's step energy at that bound), and one at a time
             wherever torch cannot batch the energy's backward (a custom autograd Function reading data in its
-            backward, say). The products, and so the results, are the same either way; only the time differs:
-            batches pay where each operation's overhead outweighs its work (small meshes), and can lose where
+            backward, say). The products, and so the results, are the same either way (bit for bit on the
+            tests' energies; an operation that sums in another order when batched could change the last bits),
+            only the time differs: batches pay where each operation's overhead outweighs its work (small meshes), and can lose where
             allocating their larger buffers is dear (``benchmarks/README.md``). Timings of a loaded machine can
             mislead the measurement: fix ``probe_batch`` where that matters.
         keep_factor: with a factored Hessian (``sparsity``, or the simulator's direct solver), keep Newton's
