@@ -187,7 +187,8 @@ def speed(args, rounds=6):
     target_critic.load_state_dict(ckpt["target_critic"])
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr_end)
     critic_optimizer = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
-    pool = training.Pool(**ckpt["pool"])
+    x = ckpt["pool"]["x"]  # checkpoints written before TrainConfig.randomize have no "scale" in the pool
+    pool = training.Pool(**{"scale": torch.ones(x.shape[0], 3, dtype=x.dtype), **ckpt["pool"]})
     pcfg = ppo.PPOConfig(creature=cfg.creature, horizon=args.horizon, envs=args.ppo_envs, lr=args.ppo_lr,
                          epochs=args.ppo_epochs, minibatch=args.ppo_minibatch, entropy_coef=args.ppo_entropy,
                          clip_ratio=args.ppo_clip)
