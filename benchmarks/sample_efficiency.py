@@ -5,7 +5,8 @@ horizon, from several seeds. Both are measured the same way: the deterministic p
 over the horizon, from rest (:func:`diffsoft.policy.distance_walked`; PPO's mean action), against the
 number of simulated creature-steps used for training so far (evaluation rollouts are not counted, for
 either method). Both get the same budget of ``--steps`` simulated creature-steps per seed (the
-differentiable method: ``steps // (batch * window)`` iterations, with its learning rate decaying over them).
+differentiable method: ``steps // (batch * window)`` iterations, with its learning rate decaying over them,
+or over ``--lr-decay-iterations``).
 
     .venv/bin/python benchmarks/sample_efficiency.py --tune --steps 96000 --threads 1 --out runs/ppo_tuning
     .venv/bin/python benchmarks/sample_efficiency.py --seeds 3 --threads 1 --out runs/se_biped
@@ -14,7 +15,8 @@ differentiable method: ``steps // (batch * window)`` iterations, with its learni
 Writes ``results.json`` (every run's config and history), ``results.md`` (the table: creature-steps and
 training time to reach 0.5, 1.0, 2.0 and PPO's own final distance, and the final distance at the common
 budget) and ``sample_efficiency.png`` under ``--out``. ``--only`` runs one method; ``--merge`` adds other
-``results.json`` files to the report (two methods run as two processes), ``--report`` only reports.
+``results.json`` files to the report (two methods run as two processes; ``--merge-method`` takes one
+method's runs from them, e.g. PPO's from an earlier report), ``--report`` only reports.
 ``--tune`` is PPO's settings search (:data:`TUNING`) on seed 0.
 """
 import argparse
@@ -54,7 +56,8 @@ def curve(history):
 def run_differentiable(args, seed):
     iterations = max(args.steps // (args.batch * args.window), 1)
     cfg = training.TrainConfig(creature=args.creature, eval_horizon=args.horizon, window=args.window,
-                               batch=args.batch, iterations=iterations, lr_decay_iterations=iterations,
+                               batch=args.batch, iterations=iterations,
+                               lr_decay_iterations=args.lr_decay_iterations or iterations,
                                eval_every=args.eval_every, checkpoint_every=10 ** 9, seed=seed, device=args.device,
                                out_dir=os.path.join(args.out, f"diff_seed{seed}"))
     t = time.perf_counter()
@@ -184,7 +187,8 @@ def speed(args, rounds=6):
     target_critic.load_state_dict(ckpt["target_critic"])
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr_end)
     critic_optimizer = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
-    pool = training.Pool(**ckpt["pool"])
+    x = ckpt["pool"]["x"]  # checkpoints written before TrainConfig.randomize have no "scale" in the pool
+    pool = training.Pool(**{"scale": torch.ones(x.shape[0], 3, dtype=x.dtype), **ckpt["pool"]})
     pcfg = ppo.PPOConfig(creature=cfg.creature, horizon=args.horizon, envs=args.ppo_envs, lr=args.ppo_lr,
                          epochs=args.ppo_epochs, minibatch=args.ppo_minibatch, entropy_coef=args.ppo_entropy,
                          clip_ratio=args.ppo_clip)
@@ -254,6 +258,8 @@ def main():
     p.add_argument("--steps", type=int, default=409_600, help="simulated creature-steps per seed and method")
     p.add_argument("--window", type=int, default=training.TrainConfig.window)
     p.add_argument("--batch", type=int, default=training.TrainConfig.batch)
+    p.add_argument("--lr-decay-iterations", type=int, default=None,
+                   help="the differentiable method's lr decay, in iterations (default: all of them)")
     p.add_argument("--eval-every", type=int, default=10, help="the differentiable method's, in iterations")
     p.add_argument("--ppo-envs", type=int, default=32)
     p.add_argument("--ppo-lr", type=float, default=3e-4)
@@ -267,6 +273,8 @@ def main():
     p.add_argument("--only", choices=("differentiable", "ppo"), default=None)
     p.add_argument("--merge", nargs="*", default=[], metavar="RESULTS_JSON",
                    help="other runs' results.json (e.g. the other method's, run separately) for the report")
+    p.add_argument("--merge-method", choices=("differentiable", "ppo"), default=None,
+                   help="take only this method's runs from --merge's files (e.g. PPO's runs of an earlier report)")
     p.add_argument("--report", action="store_true", help="no training: the report of --out's (and --merge's) runs")
     p.add_argument("--device", default="cpu", help="both methods' torch device")
     p.add_argument("--speed", default=None, metavar="CHECKPOINT",
@@ -298,7 +306,8 @@ def main():
             json.dump(results, open(path, "w"))
     for other in args.merge:
         for method, runs in json.load(open(other))["runs"].items():
-            results["runs"].setdefault(method, {}).update(runs)
+            if args.merge_method in (None, method):
+                results["runs"].setdefault(method, {}).update(runs)
     results["runs"] = {m: r for m, r in results["runs"].items() if r}
     if args.merge:
         json.dump(results, open(path, "w"))
