@@ -38,9 +38,10 @@ constexpr double kSupernodalPerUnknown = 2.8e3;  // CHOLMOD's small supernodes o
 constexpr double kIterationCall = 5e4;           // CG's dozen tensor ops and the preconditioner's calls
 constexpr double kSolvePerEntry = 2.3;           // two triangular sweeps, per stored entry of L
 constexpr double kProductPerNonzero = 3.0;       // the Hessian-vector product, per nonzero of H's lower triangle
-// A budget below this is not tried (a factorization is then at most a few CG iterations: creatures, sheets of
-// up to about 20x20 vertices).
-constexpr int64_t kMinReuseIterations = 2;
+// A budget below this is not tried: a factorization then costs a few CG iterations (creatures, sheets up to
+// about 20x20 vertices), and CG's inexact step can cost a Newton iteration more (the quadruped of
+// benchmarks/step_speed.py, at a budget of 2: 5 Newton iterations instead of 3, a step 1.9x slower).
+constexpr int64_t kMinReuseIterations = 4;
 
 // How many iterations CG on the stale factor gets before the problems where it has not converged are factored
 // again: half of what a factorization costs over what an iteration costs, so that a failed try costs at most
