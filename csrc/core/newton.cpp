@@ -171,8 +171,9 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     auto solve = [&](const torch::Tensor& b) {
       CGResult out = solve_rows(point, b, eta, cg_max_iter, /*truncate=*/true);
       if (point.solve) {
-        if (opt.reuse_factor || last_solve) stale = point.solve;  // else freed with this point
         if (opt.reuse_factor) reuse_iter = std::min(cg_max_iter, reuse_budget(point));
+        // Kept for the next iteration's try, or for the backward; else freed with this point.
+        if ((opt.reuse_factor && reuse_iter >= kMinReuseIterations) || last_solve) stale = point.solve;
       }
       info.cg_iterations += out.iterations;
       info.hvp_count += out.iterations;
