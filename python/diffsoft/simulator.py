@@ -83,10 +83,11 @@ class Simulator:
             nonzeros, the Hessian's nonzeros), never a timing, so two runs give bit-identical iterates; where a
             factorization is cheap (creatures, small sheets) no CG is tried at all. ``None`` (default): on
             wherever the step factors its Hessian on the C++ backend (``solver="direct"`` or ``"auto"``), off
-            elsewhere (``solver="cg"``, ``fused=False``, the torch backend), where it does not apply: 1.3-3x
-            faster steps on sheets of 40x40 vertices and up (``benchmarks/README.md``). ``True``: the same,
-            but a step where it cannot apply raises ``ValueError``. ``False``: one factorization per Newton
-            iteration. The backward is unchanged by it (a fresh factorization at the solution, or the kept one).
+            elsewhere (``solver="cg"``, ``fused=False``, the torch backend), where it does not apply: forwards
+            1.1-2.5x faster on sheets of 40x40 vertices and up (``benchmarks/README.md``). ``True``: the
+            same, but a step where it cannot apply raises ``ValueError``. ``False``: one factorization per
+            Newton iteration. The backward is unchanged by it (a fresh factorization at the solution, or with
+            ``keep_factors`` the forward's last one, then possibly made a few Newton iterations before it).
         backend: where the fused step is solved (``docs/design.md``, "Backends and devices"): ``"cpp"``, the
             C++ kernels and sparse factorizations (CPU tensors only); ``"torch"``, the same problem in batched
             torch ops (:mod:`diffsoft.torch_backend`) on any device: each creature's dense Hessian factored by
