@@ -59,6 +59,12 @@ struct CholmodNumeric {
   CholmodNumeric& operator=(const CholmodNumeric&) = delete;
 };
 
+// The counts of an analysed factor: CHOLMOD's flop count of the ordering it chose, and the entries the
+// supernodes store (what a solve sweeps, amalgamation's zeros included).
+FactorCounts analysis_counts(const cholmod_common& c, const cholmod_factor& l) {
+  return {int64_t(l.n), 0.0, double(l.is_super ? l.xsize : size_t(c.lnz)), c.fl, bool(l.is_super)};
+}
+
 // One symbolic analysis (what FactorCache::symbolic holds) and the numeric factors of its pattern that are no
 // longer in use: a factor freed (a Newton iteration's, when the next one factors) goes back here, and the next
 // factorization overwrites it in place (CHOLMOD refactors a numeric factor of the same pattern) instead of
@@ -67,6 +73,7 @@ struct CholmodNumeric {
 // 1.6-2.3x slower than keep_factors, which happened to keep the previous factor, and so the heap, alive.
 struct CholmodSymbolic {
   CholmodNumeric analysis;
+  FactorCounts counts;  // of the analysis: every factor of the pattern has them
   std::mutex mutex;
   std::vector<std::unique_ptr<CholmodNumeric>> spares;
   std::atomic<size_t> spare_max{1};  // written under the cache's mutex, read under this one
@@ -110,6 +117,7 @@ class CholmodFactor : public Factor {
       PhaseTimer timer(Phase::analysis);
       numeric_ = std::make_unique<CholmodNumeric>();
       numeric_->factor = cholmod_analyze(&a, &numeric_->common);
+      if (numeric_->factor) counts = analysis_counts(numeric_->common, *numeric_->factor);
     } else {
       bool reused = false;
       {
@@ -121,11 +129,13 @@ class CholmodFactor : public Factor {
           PhaseTimer timer(Phase::analysis);
           symbolic_->analysis.factor = cholmod_analyze(&a, &symbolic_->analysis.common);
           if (!symbolic_->analysis.factor) return false;
+          symbolic_->counts = analysis_counts(symbolic_->analysis.common, *symbolic_->analysis.factor);
           cache->symbolic = symbolic_, cache->n = lower.rows(), cache->nnz = lower.nonZeros();
           ++cache->analyses;
         }
         symbolic_->spare_max.store(static_cast<size_t>(std::max<int64_t>(1, cache->spare_max)));
       }
+      counts = symbolic_->counts;
       numeric_ = symbolic_->take(reused);
       if (reused) {
         std::lock_guard<std::mutex> lock(cache->mutex);
@@ -170,12 +180,14 @@ std::unique_ptr<Factor> factor_lower(const LowerMap& a, FactorCache* cache) {
       for (LowerMap::InnerIterator it(a, j); it; ++it) dense(it.row(), j) += it.value();
     factor->llt.compute(dense);
     if (factor->llt.info() != Eigen::Success) return nullptr;
+    factor->counts = {n, double(a.nonZeros()), n * (n + 1) / 2.0, n * (n + 1.0) * (2 * n + 1) / 6};
     return factor;
   }
 #ifdef DIFFSOFT_WITH_CHOLMOD
   if (n >= kSupernodalMin) {
     auto factor = std::make_unique<CholmodFactor>();
     if (!factor->factor(a, cache)) return nullptr;
+    factor->counts.nnz_a = double(a.nonZeros());
     return factor;
   }
 #endif
@@ -184,6 +196,13 @@ std::unique_ptr<Factor> factor_lower(const LowerMap& a, FactorCache* cache) {
   auto factor = std::make_unique<SparseFactor>();
   factor->ldlt.compute(a);
   if (factor->ldlt.info() != Eigen::Success || !(factor->ldlt.vectorD().minCoeff() > 0)) return nullptr;
+  // L's columns (unit diagonal apart) as CHOLMOD counts a simplicial factorization's flops: sum of c_j^2.
+  const auto& l = factor->ldlt.matrixL().nestedExpression();
+  factor->counts = {n, double(a.nonZeros()), double(l.nonZeros() + n), 0.0};
+  for (int64_t j = 0; j < n; ++j) {
+    const double c = double(l.outerIndexPtr()[j + 1] - l.outerIndexPtr()[j] + 1);
+    factor->counts.flops += c * c;
+  }
   return factor;
 }
 
@@ -258,6 +277,13 @@ torch::Tensor LazyFactors::solve(const torch::Tensor& b_rows) {
     }
   });
   return x.to(b_rows.options());
+}
+
+FactorCounts LazyFactors::counts() const {
+  FactorCounts out;
+  for (const auto& f : factors_)
+    if (f && f->counts.flops > out.flops) out = f->counts;
+  return out;
 }
 
 bool has_cholmod() {

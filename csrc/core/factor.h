@@ -8,6 +8,8 @@
 #include <Eigen/Core>
 #include <Eigen/SparseCore>
 
+#include "core/solver.h"
+
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -44,10 +46,11 @@ struct FactorCache {
   int64_t reused = 0;              // factorizations made in an unused factor's memory
 };
 
-// A factored matrix: A^-1 b.
+// A factored matrix: A^-1 b, and what making it and solving with it cost (counted, see FactorCounts).
 struct Factor {
   virtual ~Factor() = default;
   virtual Eigen::VectorXd solve(const Eigen::Ref<const Eigen::VectorXd>& b) const = 0;
+  FactorCounts counts;
 };
 
 // Factors the n x n symmetric matrix whose lower triangle (row >= col; duplicates are summed) is `lower`;
@@ -73,6 +76,7 @@ class LazyFactors {
   // A^-1 b on (B, n) rows; NaN rows where A is not positive definite, zero rows for zero right-hand sides.
   torch::Tensor solve(const torch::Tensor& b_rows);
   int64_t count() const { return count_; }  // factorizations made so far
+  FactorCounts counts() const;               // of the largest factor made so far (zeros before the first)
 
  private:
   Maker make_;

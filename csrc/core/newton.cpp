@@ -4,7 +4,6 @@
 #include "solver.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -24,8 +23,39 @@ std::string indices(const torch::Tensor& mask) {
 
 double default_rtol(torch::ScalarType t) { return t == torch::kFloat64 ? 1e-8 : 1e-4; }
 
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+// reuse_factor's cost model: what a new factorization and one CG iteration on the stale factor cost, estimated
+// from the factor's counts alone (FactorCounts), in nanoseconds of one loaded core of the machine it was
+// calibrated on (only the ratio of the two matters). Counts, not timings, so that the budget below, and with it
+// every iterate, is the same on every run. Calibrated once (commit d6edee9 and this change, 1 thread, load
+// average 7-8 on 2 cores) from the seconds Newton's loop measured beside the counts (the timed rule this
+// replaced, printed for the purpose, every try given 10 iterations) over sheets of 10x10 to 70x70 vertices under
+// shear, twist and impact, one and eight bipeds, and 3D boxes of 12x3x3 to 24x6x6 cells. Against the fastest
+// of each case's samples the estimates are 0.4-1.5x for factorizations (median 0.7; 0.13x for a 3D box's
+// simplicial one, which orders each matrix anew) and 0.6-1.4x for CG iterations: the budgets err low.
+constexpr double kFactorizationCall = 1e5;       // assembly, one solve, and the calls around them
+constexpr double kFactorizationPerFlop = 0.8;    // CHOLMOD's supernodal flops on 3D meshes; dense and simplicial
+constexpr double kSupernodalPerUnknown = 2.8e3;  // CHOLMOD's small supernodes on 2D meshes: 3 ns/flop there
+constexpr double kIterationCall = 5e4;           // CG's dozen tensor ops and the preconditioner's calls
+constexpr double kSolvePerEntry = 2.3;           // two triangular sweeps, per stored entry of L
+constexpr double kProductPerNonzero = 3.0;       // the Hessian-vector product, per nonzero of H's lower triangle
+// A budget below this is not tried: a factorization then costs a few CG iterations (creatures, sheets up to
+// about 20x20 vertices), and CG's inexact step can cost a Newton iteration more (the quadruped of
+// benchmarks/step_speed.py, at a budget of 2: 5 Newton iterations instead of 3, a step 1.9x slower).
+constexpr int64_t kMinReuseIterations = 4;
+
+// How many iterations CG on the stale factor gets before the problems where it has not converged are factored
+// again: half of what a factorization costs over what an iteration costs, so that a failed try costs at most
+// half a factorization more than factoring at once. Where the factor was made from probes (minimize's
+// sparsity= path, which does not count its factor), at least half the probes per factorization: each CG
+// iteration costs one more Hessian-vector product of the same kind.
+int64_t reuse_budget(const AnalyticDerivatives& point) {
+  const FactorCounts c = point.factor_counts ? point.factor_counts() : FactorCounts();
+  const double factorization = kFactorizationCall + kFactorizationPerFlop * c.flops +
+                               (c.supernodal ? kSupernodalPerUnknown * double(c.n) : 0.0);
+  const double iteration = kIterationCall + kSolvePerEntry * c.nnz_l + kProductPerNonzero * c.nnz_a;
+  const int64_t made = point.factorizations ? point.factorizations() : 0;
+  const double probes = made > 0 && point.probes ? double(point.probes()) / double(made) : 0.0;
+  return static_cast<int64_t>(std::max(c.n > 0 ? 0.5 * factorization / iteration : 0.0, 0.5 * probes));
 }
 
 // M^-1 r by an older factorization where it is positive definite, by `own` (or the identity) on its other rows.
@@ -90,9 +120,9 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
   torch::Tensor g0_norm, threshold, g_norm;
   torch::Tensor failed = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kBool).device(x0.device()));
   std::ostringstream why;
-  // opt.reuse_factor: the last factorization's solve, and the measured costs that bound CG on it.
+  // opt.reuse_factor: the last factorization's solve, and how many CG iterations on it are worth a try.
   LinearOperator stale;
-  double factor_seconds = 0, iteration_seconds = 0;
+  int64_t reuse_iter = 0;
   for (int64_t it = 0;; ++it) {
     AnalyticDerivatives point = derivatives_at(energy, analytic, x, shape, consts, opt.batched);
     const torch::Tensor& g = point.grad;
@@ -139,28 +169,19 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     // By the point's factorization where it has one (else CG); with reuse_factor, after the first, by CG on the
     // previous factorization first, and by a new one only for the rows where that CG stalls.
     auto solve = [&](const torch::Tensor& b) {
-      const auto t0 = std::chrono::steady_clock::now();
       CGResult out = solve_rows(point, b, eta, cg_max_iter, /*truncate=*/true);
       if (point.solve) {
-        factor_seconds = seconds_since(t0);
-        if (opt.reuse_factor || last_solve) stale = point.solve;  // else freed with this point
+        if (opt.reuse_factor) reuse_iter = std::min(cg_max_iter, reuse_budget(point));
+        // Kept for the next iteration's try, or for the backward; else freed with this point.
+        if ((opt.reuse_factor && reuse_iter >= kMinReuseIterations) || last_solve) stale = point.solve;
       }
       info.cg_iterations += out.iterations;
       info.hvp_count += out.iterations;
       return out;
     };
-    // CG on the stale factor gets half the measured cost of a factorization in iterations (10 before one is
-    // measured), and no try at all where a factorization takes under 2 ms: there, CG's few dozen tensor ops
-    // per iteration cost as much as factoring again (the 10x10 sheets of step_speed.py --family).
-    const int64_t reuse_iter =
-        factor_seconds < 2e-3 ? 0
-        : iteration_seconds > 0 ? std::min<int64_t>(cg_max_iter, int64_t(0.5 * factor_seconds / iteration_seconds))
-                                : 10;
     CGResult cg;
-    if (opt.reuse_factor && stale && point.solve && reuse_iter >= 2) {
-      const auto t0 = std::chrono::steady_clock::now();
+    if (opt.reuse_factor && stale && point.solve && reuse_iter >= kMinReuseIterations) {
       cg = conjugate_gradient(point.hvp, rhs, eta, reuse_iter, /*truncate=*/true, by_factor(stale, point.precondition));
-      if (cg.iterations > 0) iteration_seconds = seconds_since(t0) / double(cg.iterations);
       info.cg_iterations += cg.iterations;
       info.hvp_count += cg.iterations;
       torch::Tensor by_stale = (cg.residual <= eta).unsqueeze(1);

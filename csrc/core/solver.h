@@ -26,6 +26,17 @@ using EnergyFn = std::function<torch::Tensor(const torch::Tensor& x, const std::
 // may also offer a factorization (AnalyticDerivatives::solve).
 using LinearOperator = std::function<torch::Tensor(const torch::Tensor&)>;  // (B, n) -> (B, n)
 
+// What one problem's factorization and a solve with it cost, counted from the structure of the factor (never
+// timed, so that what Newton decides from them is the same on every run): n unknowns, nnz_a nonzeros in the
+// factored matrix's lower triangle, nnz_l entries of L that a solve sweeps twice, the numeric factorization's
+// flops (CHOLMOD's own count after its analysis; sum of squared column counts otherwise), and whether it is
+// CHOLMOD's supernodal one (whose many small dense blocks cost more than their flops on 2D meshes).
+struct FactorCounts {
+  int64_t n = 0;
+  double nnz_a = 0, nnz_l = 0, flops = 0;
+  bool supernodal = false;
+};
+
 struct AnalyticDerivatives {
   torch::Tensor energy;  // 0-dim, or (B,) per problem
   torch::Tensor grad;    // (B, n)
@@ -36,6 +47,7 @@ struct AnalyticDerivatives {
   LinearOperator solve;
   std::function<int64_t()> factorizations;  // optional: how many factorizations solve has made so far
   std::function<int64_t()> probes;          // optional: Hessian-vector products made outside CG so far
+  std::function<FactorCounts()> factor_counts;  // optional, with solve: one problem's factor (the largest made)
 };
 struct AnalyticEnergy {
   std::function<torch::Tensor(const torch::Tensor& x_rows)> value;  // 0-dim, or (B,) per problem
@@ -74,11 +86,11 @@ struct SolverOptions {
   // solves the adjoint system. Newton's last factor was made one step before x*, so a few refinements reach
   // the tolerance. Costs the factor's memory until the backward has run.
   bool keep_factor = false;
-  // With a factored Hessian, precondition CG by Newton's previous factorization, and factor again only where
-  // that CG stalls: it gets a bounded number of iterations, the measured cost of a factorization over that
-  // of one of its iterations, halved (none where a factorization takes under 2 ms). Pays where a
-  // factorization is dear and the Hessian changes little from one Newton iteration to the next (large
-  // meshes); the number of CG iterations then depends on timing.
+  // With a factored Hessian, solve each Newton system after the first by CG preconditioned with the previous
+  // factorization, and factor again only the problems where that CG stalls within a budget of iterations: half
+  // a factorization's cost over one iteration's, both counted from the factor (FactorCounts), never timed, so
+  // the iterates are the same on every run; none where a factorization is cheap (creatures). Pays where one is
+  // dear and the Hessian changes little from one Newton iteration to the next (large meshes).
   bool reuse_factor = false;
   // With a sparsity pattern (probed_energy): Hessian-vector products per autograd call when probing the Hessian.
   // 0: measured (probe.cpp: 1, 2, 4, ... while faster per probe); 1: one per call; K > 1: up to K per call where

@@ -64,6 +64,7 @@ AnalyticEnergy step_analytic_energy(const StepModel& model, const StepState& sta
           });
       out.solve = [factors](const torch::Tensor& b) { return factors->solve(b); };
       out.factorizations = [factors] { return factors->count(); };
+      out.factor_counts = [factors] { return factors->counts(); };
     }
     return out;
   };

@@ -92,10 +92,12 @@ def minimize(
             the energy's autograd graph at Newton's last iterate) until the backward has run.
         reuse_factor: with a factored Hessian, solve each Newton system after the first by CG preconditioned
             with Newton's previous factorization, and factor again only where that CG does not converge
-            within the measured cost of a factorization (half of it, in CG iterations). Faster where
+            within a budget of iterations: with ``sparsity``, half the Hessian-vector products that probe one
+            factorization. A count, never a timing: the iterates are the same on every run. Faster where
             factorizations are dear and the Hessian changes little between Newton iterations (large meshes);
-            the counts of CG iterations and factorizations then depend on timing. Results are solved to the
-            same tolerances either way.
+            off by default here, since a user energy's products may cost anything against its factorization
+            (:class:`~diffsoft.simulator.Simulator` turns it on for its own kernels, whose costs it counts).
+            Results are solved to the same tolerances either way.
         _analytic: internal, for diffsoft's built-in energies: a ``_C.AnalyticEnergy`` giving the same energy's
             value, gradient and Hessian products without autograd, used by Newton and the adjoint solve;
             ``energy`` still gives the derivatives with respect to ``params``.

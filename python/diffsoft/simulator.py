@@ -76,12 +76,18 @@ class Simulator:
             rollout until its backward has run. On the torch backend: the Hessian blocks at the solution with
             their float64 factor (dense Cholesky) or block-Jacobi preconditioner (CG), which the backward
             then does not make again.
-        reuse_factor: with the direct solver on the C++ backend, Newton's systems after the first are solved by
-            CG preconditioned with the last factorization, factoring again only when that CG stalls
-            (:func:`diffsoft.minimize`'s ``reuse_factor``): 1.3-3.6x faster steps on large meshes (40x40 sheets
-            and up, ``benchmarks/README.md``), no effect where a factorization takes under 2 ms (creatures). Off
-            by default: how often it refactors follows measured times, so the iterates (not the tolerances they
-            meet) can differ between runs. The torch backend refuses it.
+        reuse_factor: factor reuse in Newton's loop (:func:`diffsoft.minimize`'s ``reuse_factor``): each
+            system after the first is solved by CG preconditioned with the last factorization, and the Hessian
+            is factored again only for the problems where that CG has not converged within a budget of
+            iterations, about half a factorization's cost. The budget is a count (the factor's flops and
+            nonzeros, the Hessian's nonzeros), never a timing, so two runs give bit-identical iterates; where a
+            factorization is cheap (creatures, small sheets) no CG is tried at all. ``None`` (default): on
+            wherever the step factors its Hessian on the C++ backend (``solver="direct"`` or ``"auto"``), off
+            elsewhere (``solver="cg"``, ``fused=False``, the torch backend), where it does not apply: forwards
+            1.1-2.5x faster on sheets of 40x40 vertices and up (``benchmarks/README.md``). ``True``: the
+            same, but a step where it cannot apply raises ``ValueError``. ``False``: one factorization per
+            Newton iteration. The backward is unchanged by it (a fresh factorization at the solution, or with
+            ``keep_factors`` the forward's last one, then possibly made a few Newton iterations before it).
         backend: where the fused step is solved (``docs/design.md``, "Backends and devices"): ``"cpp"``, the
             C++ kernels and sparse factorizations (CPU tensors only); ``"torch"``, the same problem in batched
             torch ops (:mod:`diffsoft.torch_backend`) on any device: each creature's dense Hessian factored by
@@ -108,7 +114,7 @@ class Simulator:
     def __init__(self, body, dt=1 / 30, gravity=9.8, ground=0.0, contact_stiffness=None, friction=None,
                  friction_eps=0.01, rtol=None, atol=None, max_iter=100, cg_rtol=0.5, cg_max_iter=None,
                  backward_rtol=1e-10, backward_max_iter=None, on_failure="warn", fused=True, solver="auto",
-                 keep_factors=False, reuse_factor=False, backend="auto"):
+                 keep_factors=False, reuse_factor=None, backend="auto"):
         self.body = body
         self.dt, self.ground, self.friction_eps = dt, ground, friction_eps  # checked by their setters
         self.fused = bool(fused)
@@ -116,6 +122,8 @@ class Simulator:
             raise ValueError(f"solver must be 'auto', 'direct' or 'cg', got {solver!r}")
         self.solver = solver
         self.backend = backend
+        if reuse_factor not in (None, True, False):
+            raise ValueError(f"reuse_factor must be None (default), True or False, got {reuse_factor!r}")
         self.gravity = self._scalar("gravity", gravity, allow_zero=True)
         self.contact_stiffness, self.friction = contact_stiffness, friction
         if atol is None:
@@ -326,7 +334,10 @@ class Simulator:
         """The C++ path: :func:`minimize` with the fused kernels' analytic energy (``fused=False``: the plain
         energy's double-backward products)."""
         factorize = self.fused and self._factorizes()
-        if self.solver_options.get("reuse_factor") and not factorize:
+        options = dict(self.solver_options)
+        if options.get("reuse_factor") is None:  # the default: wherever the step factors
+            options["reuse_factor"] = factorize
+        elif options["reuse_factor"] and not factorize:
             raise ValueError("reuse_factor needs a factored Hessian, but this step solves by CG (solver='cg', "
                              "fused=False, or 'auto' choosing CG for a large 3D body without CHOLMOD): use "
                              "solver='direct', or set sim.solver_options['reuse_factor'] = False")
@@ -342,7 +353,7 @@ class Simulator:
             guess = torch.where(better[..., None, None], x_hat, start)
         analytic = analytic_energy(guess, *params, top, factorize=factorize) if self.fused else None
         return minimize(energy, guess, *params, top, batched=batched, return_info=True, _analytic=analytic,
-                        **self.solver_options)
+                        **options)
 
     def step_problem(self, x0, v0, activation):
         """The step from ``(x0, v0)`` under ``activation`` as the problem the solver minimises:

@@ -113,6 +113,36 @@ TEST_P(FactorSizes, AFreedFactorIsMadeAgainInPlaceAndStaysRight) {
   }
 }
 
+// The counts that reuse_factor's budget is computed from: a function of the pattern alone (the same for new
+// values, with or without a cache), between the pattern's own size and a dense factor's.
+TEST_P(FactorSizes, CountsDependOnThePatternOnly) {
+  std::mt19937 gen(5);
+  auto cache = std::make_shared<diffsoft::FactorCache>();
+  const Grid g = grid(GetParam(), 0.1, gen);
+  const diffsoft::LowerPattern pattern(g.n, g.entries);
+  auto first = diffsoft::factor_symmetric(pattern, assembled(pattern, g), cache.get());
+  auto again = diffsoft::factor_symmetric(pattern, assembled(pattern, grid(GetParam(), 2.0, gen)), cache.get());
+  auto uncached = diffsoft::factor_symmetric(pattern, assembled(pattern, g));
+  ASSERT_TRUE(first && again && uncached);
+  const diffsoft::FactorCounts c = first->counts;
+  const double n = double(g.n);
+  EXPECT_EQ(c.n, g.n);
+  EXPECT_EQ(c.nnz_a, double(pattern.nnz()));
+  EXPECT_GE(c.nnz_l, double(pattern.nnz()));  // L holds A's lower pattern and its fill
+  EXPECT_LE(c.nnz_l, n * (n + 1) / 2);
+  EXPECT_GE(c.flops, double(pattern.nnz()));  // sum of squared column counts >= their sum
+  EXPECT_LE(c.flops, n * (n + 1) * (2 * n + 1) / 6);
+  EXPECT_EQ(c.supernodal, diffsoft::has_cholmod() && g.n >= 1000);
+  if (g.n <= 100) EXPECT_EQ(c.flops, n * (n + 1) * (2 * n + 1) / 6);  // dense
+  for (const auto* other : {&again->counts, &uncached->counts}) {
+    EXPECT_EQ(other->n, c.n);
+    EXPECT_EQ(other->nnz_a, c.nnz_a);
+    EXPECT_EQ(other->nnz_l, c.nnz_l);
+    EXPECT_EQ(other->flops, c.flops);
+    EXPECT_EQ(other->supernodal, c.supernodal);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(DenseSimplicialSupernodal, FactorSizes, ::testing::Values(6, 15, 40));
 
 TEST(LowerPattern, RefusesEntriesOutsideTheLowerTriangle) {

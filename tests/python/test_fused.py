@@ -169,8 +169,8 @@ def test_sparse_direct_and_cg_solvers_agree(make):
         x1, v1, info = sim.step(x, v, return_info=True)
         (g,) = torch.autograd.grad((x1[..., 0] ** 2 + v1[..., 1]).sum(), x)
         results.append((x1.detach(), g))
-        if solver == "direct":
-            assert info.factorizations > 0 and info.cg_iterations == 0 and info.backward_direct
+        if solver == "direct":  # CG only on a stale factor: the default's factor reuse (the block's)
+            assert info.factorizations > 0 and info.backward_direct
         else:
             assert info.factorizations == 0 and info.cg_iterations > 0 and not info.backward_direct
     (x_d, g_d), (x_c, g_c) = results
@@ -216,16 +216,18 @@ def test_supernodal_factorizations_share_one_symbolic_analysis():
 
 @pytest.mark.parametrize("make", [lambda: biped(dtype=F64), _block], ids=["biped", "block"])
 def test_backward_with_the_forwards_kept_factor_gives_the_same_gradient(make):
-    """keep_factors: the adjoint solve by the forward's last factor (refined) instead of a fresh one at x*."""
+    """keep_factors: the adjoint solve by the forward's last factor (refined) instead of a fresh one at x*. With
+    factor reuse (the default; the block's) that factor may be several Newton iterations old: the adjoint
+    residuals are held to 1e-12, so that the two gradients agree to 1e-8."""
     grads = []
     for keep in (False, True):
         sim = make()
-        sim.solver_options.update(keep_factor=keep)
+        sim.solver_options.update(keep_factor=keep, backward_rtol=1e-12)
         x, v = sim.rest_state
         x = x.clone().requires_grad_()
         x1, v1, info = sim.step(x, v + 0.3, return_info=True)
         (g,) = torch.autograd.grad((x1[..., 0] ** 2 + v1[..., 1]).sum(), x)
-        assert info.backward_converged and info.backward_direct and info.backward_residual <= 1e-10
+        assert info.backward_converged and info.backward_direct and info.backward_residual <= 1e-12
         grads.append(g)
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-8, atol=1e-10 * grads[0].abs().max().item())
 
