@@ -1,6 +1,7 @@
 """DiffPD's 3D cantilever benchmark (Du et al. 2021, Sec. 6.2) with diffsoft's Simulator, against DiffPD's figures.
 
-    .venv/bin/python benchmarks/cantilever.py [--half-only] [--solver auto|direct|cg] [--check] [--json FILE]
+    .venv/bin/python benchmarks/cantilever.py [--half-only] [--no-reuse-factor] [--solver auto|direct|cg] [--check]
+        [--json FILE]
 
 The problem, as DiffPD's ``cantilever_3d.py`` / ``CantileverEnv3d`` (refinement 8) sets it up:
 
@@ -70,7 +71,7 @@ DENSITY, E, NU, G = 1e3, 1e6, 0.45, 9.81
 DT, FRAMES, REL_TOL, ABS_TOL = 0.01, 25, 1e-4, 1e-9
 
 
-def cantilever(refinement, solver="auto", keep_factors=False, dtype=torch.float64, reuse_factor=False):
+def cantilever(refinement, solver="auto", keep_factors=False, dtype=torch.float64, reuse_factor=None):
     """The bar with ``4r x r x r`` cells (r = 8: DiffPD's), its twisted initial state and the simulator."""
     n = (4 * refinement, refinement, refinement)
     dx = SIZE[1] / refinement
@@ -78,9 +79,8 @@ def cantilever(refinement, solver="auto", keep_factors=False, dtype=torch.float6
     fixed = torch.nonzero(verts[:, 0] == 0).flatten()
     body = SoftBody(verts, tets, material="neo_hookean", mass=DENSITY * dx ** 3, youngs_modulus=E, poisson_ratio=NU,
                     fixed=fixed, dtype=dtype)
-    sim = Simulator(body, dt=DT, gravity=G, ground=None, solver=solver, rtol=1e-12, keep_factors=keep_factors)
-    if reuse_factor:
-        sim.solver_options["reuse_factor"] = True
+    sim = Simulator(body, dt=DT, gravity=G, ground=None, solver=solver, rtol=1e-12, keep_factors=keep_factors,
+                    reuse_factor=reuse_factor)
     theta = (math.pi / 2) * verts[:, 0] / SIZE[0]
     c, s = torch.cos(theta), torch.sin(theta)
     cy, cz = SIZE[1] / 2, SIZE[2] / 2
@@ -125,7 +125,7 @@ def run(sim, x0, v0, frames, loss_weights, diffpd_tol=True):
                 atol=atols, warnings=[str(w.message)[:200] for w in caught], grad_x0=x0.grad, grad_v0=v0.grad)
 
 
-def measure(name, refinement, solver, repeat, keep_factors=False, reuse_factor=False):
+def measure(name, refinement, solver, repeat, keep_factors=False, reuse_factor=None):
     sim, x0, v0 = cantilever(refinement, solver, keep_factors, reuse_factor=reuse_factor)
     gen = torch.Generator().manual_seed(42)
     weights = tuple(torch.randn(x0.shape, generator=gen, dtype=x0.dtype) for _ in range(2))
@@ -170,8 +170,9 @@ def main():
     ap.add_argument("--solver", default="auto", choices=["auto", "direct", "cg"])
     ap.add_argument("--keep-factors", action="store_true",
                     help="each step's backward on the forward's last factorization (Simulator(keep_factors=True))")
-    ap.add_argument("--reuse-factor", action="store_true",
-                    help="Newton's systems after the first by CG on the previous factorization (reuse_factor=True)")
+    ap.add_argument("--no-reuse-factor", dest="reuse_factor", action="store_const", const=False, default=None,
+                    help="a fresh factorization for every Newton system (reuse_factor=False; the default reuses "
+                         "the previous one as CG's preconditioner where its cost model says so)")
     ap.add_argument("--half-only", action="store_true", help="only the 16 x 4 x 4 bar")
     ap.add_argument("--repeat", type=int, default=None, help="runs per size, best kept (default 3 half, 1 full)")
     ap.add_argument("--check", action="store_true", help="also check the gradient against finite differences")
@@ -181,8 +182,8 @@ def main():
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} threads, "
-          f"float64, solver={args.solver}, keep_factors={args.keep_factors}, reuse_factor={args.reuse_factor}, "
-          f"{FRAMES} frames, dt={DT}, "
+          f"float64, solver={args.solver}, keep_factors={args.keep_factors}, "
+          f"reuse_factor={'default' if args.reuse_factor is None else args.reuse_factor}, {FRAMES} frames, dt={DT}, "
           f"DiffPD tolerance rel_tol={REL_TOL:g}")
     sizes = [("half", 4, args.repeat or 3)] + ([] if args.half_only else [("full", 8, args.repeat or 1)])
     rows = []
