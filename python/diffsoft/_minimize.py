@@ -82,9 +82,9 @@ def minimize(
             wherever torch cannot batch the energy's backward (a custom autograd Function reading data in its
             backward, say). The products, and so the results, are the same either way (bit for bit on the
             tests' energies; an operation that sums in another order when batched could change the last bits),
-            only the time differs: batches pay where each operation's overhead outweighs its work (small meshes), and can lose where
-            allocating their larger buffers is dear (``benchmarks/README.md``). Timings of a loaded machine can
-            mislead the measurement: fix ``probe_batch`` where that matters.
+            only the time differs: batches pay where each operation's overhead outweighs its work (small
+            meshes), and can lose where allocating their larger buffers is dear (``benchmarks/README.md``).
+            Timings of a loaded machine can mislead the measurement: fix ``probe_batch`` where that matters.
         keep_factor: with a factored Hessian (``sparsity``, or the simulator's direct solver), keep Newton's
             last factorization for the backward, which then solves the adjoint system by back-substitution
             and iterative refinement with it instead of factoring again at ``x*``: a cheaper backward, for the

@@ -93,8 +93,8 @@ class Simulator:
             torch ops (:mod:`diffsoft.torch_backend`) on any device: each creature's dense Hessian factored by
             one batched Cholesky (``solver="direct"``, and ``"auto"`` up to 1000 unknowns per creature), or
             block-Jacobi CG on the Hessian's element blocks (``"cg"``, and ``"auto"`` above); its record is a
-            :class:`diffsoft.SolveInfo` too (:func:`diffsoft.torch_backend.solve_step`). ``"auto"`` (default): ``"cpp"`` for CPU tensors,
-            ``"torch"`` for any other device. ``fused=False`` always takes :func:`diffsoft.minimize`'s path.
+            :class:`diffsoft.SolveInfo` too (:func:`diffsoft.torch_backend.solve_step`). ``"auto"`` (default):
+            ``"cpp"`` for CPU tensors, ``"torch"`` for any other device. ``fused=False`` always takes :func:`diffsoft.minimize`'s path.
         max_iter, cg_rtol, cg_max_iter, backward_rtol, backward_max_iter, on_failure: passed to
             :func:`diffsoft.minimize`; all are kept in ``self.solver_options``, which may be edited.
 
