@@ -121,8 +121,9 @@ AnalyticEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Te
           // save (on this project's 2-core VM, whose allocator returns and re-faults every buffer over 128 KiB,
           // sheets of a few thousand unknowns): which one depends on the machine and the energy, hence, unless
           // probe_batch says, a measurement: one probe alone, then batches of 2, 4, 8, ... while each is faster
-          // per probe than the last (each size timed twice, its faster call counting), settling on the fastest. The products are the same either way (bit for
-          // bit in the tests). benchmarks/README.md has the figures.
+          // per probe than the last (each size timed twice, its faster call counting), settling on the fastest.
+          // The products are the same either way (bit for bit in the tests). benchmarks/README.md has the
+          // figures.
           const int64_t cap = std::max<int64_t>(1, kMaxProbeElements / std::max<int64_t>(1, batch * n_vertices * d));
           for (int64_t p = 0; p < total;) {
             const int64_t size = std::min(plan->per_call, cap), k = std::min(size, total - p);
