@@ -107,48 +107,48 @@ def _solve(energy, body, probe_batch, batched=False, pattern=None):
     return x, torch.autograd.grad((w * x).sum(), (x_hat, mu, pull)), info
 
 
+def _assert_same_solve(got, want):
+    """The same probes, so the same factors: the same Newton iterations, factorizations and products, and
+    iterates and gradients equal to round-off."""
+    (x, g, i), (x_ref, g_ref, i_ref) = got, want
+    assert (i.iterations, i.factorizations, i.hvp_count) == (i_ref.iterations, i_ref.factorizations, i_ref.hvp_count)
+    torch.testing.assert_close(x, x_ref, rtol=0, atol=1e-12)
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12 * b.abs().max().item())
+
+
 @pytest.mark.parametrize("batched", [False, True], ids=["single", "batch of 2"])
 @pytest.mark.parametrize("which", ["neo_hookean", "chain"])
 def test_batched_probes_give_the_sequential_hessian_iterates_and_gradients(vjp_calls, batched, which):
     body = _sheet(5, 3)
     energy, pattern = (neo_hookean(body), None) if which == "neo_hookean" else chain(body)
-    x1, g1, i1 = _solve(energy, body, probe_batch=1, batched=batched, pattern=pattern)
+    one = _solve(energy, body, probe_batch=1, batched=batched, pattern=pattern)
     assert not vjp_calls  # probe_batch=1: one Hessian-vector product per autograd call
-    x4, g4, i4 = _solve(energy, body, probe_batch=4, batched=batched, pattern=pattern)
+    four = _solve(energy, body, probe_batch=4, batched=batched, pattern=pattern)
     assert vjp_calls and all(k <= 4 and ok for k, ok in vjp_calls)
     assert any(k > 1 for k, _ in vjp_calls)
-    # The same probes, so the same factors: the same Newton iterations, and iterates equal to round-off.
-    assert (i4.iterations, i4.factorizations, i4.hvp_count) == (i1.iterations, i1.factorizations, i1.hvp_count)
-    assert i1.cg_iterations == i4.cg_iterations == 0 and i4.backward_direct
-    torch.testing.assert_close(x4, x1, rtol=0, atol=1e-12)
-    for a, b in zip(g4, g1):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12 * b.abs().max().item())
+    _assert_same_solve(four, one)
+    assert one[2].cg_iterations == four[2].cg_iterations == 0 and four[2].backward_direct
 
 
 def test_an_energy_torch_cannot_batch_falls_back_to_one_probe_per_call(vjp_calls):
     body = _sheet(5, 3)
     energy = unbatchable(body)
-    x1, g1, i1 = _solve(energy, body, probe_batch=1)
-    x8, g8, i8 = _solve(energy, body, probe_batch=8)
+    one = _solve(energy, body, probe_batch=1)
+    eight = _solve(energy, body, probe_batch=8)
     assert vjp_calls[0] == (8, False)  # declined once; the solve's other probes go one at a time
     assert len(vjp_calls) == 1
-    assert (i8.iterations, i8.factorizations, i8.hvp_count) == (i1.iterations, i1.factorizations, i1.hvp_count)
-    assert i8.cg_iterations == 0
-    torch.testing.assert_close(x8, x1, rtol=0, atol=1e-12)
-    for a, b in zip(g8, g1):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12 * b.abs().max().item())
+    _assert_same_solve(eight, one)
+    assert eight[2].cg_iterations == 0
 
 
 def test_probe_batch_measured_gives_the_same_results(vjp_calls):
     body = _sheet(5, 3)
     energy = neo_hookean(body)
-    x1, g1, i1 = _solve(energy, body, probe_batch=1)
-    x0, g0, i0 = _solve(energy, body, probe_batch=None)
+    one = _solve(energy, body, probe_batch=1)
+    measured = _solve(energy, body, probe_batch=None)
     assert vjp_calls[0][0] == 2  # after two probes alone, a batch of 2, whichever way it then goes
-    assert (i0.iterations, i0.factorizations, i0.hvp_count) == (i1.iterations, i1.factorizations, i1.hvp_count)
-    torch.testing.assert_close(x0, x1, rtol=0, atol=1e-12)
-    for a, b in zip(g0, g1):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12 * b.abs().max().item())
+    _assert_same_solve(measured, one)
 
 
 def test_gradcheck_through_batched_probes(vjp_calls):
