@@ -37,10 +37,19 @@ struct SparseFactor : Factor {
 using LowerMap = Eigen::Map<const Eigen::SparseMatrix<double, Eigen::ColMajor, int>>;
 
 #ifdef DIFFSOFT_WITH_CHOLMOD
-// Above this many unknowns, CHOLMOD's supernodal Cholesky (dense BLAS-3 kernels on supernodes) with a
-// symbolic analysis shared through the model's FactorCache: on 3D meshes its numeric factorization is 6x
-// (8k unknowns) to 30x (30k) faster than the simplicial LDL^T; below, the two are even.
+// Above this many unknowns, CHOLMOD's Cholesky with a symbolic analysis shared through the model's FactorCache:
+// on 3D meshes its supernodal numeric factorization is 6x (8k unknowns) to 30x (30k) faster than Eigen's
+// simplicial LDL^T; below, the two are even.
 constexpr int64_t kSupernodalMin = 1000;
+
+// CHOLMOD's supernodal factorization (dense BLAS-3 kernels on supernodes) wins where the factor is dense,
+// its simplicial one where the supernodes are small: the analysis picks supernodal where CHOLMOD's flop count
+// per entry of L is at least this. Measured on this project's machine (OpenBLAS, 1 thread; grid patterns of
+// triangle and tetrahedron meshes, 2 and 3 unknowns per vertex): simplicial is 2.5-4x faster at 31-71 flops
+// per entry (2D sheets of 20x20 and 40x40 vertices, thin 3D bars), 1.2-1.5x at 93-121 (2D, 70x70 and
+// 100x100); supernodal is 1.2x faster at 145-167 and 1.6-2.5x at 252-412 (3D blocks, DiffPD's cantilever).
+// CHOLMOD's own default (40) is calibrated for other BLAS and matrices.
+constexpr double kSupernodalFlopsPerEntry = 130;
 
 // A CHOLMOD factor with its own workspace (cholmod_common), so that factors of a batch run in parallel.
 struct CholmodNumeric {
@@ -48,7 +57,9 @@ struct CholmodNumeric {
   cholmod_factor* factor = nullptr;
   CholmodNumeric() {
     cholmod_start(&common);
-    common.supernodal = CHOLMOD_SUPERNODAL;
+    common.supernodal = CHOLMOD_AUTO;
+    common.supernodal_switch = kSupernodalFlopsPerEntry;
+    common.final_ll = true;  // simplicial as LL^T: its LDL^T would factor an indefinite matrix without a word
     common.print = 0;
   }
   ~CholmodNumeric() {

@@ -1,6 +1,6 @@
 // Cholesky factorizations of sparse symmetric positive definite matrices, for Newton's steps and the
-// adjoint solve: dense for small systems, Eigen's simplicial LDL^T, or CHOLMOD's supernodal Cholesky (when
-// built with SuiteSparse) for large ones, on Eigen (and CHOLMOD when present).
+// adjoint solve: dense for small systems, Eigen's simplicial LDL^T, or CHOLMOD's Cholesky (supernodal or
+// simplicial, as its analysis's counts say; when built with SuiteSparse) for large ones.
 #pragma once
 
 #include <torch/torch.h>

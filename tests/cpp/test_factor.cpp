@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -11,30 +12,38 @@
 
 namespace {
 
-// The lower-triangle entries of a 2D 5-point Laplacian on a k x k grid plus shift * I, as a sequence with
-// repeats (every diagonal entry comes twice, halves summed), values drawn from gen: the matrix is
-// symmetric positive definite for shift > 0 and indefinite for shift < -8.
+// The lower-triangle entries of a 5-point Laplacian on a k x k grid (7-point on k x k x depth) plus shift * I,
+// as a sequence with repeats (every diagonal entry comes twice, halves summed), values drawn from gen: the
+// matrix is symmetric positive definite for shift > 0 and not for shift < 0.
 struct Grid {
   int64_t n;
   std::vector<std::pair<int, int>> entries;
   std::vector<double> values;
 };
 
-Grid grid(int k, double shift, std::mt19937& gen) {
+// A grid's sides: k x k (depth 1, 2D) or k x k x depth (3D).
+struct Shape {
+  int k, depth;
+  int64_t n() const { return int64_t(k) * k * depth; }
+};
+
+Grid grid(Shape s, double shift, std::mt19937& gen) {
   std::uniform_real_distribution<double> coupling(0.5, 1.0);
-  Grid g{int64_t(k) * k, {}, {}};
+  const int k = s.k;
+  Grid g{s.n(), {}, {}};
   std::vector<double> diag(g.n, shift);
-  for (int j = 0; j < k; ++j)
-    for (int i = 0; i < k; ++i) {
-      const int v = j * k + i;
-      for (int w : {i + 1 < k ? v + 1 : -1, j + 1 < k ? v + k : -1}) {
-        if (w < 0) continue;
-        const double c = coupling(gen);
-        g.entries.emplace_back(w, v);
-        g.values.push_back(-c);
-        diag[v] += c, diag[w] += c;
+  for (int l = 0; l < s.depth; ++l)
+    for (int j = 0; j < k; ++j)
+      for (int i = 0; i < k; ++i) {
+        const int v = (l * k + j) * k + i;
+        for (int w : {i + 1 < k ? v + 1 : -1, j + 1 < k ? v + k : -1, l + 1 < s.depth ? v + k * k : -1}) {
+          if (w < 0) continue;
+          const double c = coupling(gen);
+          g.entries.emplace_back(w, v);
+          g.values.push_back(-c);
+          diag[v] += c, diag[w] += c;
+        }
       }
-    }
   for (int v = 0; v < g.n; ++v)
     for (int half = 0; half < 2; ++half) {
       g.entries.emplace_back(v, v);
@@ -67,8 +76,9 @@ std::vector<Eigen::Triplet<double>> triplets(const Grid& g) {
 
 }  // namespace
 
-// Dense (n <= 100), simplicial (to 1000) and, when built with CHOLMOD, supernodal factorizations.
-class FactorSizes : public ::testing::TestWithParam<int> {};
+// Dense (n <= 100), Eigen's simplicial (to 1000) and, when built with CHOLMOD, CHOLMOD's: simplicial on the
+// 2D grid of 1600 unknowns, supernodal on the 3D one of 4096 (its factor's denser).
+class FactorSizes : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(FactorSizes, PatternAndTripletsGiveTheSameSolve) {
   std::mt19937 gen(7);
@@ -88,7 +98,7 @@ TEST_P(FactorSizes, PatternAndTripletsGiveTheSameSolve) {
 TEST_P(FactorSizes, AFreedFactorIsMadeAgainInPlaceAndStaysRight) {
   std::mt19937 gen(11);
   auto cache = std::make_shared<diffsoft::FactorCache>();
-  const Eigen::VectorXd b = Eigen::VectorXd::Ones(GetParam() * GetParam());
+  const Eigen::VectorXd b = Eigen::VectorXd::Ones(GetParam().n());
   std::unique_ptr<diffsoft::LowerPattern> pattern;
   for (int round = 0; round < 3; ++round) {
     const Grid g = grid(GetParam(), 0.1 + round, gen);  // new values, the same pattern
@@ -104,12 +114,12 @@ TEST_P(FactorSizes, AFreedFactorIsMadeAgainInPlaceAndStaysRight) {
   auto factor = diffsoft::factor_symmetric(*pattern, assembled(*pattern, good), cache.get());
   ASSERT_TRUE(factor);
   EXPECT_LT((product(good, factor->solve(b)) - b).norm(), 1e-10 * b.norm());
-  if (diffsoft::has_cholmod() && GetParam() * GetParam() >= 1000) {
+  if (diffsoft::has_cholmod() && GetParam().n() >= 1000) {
     EXPECT_EQ(cache->analyses, 1);
     // Rounds 1 and 2 reuse, and so does the indefinite one, whose partial factor is dropped: the last is fresh.
     EXPECT_EQ(cache->reused, 3);
   } else {
-    EXPECT_EQ(cache->reused, 0);  // dense and simplicial factors are not pooled
+    EXPECT_EQ(cache->reused, 0);  // dense and Eigen's simplicial factors are not pooled
   }
 }
 
@@ -132,7 +142,7 @@ TEST_P(FactorSizes, CountsDependOnThePatternOnly) {
   EXPECT_LE(c.nnz_l, n * (n + 1) / 2);
   EXPECT_GE(c.flops, double(pattern.nnz()));  // sum of squared column counts >= their sum
   EXPECT_LE(c.flops, n * (n + 1) * (2 * n + 1) / 6);
-  EXPECT_EQ(c.supernodal, diffsoft::has_cholmod() && g.n >= 1000);
+  EXPECT_EQ(c.supernodal, diffsoft::has_cholmod() && g.n >= 1000 && GetParam().depth > 1);
   if (g.n <= 100) EXPECT_EQ(c.flops, n * (n + 1) * (2 * n + 1) / 6);  // dense
   for (const auto* other : {&again->counts, &uncached->counts}) {
     EXPECT_EQ(other->n, c.n);
@@ -143,7 +153,11 @@ TEST_P(FactorSizes, CountsDependOnThePatternOnly) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(DenseSimplicialSupernodal, FactorSizes, ::testing::Values(6, 15, 40));
+INSTANTIATE_TEST_SUITE_P(DenseSimplicialSupernodal, FactorSizes,
+                         ::testing::Values(Shape{6, 1}, Shape{15, 1}, Shape{40, 1}, Shape{16, 16}),
+                         [](const ::testing::TestParamInfo<Shape>& info) {
+                           return std::to_string(info.param.k) + "x" + std::to_string(info.param.depth);
+                         });
 
 TEST(LowerPattern, RefusesEntriesOutsideTheLowerTriangle) {
   EXPECT_THROW(diffsoft::LowerPattern(3, {{0, 1}}), std::invalid_argument);
