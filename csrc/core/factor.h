@@ -1,6 +1,6 @@
 // Cholesky factorizations of sparse symmetric positive definite matrices, for Newton's steps and the
-// adjoint solve: dense for small systems, Eigen's simplicial LDL^T, or CHOLMOD's Cholesky (supernodal or
-// simplicial, as its analysis's counts say; when built with SuiteSparse) for large ones.
+// adjoint solve: dense for small systems, else CHOLMOD's Cholesky (supernodal or simplicial, as its
+// analysis's counts say), or Eigen's simplicial LDL^T in a build without SuiteSparse.
 #pragma once
 
 #include <torch/torch.h>
