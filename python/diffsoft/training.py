@@ -30,7 +30,9 @@ ends every window ahead scores well, so the former trainer stopped at a crouch (
 With the value at the window's end the window's gradient also sees what its end state is worth afterwards,
 and continuing episodes give the critic (and the policy) the states of a gait rather than only starts.
 Window ends are not terminal states (a time limit cuts the walk), so the value bootstraps at every window's
-end; episodes end only at window ends (``episode`` is a multiple of ``window``).
+end; episodes end only at window ends (``episode`` is a multiple of ``window``), except with
+``terminate_upright`` (early termination): a creature that falls is terminal there (no value after it) and
+restarts at rest at once, mid-window.
 
 Data-parallel training: under ``torchrun`` (the ``gloo`` backend), each process simulates its slice of the
 global batch; actor gradients are averaged with ``all_reduce``, and every process fits the critic to the
@@ -385,7 +387,8 @@ def train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_o
     Returns:
         a dict: ``distance`` (the global batch's mean progress along +x per step in this window, times
         ``eval_horizon``: comparable with the evaluation's distance), ``grad_norm`` (the actor's, before
-        clipping), ``critic_loss`` and ``value`` (the critic targets' mean). Steps that did not converge are
+        clipping), ``critic_loss``, ``value`` (the critic targets' mean) and, with ``terminate_upright``,
+        ``terminated`` (the global batch's falls in this window). Steps that did not converge are
         appended to ``failures`` (see ``TrainConfig.on_failure``).
     """
     failures = [] if failures is None else failures
@@ -539,7 +542,8 @@ def train(cfg, resume=False, progress=True, log=print):
     Returns:
         ``(policy, history)``: the final policy (with ``keep_best``, the best evaluated one); history is a
         list of per-iteration records: ``iteration``, ``distance``,
-        ``grad_norm``, ``critic_loss``, ``value`` (see :func:`train_iteration`), ``sim_steps`` (creature-steps
+        ``grad_norm``, ``critic_loss``, ``value`` (see :func:`train_iteration`), ``terminated`` (with
+        ``terminate_upright``: the creatures restarted after a fall in that iteration), ``sim_steps`` (creature-steps
         simulated so far, all processes, evaluation excluded), ``seconds`` (training wall time so far) and,
         every ``eval_every`` iterations, ``eval_distance`` (:func:`~diffsoft.policy.distance_walked` over
         ``eval_horizon`` steps, before the update) at ``eval_sim_steps``.
