@@ -6,7 +6,8 @@ over the horizon, from rest (:func:`diffsoft.policy.distance_walked`; PPO's mean
 number of simulated creature-steps used for training so far (evaluation rollouts are not counted, for
 either method). Both get the same budget of ``--steps`` simulated creature-steps per seed (the
 differentiable method: ``steps // (batch * window)`` iterations, with its learning rate decaying over them,
-or over ``--lr-decay-iterations``).
+or over ``--lr-decay-iterations``); ``--diff-set NAME=VALUE ...`` sets other
+:class:`~diffsoft.training.TrainConfig` fields of the differentiable side (e.g. ``episode=128``).
 
     .venv/bin/python benchmarks/sample_efficiency.py --tune --steps 96000 --threads 1 --out runs/ppo_tuning
     .venv/bin/python benchmarks/sample_efficiency.py --seeds 3 --threads 1 --out runs/se_biped
