@@ -85,7 +85,8 @@ class TrainConfig:
     factors until its next regular reset); -1 (default) never; critic_lr, critic_hidden: the critic's Adam
     learning rate and the width of its two hidden layers; critic_iterations, critic_minibatches: passes over
     each window's data and minibatches per pass; target_alpha: the target critic's smoothing (``target =
-    alpha * target + (1 - alpha) * critic`` after each fit); hidden, min_a, max_abs_da: the policy (algovivo's 32, 0.25, 0.3);
+    alpha * target + (1 - alpha) * critic`` after each fit); hidden, min_a, max_abs_da: the policy
+    (algovivo's 32, 0.25, 0.3);
     init_activation: a reset creature's activations are drawn uniformly from ``[1 - init_activation, 1]``;
     action_noise: std of the Gaussian noise on activation changes; saturation_penalty: weight of
     ``sum_t sum_i [max(|da_i| - max_abs_da, 0)^2 + max(a_i + da_i - 1, 0)^2 + max(min_a - a_i - da_i, 0)^2]``
