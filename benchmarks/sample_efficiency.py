@@ -6,7 +6,8 @@ over the horizon, from rest (:func:`diffsoft.policy.distance_walked`; PPO's mean
 number of simulated creature-steps used for training so far (evaluation rollouts are not counted, for
 either method). Both get the same budget of ``--steps`` simulated creature-steps per seed (the
 differentiable method: ``steps // (batch * window)`` iterations, with its learning rate decaying over them,
-or over ``--lr-decay-iterations``).
+or over ``--lr-decay-iterations``); ``--diff-set NAME=VALUE ...`` sets other
+:class:`~diffsoft.training.TrainConfig` fields of the differentiable side (e.g. ``episode=128``).
 
     .venv/bin/python benchmarks/sample_efficiency.py --tune --steps 96000 --threads 1 --out runs/ppo_tuning
     .venv/bin/python benchmarks/sample_efficiency.py --seeds 3 --threads 1 --out runs/se_biped
@@ -59,7 +60,7 @@ def run_differentiable(args, seed):
                                batch=args.batch, iterations=iterations,
                                lr_decay_iterations=args.lr_decay_iterations or iterations,
                                eval_every=args.eval_every, checkpoint_every=10 ** 9, seed=seed, device=args.device,
-                               out_dir=os.path.join(args.out, f"diff_seed{seed}"))
+                               out_dir=os.path.join(args.out, f"diff_seed{seed}"), **diff_settings(args.diff_set))
     t = time.perf_counter()
     policy, history = training.train(cfg, progress=not args.no_progress)
     wall = time.perf_counter() - t
@@ -67,6 +68,20 @@ def run_differentiable(args, seed):
     history.append({"eval_distance": final, "eval_sim_steps": history[-1]["sim_steps"]})
     return {"config": dataclasses.asdict(cfg), "history": history, "wall_seconds": wall,
             "train_seconds": history[-2]["seconds"], "sim_steps": history[-2]["sim_steps"]}
+
+
+def diff_settings(pairs):
+    """``--diff-set``'s ``NAME=VALUE`` pairs as :class:`~diffsoft.training.TrainConfig` fields of their
+    defaults' types (``ValueError`` naming an unknown field)."""
+    defaults = training.TrainConfig()
+    out = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if name not in {f.name for f in dataclasses.fields(defaults)} or not value:
+            raise ValueError(f"--diff-set takes TrainConfig's NAME=VALUE, got {pair!r}")
+        kind = type(getattr(defaults, name))
+        out[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    return out
 
 
 def run_ppo(args, seed, budget, **overrides):
@@ -261,6 +276,8 @@ def main():
     p.add_argument("--lr-decay-iterations", type=int, default=None,
                    help="the differentiable method's lr decay, in iterations (default: all of them)")
     p.add_argument("--eval-every", type=int, default=10, help="the differentiable method's, in iterations")
+    p.add_argument("--diff-set", nargs="*", default=[], metavar="NAME=VALUE",
+                   help="other TrainConfig fields of the differentiable method, e.g. terminate_upright=0")
     p.add_argument("--ppo-envs", type=int, default=32)
     p.add_argument("--ppo-lr", type=float, default=3e-4)
     p.add_argument("--ppo-epochs", type=int, default=10)

@@ -30,7 +30,9 @@ ends every window ahead scores well, so the former trainer stopped at a crouch (
 With the value at the window's end the window's gradient also sees what its end state is worth afterwards,
 and continuing episodes give the critic (and the policy) the states of a gait rather than only starts.
 Window ends are not terminal states (a time limit cuts the walk), so the value bootstraps at every window's
-end; episodes end only at window ends (``episode`` is a multiple of ``window``).
+end; episodes end only at window ends (``episode`` is a multiple of ``window``), except with
+``terminate_upright`` (early termination): a creature that falls is terminal there (no value after it) and
+restarts at rest at once, mid-window.
 
 Data-parallel training: under ``torchrun`` (the ``gloo`` backend), each process simulates its slice of the
 global batch; actor gradients are averaged with ``all_reduce``, and every process fits the critic to the
@@ -77,10 +79,14 @@ class TrainConfig:
     lambda for the critic's targets; reward_scale: rewards are the centre of mass's progress per step times
     this (progress per step is ~1e-2); upright_weight: subtracted from the progress of each step, times
     ``1 - cos(tilt)`` (see :func:`uprightness`: 0 upright, 2 upside down); 0 leaves the reward the distance
-    alone; critic_lr, critic_hidden: the critic's Adam learning rate and the
-    width of its two hidden layers; critic_iterations, critic_minibatches: passes over each window's data
-    and minibatches per pass; target_alpha: the target critic's smoothing (``target = alpha * target +
-    (1 - alpha) * critic`` after each fit); hidden, min_a, max_abs_da: the policy (algovivo's 32, 0.25, 0.3);
+    alone; terminate_upright: early termination: a creature whose uprightness after a step is below this
+    has fallen: the state is terminal (value 0, for the actor's return and the critic's targets) and the
+    creature restarts at once at rest (with the iteration's reset activations, keeping its ``randomize``
+    factors until its next regular reset); -1 (default) never; critic_lr, critic_hidden: the critic's Adam
+    learning rate and the width of its two hidden layers; critic_iterations, critic_minibatches: passes over
+    each window's data and minibatches per pass; target_alpha: the target critic's smoothing (``target =
+    alpha * target + (1 - alpha) * critic`` after each fit); hidden, min_a, max_abs_da: the policy
+    (algovivo's 32, 0.25, 0.3);
     init_activation: a reset creature's activations are drawn uniformly from ``[1 - init_activation, 1]``;
     action_noise: std of the Gaussian noise on activation changes; saturation_penalty: weight of
     ``sum_t sum_i [max(|da_i| - max_abs_da, 0)^2 + max(a_i + da_i - 1, 0)^2 + max(min_a - a_i - da_i, 0)^2]``
@@ -115,6 +121,7 @@ class TrainConfig:
     lam: float = 0.95
     reward_scale: float = 100.0
     upright_weight: float = 0.0
+    terminate_upright: float = -1.0
     critic_lr: float = 2e-3
     critic_hidden: int = 64
     critic_iterations: int = 16
@@ -151,6 +158,9 @@ class TrainConfig:
             clip=">0", critic_lr=">0", reward_scale=">0", max_abs_da=">0", upright_weight=">=0",
             action_noise=">=0", saturation_penalty=">=0", gamma="[0,1]", lam="[0,1]", target_alpha="[0,1]",
             backward_rtol="(0,1)", min_a="(0,1)", on_failure=("skip", "stop"), randomize="[0,1)"))
+        if not -1 <= self.terminate_upright <= 1:
+            raise ValueError(f"terminate_upright must be in [-1, 1] (an uprightness; -1: never), "
+                             f"got {self.terminate_upright!r}")
         if self.episode % self.window:
             raise ValueError(f"episode ({self.episode}) must be a multiple of window ({self.window})")
         if self.critic_minibatches > self.batch * self.window:
@@ -197,13 +207,14 @@ class Critic(nn.Module):
         return self.net(torch.cat([obs, a], dim=-1)).squeeze(-1)
 
 
-def td_lambda_targets(reward, value, last_value, gamma, lam):
+def td_lambda_targets(reward, value, last_value, gamma, lam, done=None):
     """The critic's regression targets ``G_t = r_t + gamma ((1 - lam) V(s_{t+1}) + lam G_{t+1})``, with
-    ``G_W = V(s_W)`` (the window's end is bootstrapped, never terminal).
+    ``G_W = V(s_W)`` (the window's end is bootstrapped, never terminal), and ``G_t = r_t`` where step t
+    ended its episode in a terminal state (``done``; the next state is then a fresh start).
 
     Args:
         reward, value: ``(W, B)`` rewards and target-critic values of the window's states ``s_0..s_{W-1}``;
-        last_value: ``(B,)`` the target critic's value of ``s_W``.
+        last_value: ``(B,)`` the target critic's value of ``s_W``; done: ``(W, B)`` booleans, or None (none).
 
     Returns:
         ``(W, B)`` targets.
@@ -212,7 +223,10 @@ def td_lambda_targets(reward, value, last_value, gamma, lam):
     g = last_value
     for t in reversed(range(reward.shape[0])):
         next_value = last_value if t + 1 == reward.shape[0] else value[t + 1]
-        g = reward[t] + gamma * ((1 - lam) * next_value + lam * g)
+        g = (1 - lam) * next_value + lam * g
+        if done is not None:
+            g = torch.where(done[t], torch.zeros_like(g), g)
+        g = reward[t] + gamma * g
         targets[t] = g
     return targets
 
@@ -374,7 +388,8 @@ def train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_o
     Returns:
         a dict: ``distance`` (the global batch's mean progress along +x per step in this window, times
         ``eval_horizon``: comparable with the evaluation's distance), ``grad_norm`` (the actor's, before
-        clipping), ``critic_loss`` and ``value`` (the critic targets' mean). Steps that did not converge are
+        clipping), ``critic_loss``, ``value`` (the critic targets' mean) and, with ``terminate_upright``,
+        ``terminated`` (the global batch's falls in this window). Steps that did not converge are
         appended to ``failures`` (see ``TrainConfig.on_failure``).
     """
     failures = [] if failures is None else failures
@@ -382,20 +397,22 @@ def train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_o
     _reset(cfg, sim, pool, a0, scale, iteration, rank)
     with _randomized(sim, pool.scale) if cfg.randomize else contextlib.nullcontext():
         return _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer, pool, iteration,
-                       rank, world, failures, g, noise)
+                       rank, world, failures, g, a0, noise)
 
 
 def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer, pool, iteration, rank, world,
-            failures, g, noise):
+            failures, g, a0, noise):
     """:func:`train_iteration` after its resets: the window's rollout, the actor's and the critic's updates."""
     for group in optimizer.param_groups:
         group["lr"] = cfg.actor_lr(iteration)
     x, v, a = pool.x, pool.v, pool.a
     b = a.shape[0]
     ok = torch.ones(b, dtype=torch.bool, device=x.device)
-    obs_seen, a_seen, rewards = [], [], []
-    ret, saturation, discount = 0.0, 0.0, 1.0
-    start = center_of_mass_x(sim, x)
+    obs_seen, a_seen, rewards, dones = [], [], [], []
+    ret, saturation, discount = 0.0, 0.0, 1.0  # discount: gamma^t, per creature after a termination
+    since = pool.age.clone()  # steps since each creature's reset
+    rest_x, rest_v = sim.rest_state
+    start, offset = center_of_mass_x(sim, x), 0.0  # offset: what terminated creatures had walked
     for t in range(cfg.window):
         da = policy(x, v)
         target = a + da
@@ -408,12 +425,27 @@ def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer
         a = policy.update(a, da, noise[t], cfg.straight_through)
         x, v = _step(cfg, sim, x, v, a, iteration, t, rank, ok, failures)
         progress = center_of_mass_x(sim, x) - before
+        if cfg.upright_weight or cfg.terminate_upright > -1:
+            up = uprightness(sim, x)
         if cfg.upright_weight:
-            progress = progress - cfg.upright_weight * (1 - uprightness(sim, x))
+            progress = progress - cfg.upright_weight * (1 - up)
         reward = cfg.reward_scale * progress
         rewards.append(reward.detach())
         ret = ret + discount * reward
-        discount *= cfg.gamma
+        discount = discount * cfg.gamma
+        since = since + 1
+        done = torch.zeros(b, dtype=torch.bool, device=x.device)
+        if cfg.terminate_upright > -1:
+            done = (up.detach() < cfg.terminate_upright) & ok
+            if done.any():  # terminal (value 0): the creature restarts at rest, a new segment of the return
+                keep = ~done[:, None, None]
+                offset = offset + torch.where(done, center_of_mass_x(sim, x.detach()) - center_of_mass_x(
+                    sim, rest_x[None]), torch.zeros_like(start))
+                x, v = torch.where(keep, x, rest_x), torch.where(keep, v, rest_v)
+                a = torch.where(done[:, None], a0, a)
+                discount = torch.where(done, torch.ones_like(start), discount * torch.ones_like(start))
+                since = torch.where(done, torch.zeros_like(since), since)
+        dones.append(done)
     obs_end = observe(x, v, policy.center_vertex_id, policy.forward_vertex_id)
     critic.requires_grad_(False)  # the actor's loss differentiates the critic's input, not its weights
     ret = ret + discount * critic(obs_end, a)
@@ -421,7 +453,7 @@ def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer
     optimizer.zero_grad()
     ((cfg.saturation_penalty * saturation - ret) * ok).sum().div(b * cfg.window).backward()
     params = list(policy.parameters())
-    distance = ((center_of_mass_x(sim, x.detach()) - start) * ok).sum().div(b).reshape(1)
+    distance = ((center_of_mass_x(sim, x.detach()) - start + offset) * ok).sum().div(b).reshape(1)
     _all_reduce_mean([p.grad for p in params] + [distance], world)
     grad_norm = nn.utils.clip_grad_norm_(params, cfg.clip)
     optimizer.step()
@@ -433,16 +465,21 @@ def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer
     obs_end_all = _all_gather(obs_end.detach(), world, 0)
     a_end_all = _all_gather(a.detach(), world, 0)
     ok_all = _all_gather(ok, world, 0)
+    done_all = _all_gather(torch.stack(dones), world, 1)
     with torch.no_grad():
         value = target_critic(obs_all.flatten(0, 1), a_all.flatten(0, 1)).reshape(reward_all.shape)
-        targets = td_lambda_targets(reward_all, value, target_critic(obs_end_all, a_end_all), cfg.gamma, cfg.lam)
+        targets = td_lambda_targets(reward_all, value, target_critic(obs_end_all, a_end_all), cfg.gamma, cfg.lam,
+                                    done_all)
     critic_loss = fit_critic(cfg, critic, target_critic, critic_optimizer, obs_all.flatten(0, 1),
                              a_all.flatten(0, 1), targets.flatten(), ok_all.expand(cfg.window, -1).flatten(), g)
 
     pool.x, pool.v, pool.a = x.detach(), v.detach(), a.detach()
-    pool.age = torch.where(ok, pool.age + cfg.window, torch.full_like(pool.age, cfg.episode))
-    return {"distance": distance.item() * cfg.eval_horizon / cfg.window, "grad_norm": float(grad_norm),
-            "critic_loss": critic_loss, "value": targets[:, ok_all].mean().item() if ok_all.any() else 0.0}
+    pool.age = torch.where(ok, since, torch.full_like(pool.age, cfg.episode))
+    record = {"distance": distance.item() * cfg.eval_horizon / cfg.window, "grad_norm": float(grad_norm),
+              "critic_loss": critic_loss, "value": targets[:, ok_all].mean().item() if ok_all.any() else 0.0}
+    if cfg.terminate_upright > -1:
+        record["terminated"] = int(done_all.sum())
+    return record
 
 
 def _gathered_pool(pool, world):
@@ -506,7 +543,8 @@ def train(cfg, resume=False, progress=True, log=print):
     Returns:
         ``(policy, history)``: the final policy (with ``keep_best``, the best evaluated one); history is a
         list of per-iteration records: ``iteration``, ``distance``,
-        ``grad_norm``, ``critic_loss``, ``value`` (see :func:`train_iteration`), ``sim_steps`` (creature-steps
+        ``grad_norm``, ``critic_loss``, ``value`` (see :func:`train_iteration`), ``terminated`` (with
+        ``terminate_upright``: the creatures restarted after a fall in that iteration), ``sim_steps`` (creature-steps
         simulated so far, all processes, evaluation excluded), ``seconds`` (training wall time so far) and,
         every ``eval_every`` iterations, ``eval_distance`` (:func:`~diffsoft.policy.distance_walked` over
         ``eval_horizon`` steps, before the update) at ``eval_sim_steps``.

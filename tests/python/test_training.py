@@ -57,6 +57,46 @@ def test_td_lambda_targets_match_the_recursion_written_out():
                                torch.tensor(1 + g * 2 + g * g * 3 + g ** 3 * 2.0))
 
 
+def test_td_lambda_targets_stop_at_a_terminal_step():
+    # Step 1 ends its episode in a terminal state: G_1 = r_1 (no value after it), G_0 bootstraps on
+    # s_1 and G_1 as usual, and step 2 (a fresh start) bootstraps on the window's end.
+    reward = torch.tensor([[1.0], [2.0], [3.0]])
+    value = torch.tensor([[0.5], [1.0], [1.5]])
+    last = torch.tensor([2.0])
+    g, lam = 0.9, 0.8
+    done = torch.tensor([[False], [True], [False]])
+    g2 = 3 + g * 2.0
+    g1 = 2.0
+    g0 = 1 + g * ((1 - lam) * 1.0 + lam * g1)
+    torch.testing.assert_close(training.td_lambda_targets(reward, value, last, g, lam, done)[:, 0],
+                               torch.tensor([g0, g1, g2]))
+
+
+def test_early_termination_restarts_fallen_creatures_at_rest(tmp_path):
+    # terminate_upright = 1: every step tilts the body a little, so every creature is terminated after every
+    # step and restarts at rest: the pool is at rest after the run, every step is counted, the critic's
+    # targets are the rewards alone, and resuming continues exactly.
+    cfg = _tiny(tmp_path / "a", iterations=4, terminate_upright=1.0)
+    policy, history = training.train(cfg, progress=False)
+    assert [r["terminated"] for r in history] == [2 * 3] * 4
+    ckpt = torch.load(os.path.join(cfg.out_dir, "checkpoint.pt"))
+    sim = creatures.make_creature("biped", F64)
+    torch.testing.assert_close(ckpt["pool"]["x"], sim.rest_state[0].expand(2, -1, -1), atol=0, rtol=0)
+    assert ckpt["pool"]["age"].tolist() == [0, 0]
+    assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in history)
+    training.train(_tiny(tmp_path / "b", iterations=2, terminate_upright=1.0), progress=False)
+    resumed, _ = training.train(_tiny(tmp_path / "b", iterations=4, terminate_upright=1.0), resume=True,
+                                progress=False)
+    for p, q in zip(policy.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+    # A threshold no creature reaches changes nothing: the run is the one without termination.
+    off, _ = training.train(_tiny(tmp_path / "c", iterations=2), progress=False)
+    never, h = training.train(_tiny(tmp_path / "d", iterations=2, terminate_upright=-0.999), progress=False)
+    assert [r["terminated"] for r in h] == [0, 0]
+    for p, q in zip(off.parameters(), never.parameters()):
+        assert torch.equal(p, q)
+
+
 def test_the_critic_learns_its_targets():
     # A fixed set of states and targets: fitting must bring the squared error well below its initial value
     # (the targets are a smooth function of the states, which the MLP can represent), and the target critic
@@ -169,6 +209,8 @@ def test_two_processes_under_torchrun_match_one_process_with_the_combined_batch(
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match="window"):
         TrainConfig(window=0).check()
+    with pytest.raises(ValueError, match="terminate_upright"):
+        TrainConfig(terminate_upright=1.5).check()
     with pytest.raises(ValueError, match="multiple of window"):
         TrainConfig(window=32, episode=100).check()
     with pytest.raises(ValueError, match="creature must be one of"):
