@@ -73,7 +73,7 @@ from diffsoft.simulator import Simulator
 # DiffPD measured side by side (see the docstring): the fastest run of each solver, seconds for 25 frames,
 # rel_tol 1e-4: (forward, backward, threads). Sitting of 2026-12-01, DiffPD = mit-gfx/diff_pd_public 1594aa0.
 DIFFPD = {"full": {"PD": (35.82, 9.54, 2), "Newton-PCG": (866.60, 286.91, 1),
-                   "Newton-Cholesky": (779.90, 212.28, 1)}}
+                   "Newton-Cholesky": (658.20, 243.24, 1)}}
 DIFFPD_NAMES = {"pd_eigen": "PD", "newton_pcg": "Newton-PCG", "newton_cholesky": "Newton-Cholesky"}
 TARGET_TOTAL_S = 20.0
 TARGET_SPEEDUP = {"PD": 2.0, "Newton-PCG": 8.0, "Newton-Cholesky": 8.0}
