@@ -43,7 +43,7 @@ using LowerMap = Eigen::Map<const Eigen::SparseMatrix<double, Eigen::ColMajor, i
 // (Eigen's simplicial LDL^T where the build has no CHOLMOD): on 3D meshes its supernodal numeric factorization
 // is 6x (8k unknowns) to 30x (30k) faster than Eigen's, and where it factors simplicially (small problems, 2D
 // meshes) it is 1.4-1.9x faster than Eigen's, which orders each matrix anew (2D grid patterns of 112-1200
-// unknowns, ordering included; the numeric factorizations alone are even).
+// unknowns, Eigen's ordering included).
 
 // CHOLMOD's supernodal factorization (dense BLAS-3 kernels on supernodes) wins where the factor is dense,
 // its simplicial one where the supernodes are small: the analysis picks supernodal where CHOLMOD's flop count
