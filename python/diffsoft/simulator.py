@@ -84,9 +84,10 @@ class Simulator:
             factorization is cheap (creatures, small sheets) no CG is tried at all. ``None`` (default): on
             wherever the step factors its Hessian on the C++ backend (``solver="direct"`` or ``"auto"``), off
             elsewhere (``solver="cg"``, ``fused=False``, the torch backend), where it does not apply: forwards
-            1.1-2.5x faster on sheets of 40x40 vertices and up (``benchmarks/README.md``). ``True``: the
-            same, but a step where it cannot apply raises ``ValueError``. ``False``: one factorization per
-            Newton iteration. The backward is unchanged by it (a fresh factorization at the solution, or with
+            up to 2.1x faster on sheets of 40x40 vertices and up, but up to 1.46x slower on a 40x40 sheet
+            sagging under gravity, where a factorization costs about a Newton iteration (commit 37996ed,
+            ``benchmarks/README.md``). ``True``: the same, but a step where it cannot apply raises
+            ``ValueError``. ``False``: one factorization per Newton iteration. The backward is unchanged by it (a fresh factorization at the solution, or with
             ``keep_factors`` the forward's last one, then possibly made a few Newton iterations before it).
         backend: where the fused step is solved (``docs/design.md``, "Backends and devices"): ``"cpp"``, the
             C++ kernels and sparse factorizations (CPU tensors only); ``"torch"``, the same problem in batched
@@ -94,7 +95,8 @@ class Simulator:
             one batched Cholesky (``solver="direct"``, and ``"auto"`` up to 1000 unknowns per creature), or
             block-Jacobi CG on the Hessian's element blocks (``"cg"``, and ``"auto"`` above); its record is a
             :class:`diffsoft.SolveInfo` too (:func:`diffsoft.torch_backend.solve_step`). ``"auto"`` (default):
-            ``"cpp"`` for CPU tensors, ``"torch"`` for any other device. ``fused=False`` always takes :func:`diffsoft.minimize`'s path.
+            ``"cpp"`` for CPU tensors, ``"torch"`` for any other device. ``fused=False`` always takes
+            :func:`diffsoft.minimize`'s path.
         max_iter, cg_rtol, cg_max_iter, backward_rtol, backward_max_iter, on_failure: passed to
             :func:`diffsoft.minimize`; all are kept in ``self.solver_options``, which may be edited.
 
