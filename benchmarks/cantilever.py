@@ -64,6 +64,10 @@ import platform
 import time
 import warnings
 
+# Idle OpenMP threads sleep instead of spinning: read once, when torch loads OpenMP (benchmarks/README.md,
+# "Threads under load").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import torch
 
 from diffsoft.body import SoftBody
@@ -213,7 +217,7 @@ def main():
     diffpd = load_diffpd(args.diffpd_json) if args.diffpd_json else DIFFPD
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} threads, "
+          f"{torch.get_num_threads()} threads (OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), "
           f"float64, solver={args.solver}, keep_factors={args.keep_factors}, "
           f"reuse_factor={'default' if args.reuse_factor is None else args.reuse_factor}, {FRAMES} frames, dt={DT}, "
           f"DiffPD tolerance rel_tol={REL_TOL:g}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -11,9 +11,14 @@ the rollout with x0, v0 and the activations requiring grad, and ``backward()`` o
 """
 import argparse
 import json
+import os
 import platform
 import subprocess
 import time
+
+# Idle OpenMP threads sleep instead of spinning: read once, when torch loads OpenMP (benchmarks/README.md,
+# "Threads under load").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 

@@ -8,7 +8,12 @@ converge, with the Newton iterations used and the final force residual over its 
     .venv/bin/python benchmarks/newton_failures.py runs/biped/checkpoint.pt --windows 8 --threads 1
 """
 import argparse
+import os
 import time
+
+# Idle OpenMP threads sleep instead of spinning: read once, when torch loads OpenMP (benchmarks/README.md,
+# "Threads under load").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 

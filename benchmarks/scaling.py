@@ -26,6 +26,10 @@ import subprocess
 import sys
 import time
 
+# Idle OpenMP threads sleep instead of spinning: read once, when torch loads OpenMP (benchmarks/README.md,
+# "Threads under load").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import torch
 
 from diffsoft._memory import status_bytes
@@ -186,7 +190,7 @@ def main():
         return memory_child(kind, tuple(size) if kind == "box" else size, int(steps))
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} threads, "
+          f"{torch.get_num_threads()} threads (OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), "
           f"float64")
     boxes = BOXES[:3] if args.quick else [b for b in BOXES if 6 * b[0] * b[1] * b[2] <= args.max_elements]
     grids = GRIDS[:3] if args.quick else GRIDS

@@ -25,8 +25,13 @@ factorization plus one solve of that Hessian alone (``reuse_factor=False``'s mea
 import argparse
 import json
 import math
+import os
 import platform
 import time
+
+# Idle OpenMP threads sleep instead of spinning: read once, when torch loads OpenMP (benchmarks/README.md,
+# "Threads under load").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
@@ -220,7 +225,7 @@ def cell(s):
 
 def family(args, dtype):
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} "
-          f"threads, {args.dtype}; forward ms (newton its / cg its / factorizations), backward ms")
+          f"threads (OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), {args.dtype}; forward ms (newton its / cg its / factorizations), backward ms")
     print(f"{'case':<22} {'dofs':>5} {'default':>22} {'reuse_factor=False':>22} {'cg':>22} {'base ms':>8} "
           f"{'base/def':>8} {'def/best':>8} {'floor':>6}")
     rows = []
@@ -279,7 +284,7 @@ def main():
         problems = [p for p in problems if p[0] in args.only]
     rows = []
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} threads, {args.dtype}")
+          f"{torch.get_num_threads()} threads (OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), {args.dtype}")
     head = (f"{'problem':<12} {'dofs':>6} {'fwd ms':>9} {'bwd ms':>8} {'bwd/fwd':>7} {'kept/fwd':>8} {'base ms':>9} "
             f"{'speedup':>8} {'newton':>6} {'cg':>5} {'b.newton':>8} {'b.cg':>6} {'steps/s':>8}")
     print(head)

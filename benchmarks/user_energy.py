@@ -17,7 +17,12 @@ respect to the inertial prediction), best of ``--repeat``, the paths interleaved
 """
 import argparse
 import math
+import os
 import time
+
+# Idle OpenMP threads sleep instead of spinning: read once, when torch loads OpenMP (benchmarks/README.md,
+# "Threads under load").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
