@@ -48,9 +48,10 @@ x0, v0) and ``rtol = 1e-12`` so that atol governs. How fair this is:
 - targets (issue 14): the full bar's forward + backward at most 20 s, at least 2x faster than DiffPD's
   projective dynamics and at least 8x faster than its fastest Newton solver.
 
-Noise: on a shared 2-core machine, 2-thread runs stall in torch's OpenMP regions whenever another process
-holds a core (the half bar's backward took 0.5 s on an idle machine, 3 s under load); ``--threads 1`` is
-steadier there and was no slower in our runs.
+Noise: on a shared 2-core machine, 2-thread runs stalled in torch's OpenMP regions whenever another process
+held a core, while its idle threads spun (59-83 s instead of 5-6.5 s under load 3-5); OpenMP's threads now
+sleep when idle (``OMP_WAIT_POLICY=PASSIVE``, set below unless the environment sets it; benchmarks/README.md,
+"Threads under load"), and with it 2 threads were as fast as 1 under that load.
 
 ``--check`` verifies the gradient: on the half-resolution bar, 3 frames at diffsoft's default (tight)
 tolerances, the directional derivative ``grad . d`` along a random direction d of (x0, v0) against a
@@ -210,7 +211,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=None, help="runs per size, best kept (default 3 half, 1 full)")
     ap.add_argument("--check", action="store_true", help="also check the gradient against finite differences")
     ap.add_argument("--threads", type=int, default=2,
-                    help="torch threads (default 2; 1 was faster on the shared machine, see benchmarks/README.md)")
+                    help="torch threads (default 2)")
     ap.add_argument("--diffpd-json", help="DiffPD's runs to compare against (default: the DIFFPD figures)")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
