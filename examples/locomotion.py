@@ -10,9 +10,14 @@ Prints the distance walked before and after training and writes checkpoint.pt, p
 policy format), history.json, learning_curve.png and walk.gif under runs/<creature>/ (see
 docs/training.md and ``--help``).
 """
+import os
 import sys
 
-from diffsoft.cli import main
+# Idle OpenMP threads sleep instead of spinning: read once, when torch loads OpenMP (docs/training.md,
+# "Threads").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from diffsoft.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())
