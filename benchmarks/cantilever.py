@@ -40,18 +40,19 @@ x0, v0) and ``rtol = 1e-12`` so that atol governs. How fair this is:
 - DiffPD's figures are measured, not quoted: DiffPD's own ``cantilever_3d.py`` setup (its solvers
   ``pd_eigen``, ``newton_pcg``, ``newton_cholesky``; rel_tol 1e-4; forward and backward of 25 frames, timed
   by its ``env.simulate``), built from its public source outside this project and run alternately with this
-  script in one sitting. ``DIFFPD`` below holds the fastest run of each solver from the sitting recorded in
-  benchmarks/README.md; ``--diffpd-json FILE`` replaces them with the runs in FILE (a list of objects with
+  script in one sitting. ``DIFFPD`` below holds the fastest run of each solver from the latest sitting recorded
+  in benchmarks/README.md; ``--diffpd-json FILE`` replaces them with the runs in FILE (a list of objects with
   ``problem`` "full"/"half", ``method`` as DiffPD names it, ``threads``, ``forward_s``, ``backward_s``), so a
   new sitting can be compared without editing this file. Against each solver the fastest run in the file is
   used, whatever its thread count: the ratios are the least favourable to diffsoft.
 - targets (issue 14): the full bar's forward + backward at most 20 s, at least 2x faster than DiffPD's
   projective dynamics and at least 8x faster than its fastest Newton solver.
 
-Noise: on a shared 2-core machine, 2-thread runs stalled in torch's OpenMP regions whenever another process
-held a core, while its idle threads spun (59-83 s instead of 5-6.5 s under load 3-5); OpenMP's threads now
-sleep when idle (``OMP_WAIT_POLICY=PASSIVE``, set below unless the environment sets it; benchmarks/README.md,
-"Threads under load"), and with it 2 threads were as fast as 1 under that load.
+Noise: on a shared 2-core machine, 2-thread runs stall in OpenMP regions whenever another process holds a
+core and idle OpenMP threads spin: with ``OMP_WAIT_POLICY=ACTIVE`` the full bar took 41-84 s with 2 threads
+under load 3.7-4.9 against 5.8-12.0 s with ``PASSIVE`` (load 1.2-5.9), which this script sets unless the
+environment does (1 thread: 5.4-15.7 s; benchmarks/README.md, "Threads under load" and "Side by side again on a faster
+machine").
 
 ``--check`` verifies the gradient: on the half-resolution bar, 3 frames at diffsoft's default (tight)
 tolerances, the directional derivative ``grad . d`` along a random direction d of (x0, v0) against a
@@ -76,9 +77,11 @@ from diffsoft.mesh import box
 from diffsoft.simulator import Simulator
 
 # DiffPD measured side by side (see the docstring): the fastest run of each solver, seconds for 25 frames,
-# rel_tol 1e-4: (forward, backward, threads). Sitting of 2026-12-01, DiffPD = mit-gfx/diff_pd_public 1594aa0.
-DIFFPD = {"full": {"PD": (35.82, 9.54, 2), "Newton-PCG": (866.60, 286.91, 1),
-                   "Newton-Cholesky": (658.20, 243.24, 1)}}
+# rel_tol 1e-4: (forward, backward, threads). Sitting of 2026-12-01 05:14-05:48 UTC on the 2-vCPU AMD EPYC machine,
+# both sides OMP_WAIT_POLICY=PASSIVE, diffsoft a72c84d, DiffPD = mit-gfx/diff_pd_public 1594aa0 (benchmarks/README.md,
+# "Side by side again on a faster machine"; the earlier sitting on another machine is kept there as history).
+DIFFPD = {"full": {"PD": (51.39, 8.72, 2), "Newton-PCG": (105.05, 35.21, 1),
+                   "Newton-Cholesky": (130.84, 46.45, 2)}}
 DIFFPD_NAMES = {"pd_eigen": "PD", "newton_pcg": "Newton-PCG", "newton_cholesky": "Newton-Cholesky"}
 TARGET_TOTAL_S = 20.0
 TARGET_SPEEDUP = {"PD": 2.0, "Newton-PCG": 8.0, "Newton-Cholesky": 8.0}
@@ -211,7 +214,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=None, help="runs per size, best kept (default 3 half, 1 full)")
     ap.add_argument("--check", action="store_true", help="also check the gradient against finite differences")
     ap.add_argument("--threads", type=int, default=2,
-                    help="torch threads (default 2)")
+                    help="torch threads (default 2; as fast as 1 with OMP_WAIT_POLICY=PASSIVE, "
+                         "see benchmarks/README.md)")
     ap.add_argument("--diffpd-json", help="DiffPD's runs to compare against (default: the DIFFPD figures)")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
