@@ -225,7 +225,8 @@ def cell(s):
 
 def family(args, dtype):
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} "
-          f"threads (OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), {args.dtype}; forward ms (newton its / cg its / factorizations), backward ms")
+          f"threads (OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), {args.dtype}; "
+          "forward ms (newton its / cg its / factorizations), backward ms")
     print(f"{'case':<22} {'dofs':>5} {'default':>22} {'reuse_factor=False':>22} {'cg':>22} {'base ms':>8} "
           f"{'base/def':>8} {'def/best':>8} {'floor':>6}")
     rows = []
