@@ -223,10 +223,14 @@ def cell(s):
     return f"{s['forward_ms']:.1f} ({s['newton']}/{s['cg']}/{s['factorizations']}) {s['backward_ms']:.1f}"
 
 
+def machine(args):
+    """The header's first line: torch, the processor, the threads and their wait policy, the dtype."""
+    return (f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} "
+            f"threads (OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), {args.dtype}")
+
+
 def family(args, dtype):
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} "
-          f"threads (OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), {args.dtype}; "
-          "forward ms (newton its / cg its / factorizations), backward ms")
+    print(f"{machine(args)}; forward ms (newton its / cg its / factorizations), backward ms")
     print(f"{'case':<22} {'dofs':>5} {'default':>22} {'reuse_factor=False':>22} {'cg':>22} {'base ms':>8} "
           f"{'base/def':>8} {'def/best':>8} {'floor':>6}")
     rows = []
@@ -284,8 +288,7 @@ def main():
     if args.only:
         problems = [p for p in problems if p[0] in args.only]
     rows = []
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} threads (OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), {args.dtype}")
+    print(machine(args))
     head = (f"{'problem':<12} {'dofs':>6} {'fwd ms':>9} {'bwd ms':>8} {'bwd/fwd':>7} {'kept/fwd':>8} {'base ms':>9} "
             f"{'speedup':>8} {'newton':>6} {'cg':>5} {'b.newton':>8} {'b.cg':>6} {'steps/s':>8}")
     print(head)
