@@ -514,10 +514,11 @@ def _load_checkpoint(path, cfg):
     if ckpt.get("version") != 2:
         raise ValueError(f"{path} is a version {ckpt.get('version')} checkpoint (before the critic); this "
                          f"trainer resumes version 2 only")
-    stored = ckpt["config"]
-    differ = [k for k, v in dataclasses.asdict(cfg).items() if k not in TrainConfig.RESUMABLE and stored.get(k) != v]
+    # a field that the checkpoint's config lacks (added since) had its default there
+    stored = {k: ckpt["config"].get(k, getattr(TrainConfig, k)) for k in dataclasses.asdict(cfg)}
+    differ = [k for k, v in dataclasses.asdict(cfg).items() if k not in TrainConfig.RESUMABLE and stored[k] != v]
     if differ:
-        raise ValueError(f"{path} was trained with other settings ({', '.join(f'{k}={stored.get(k)!r}' for k in differ)}"
+        raise ValueError(f"{path} was trained with other settings ({', '.join(f'{k}={stored[k]!r}' for k in differ)}"
                          f"); resume with the same ones (only {', '.join(TrainConfig.RESUMABLE)} may change)")
     return ckpt
 

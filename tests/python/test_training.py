@@ -206,6 +206,17 @@ def test_two_processes_under_torchrun_match_one_process_with_the_combined_batch(
     assert [r["distance"] for r in h1] == pytest.approx([r["distance"] for r in h2], rel=1e-6, abs=1e-9)
 
 
+def test_a_checkpoint_without_a_later_setting_resumes_with_its_default(tmp_path):
+    training.train(_tiny(tmp_path, iterations=2), progress=False)
+    path = os.path.join(tmp_path, "checkpoint.pt")
+    ckpt = torch.load(path)
+    del ckpt["config"]["randomize"]  # as written before the setting existed
+    torch.save(ckpt, path)
+    with pytest.raises(ValueError, match="randomize=0.0"):
+        training.train(_tiny(tmp_path, iterations=3, randomize=0.1), resume=True, progress=False)
+    training.train(_tiny(tmp_path, iterations=3), resume=True, progress=False)
+
+
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match="window"):
         TrainConfig(window=0).check()
