@@ -65,7 +65,7 @@ def gait_summary(sim, policy, horizons=(100, 200, 300)):
     return distances, (extent.min() / extent[0]).item()
 
 
-QUICK = dict(iterations=120, lr_decay_iterations=120, eval_every=5, keep_best=True, action_noise=0.2)
+QUICK = dict(iterations=120, lr_decay_iterations=120, eval_every=5, keep_best=True)
 """``--quick``: sized to train the biped in about 1 to 1.5 minutes on 2 cores (the default is 300 iterations);
 its result is the best of the policies evaluated every 5 iterations (a 100-step rollout of one creature,
 about 1% of an iteration's cost) and the last, since a short run can end on a dip; 4x the default

@@ -131,7 +131,7 @@ class TrainConfig:
     min_a: float = 0.25
     max_abs_da: float = 0.3
     init_activation: float = 0.3
-    action_noise: float = 0.05
+    action_noise: float = 0.2
     saturation_penalty: float = 1.0
     straight_through: bool = False
     randomize: float = 0.0
