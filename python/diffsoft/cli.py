@@ -66,10 +66,10 @@ def gait_summary(sim, policy, horizons=(100, 200, 300)):
 
 
 QUICK = dict(iterations=120, lr_decay_iterations=120, eval_every=5, keep_best=True)
-"""``--quick``: sized to train the biped in about 1 to 1.5 minutes on 2 cores (the default is 300 iterations);
-its result is the best of the policies evaluated every 5 iterations (a 100-step rollout of one creature,
-about 1% of an iteration's cost) and the last, since a short run can end on a dip; 4x the default
-exploration noise, which made short runs start walking sooner (docs/training.md, "Quick mode")."""
+"""``--quick``: sized to train the biped in about half a minute to 1.5 minutes on 2 cores (the default is 300
+iterations); its result is the best of the policies evaluated every 5 iterations (a 100-step rollout of one
+creature, about 1% of an iteration's cost) and the last, since a short run can end on a dip
+(docs/training.md, "Quick mode")."""
 
 
 def _boolean(text):
