@@ -515,8 +515,9 @@ def _load_checkpoint(path, cfg):
         raise ValueError(f"{path} is a version {ckpt.get('version')} checkpoint (before the critic); this "
                          f"trainer resumes version 2 only")
     # a field that the checkpoint's config lacks (added since) had its default there
-    stored = {k: ckpt["config"].get(k, getattr(TrainConfig, k)) for k in dataclasses.asdict(cfg)}
-    differ = [k for k, v in dataclasses.asdict(cfg).items() if k not in TrainConfig.RESUMABLE and stored[k] != v]
+    wanted = dataclasses.asdict(cfg)
+    stored = {k: ckpt["config"].get(k, getattr(TrainConfig, k)) for k in wanted}
+    differ = [k for k, v in wanted.items() if k not in TrainConfig.RESUMABLE and stored[k] != v]
     if differ:
         raise ValueError(f"{path} was trained with other settings ({', '.join(f'{k}={stored[k]!r}' for k in differ)}"
                          f"); resume with the same ones (only {', '.join(TrainConfig.RESUMABLE)} may change)")
