@@ -75,6 +75,7 @@ import torch
 from diffsoft.body import SoftBody
 from diffsoft.mesh import box
 from diffsoft.simulator import Simulator
+from diffsoft.threads import set_num_threads
 
 # DiffPD measured side by side (see the docstring): the fastest run of each solver, seconds for 25 frames,
 # rel_tol 1e-4: (forward, backward, threads). Sitting of 2026-12-01 05:14-05:48 UTC on the 2-vCPU AMD EPYC machine,
@@ -220,7 +221,7 @@ def main():
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
     diffpd = load_diffpd(args.diffpd_json) if args.diffpd_json else DIFFPD
-    torch.set_num_threads(args.threads)
+    set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} threads (OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), "
           f"float64, solver={args.solver}, keep_factors={args.keep_factors}, "

@@ -23,6 +23,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 
 from diffsoft.creatures import biped
+from diffsoft.threads import set_num_threads
 
 
 def batches(max_batch):
@@ -81,11 +82,12 @@ def main():
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads for torch and OpenBLAS (diffsoft.threads.set_num_threads; default: theirs)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.threads:
-        torch.set_num_threads(args.threads)
+        set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     devices = [torch.device("cpu")] + [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
 

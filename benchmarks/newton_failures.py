@@ -21,6 +21,7 @@ from diffsoft import training
 from diffsoft._compat import load_checkpoint
 from diffsoft.creatures import make_creature
 from diffsoft.policy import FramePolicy
+from diffsoft.threads import set_num_threads
 
 VARIANTS = {
     "default (float32, max_iter 100)": {},
@@ -70,7 +71,7 @@ def main():
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args()
     if args.threads:
-        torch.set_num_threads(args.threads)
+        set_num_threads(args.threads)
     ckpt = load_checkpoint(args.checkpoint)
     print("| solver setting | creature-steps not converged | creature-steps | most Newton iterations in a step "
           "| mean Newton iterations per step | seconds |")

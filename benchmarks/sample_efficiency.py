@@ -36,6 +36,7 @@ from diffsoft import ppo, training
 from diffsoft._compat import load_checkpoint
 from diffsoft.creatures import CREATURES, make_creature
 from diffsoft.policy import FramePolicy, distance_walked
+from diffsoft.threads import set_num_threads
 
 
 def evaluations(history):
@@ -305,7 +306,7 @@ def main():
     p.add_argument("--out", default="runs/sample_efficiency")
     args = p.parse_args()
     if args.threads:
-        torch.set_num_threads(args.threads)
+        set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
     if args.tune:
         return tune_ppo(args)

@@ -36,6 +36,7 @@ from diffsoft._memory import status_bytes
 from diffsoft.body import SoftBody
 from diffsoft.mesh import box, rectangle
 from diffsoft.simulator import Simulator
+from diffsoft.threads import set_num_threads
 
 BOX = (1.0, 0.35, 0.375)
 BOXES = [(8, 3, 3), (12, 4, 5), (16, 6, 6), (24, 8, 9), (32, 11, 12), (40, 14, 15)]
@@ -188,7 +189,7 @@ def main():
         kind, size, steps = args.memory_child
         size = json.loads(size)
         return memory_child(kind, tuple(size) if kind == "box" else size, int(steps))
-    torch.set_num_threads(args.threads)
+    set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} threads (OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), "
           f"float64")

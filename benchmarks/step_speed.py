@@ -43,6 +43,7 @@ from diffsoft.energies import reference_step_energy
 from diffsoft.mesh import rectangle
 from diffsoft.simulator import Simulator
 from diffsoft.step import StepParams
+from diffsoft.threads import set_num_threads
 
 
 def cantilever(n, dtype):
@@ -270,7 +271,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     ap.add_argument("--only", nargs="+", help="only the problems of these names (e.g. biped 'grid 70x70')")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     if args.family:
         rows = family(args, dtype)

@@ -28,6 +28,7 @@ import torch
 
 import diffsoft
 from diffsoft.energies import reference_step_energy
+from diffsoft.threads import set_num_threads
 from step_speed import cantilever, step_params
 
 
@@ -77,7 +78,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), float64, best of {args.repeat}; the plain-torch step "
           f"energy as a user energy; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"{'problem':<12} {'dofs':>6} {'path':<9} {'fwd ms':>9} {'bwd ms':>9} {'newton':>6} {'cg':>5} {'hvps':>5} "

@@ -15,6 +15,7 @@ import torch
 from ._optional import require
 from .creatures import make_creature
 from .policy import FramePolicy, center_of_mass_x, distance_walked, run_policy
+from .threads import set_num_threads
 from .training import TrainConfig, distributed_world, train
 
 
@@ -91,7 +92,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="a short run: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
     p.add_argument("--resume", action="store_true", help="continue from out_dir/checkpoint.pt if it exists")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads per process, for torch and OpenBLAS")
     args = p.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads must be a positive integer, got {args.threads}")
@@ -106,7 +107,7 @@ def main(argv=None):
     except ValueError as e:
         p.error(str(e))
     if args.threads:
-        torch.set_num_threads(args.threads)
+        set_num_threads(args.threads)
     rank, _ = distributed_world()
     t0 = time.perf_counter()
     sim = make_creature(cfg.creature, getattr(torch, cfg.dtype), cfg.device)
