@@ -412,6 +412,8 @@ def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer
     ret, saturation, discount = 0.0, 0.0, 1.0  # discount: gamma^t, per creature after a termination
     since = pool.age.clone()  # steps since each creature's reset
     rest_x, rest_v = sim.rest_state
+    if cfg.terminate_upright > -1:
+        rest_com = center_of_mass_x(sim, rest_x[None])
     start, offset = center_of_mass_x(sim, x), 0.0  # offset: what terminated creatures had walked
     for t in range(cfg.window):
         da = policy(x, v)
@@ -439,8 +441,8 @@ def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer
             done = (up.detach() < cfg.terminate_upright) & ok
             if done.any():  # terminal (value 0): the creature restarts at rest, a new segment of the return
                 keep = ~done[:, None, None]
-                offset = offset + torch.where(done, center_of_mass_x(sim, x.detach()) - center_of_mass_x(
-                    sim, rest_x[None]), torch.zeros_like(start))
+                offset = offset + torch.where(done, center_of_mass_x(sim, x.detach()) - rest_com,
+                                              torch.zeros_like(start))
                 x, v = torch.where(keep, x, rest_x), torch.where(keep, v, rest_v)
                 a = torch.where(done[:, None], a0, a)
                 discount = torch.where(done, torch.ones_like(start), discount * torch.ones_like(start))
