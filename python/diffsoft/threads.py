@@ -20,8 +20,8 @@ def _loaded_blas_paths():
 def set_blas_threads(n):
     """Sets the thread count of every OpenBLAS loaded in this process to ``n`` and returns how many it set (0
     when none is loaded, e.g. torch with MKL, which ``torch.set_num_threads`` already governs). OpenBLAS's
-    pthread build starts one worker per core at load; left alone, those workers take a second core's worth
-    of CPU time in a process told to use one thread (measured in ``docs/training.md``, "Threads")."""
+    pthread build starts one worker per core at load; left alone, on 2 cores they took two thirds of a core
+    more CPU time, spinning, in a training process told to use one thread (``docs/training.md``, "Threads")."""
     setters = {}  # by address: Debian's libblas.so.3 reaches the same OpenBLAS as libopenblas*.so
     for path in _loaded_blas_paths():
         try:  # RTLD_NOLOAD: a handle to the copy already loaded, never a second copy
