@@ -268,7 +268,7 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="+", default=[10, 40, 70], help="--family: sheets of n x n vertices")
     ap.add_argument("--repeat", type=int, help="steps per solver, best kept (default 3, --quick 2; --family 2, 1 "
                                                "above 40x40)")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--threads", type=int, default=2, help="torch and OpenBLAS threads (default 2)")
     ap.add_argument("--only", nargs="+", help="only the problems of these names (e.g. biped 'grid 70x70')")
     args = ap.parse_args()
     set_num_threads(args.threads)
