@@ -177,7 +177,8 @@ def main():
     ap.add_argument("--no-time", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--steps", type=int, default=100, help="rollout length for the memory table")
-    ap.add_argument("--threads", type=int, default=2, help="torch and OpenBLAS threads (default 2, as DiffPD's figures)")
+    ap.add_argument("--threads", type=int, default=2,
+                    help="torch and OpenBLAS threads (default 2, as DiffPD's figures)")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"),
                     help="only draw the figure (time and memory against dofs) from a --json file of an earlier run")
