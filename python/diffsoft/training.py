@@ -88,7 +88,9 @@ class TrainConfig:
     alpha * target + (1 - alpha) * critic`` after each fit); hidden, min_a, max_abs_da: the policy
     (algovivo's 32, 0.25, 0.3);
     init_activation: a reset creature's activations are drawn uniformly from ``[1 - init_activation, 1]``;
-    action_noise: std of the Gaussian noise on activation changes; saturation_penalty: weight of
+    action_noise: std of the Gaussian noise on activation changes; action_noise_end, noise_decay_iterations:
+    the std decays linearly from ``action_noise`` to ``action_noise_end`` over that many iterations, then
+    stays there (0, the default: constant, ``action_noise_end`` unused); saturation_penalty: weight of
     ``sum_t sum_i [max(|da_i| - max_abs_da, 0)^2 + max(a_i + da_i - 1, 0)^2 + max(min_a - a_i - da_i, 0)^2]``
     (per step), which keeps the policy's outputs where the clamps do not cut their gradient to zero;
     straight_through: the clamps pass gradients as if they were not there (the forward pass is unchanged);
@@ -132,6 +134,8 @@ class TrainConfig:
     max_abs_da: float = 0.3
     init_activation: float = 0.3
     action_noise: float = 0.2
+    action_noise_end: float = 0.1
+    noise_decay_iterations: int = 0
     saturation_penalty: float = 1.0
     straight_through: bool = False
     randomize: float = 0.0
@@ -156,7 +160,8 @@ class TrainConfig:
             critic_iterations=">0", critic_minibatches=">0", hidden=">0", checkpoint_every=">0", eval_every=">0",
             eval_horizon=">0", iterations=">=0", seed=">=0", dtype=("float32", "float64"), lr=">0", lr_end=">0",
             clip=">0", critic_lr=">0", reward_scale=">0", max_abs_da=">0", upright_weight=">=0",
-            action_noise=">=0", saturation_penalty=">=0", gamma="[0,1]", lam="[0,1]", target_alpha="[0,1]",
+            action_noise=">=0", action_noise_end=">=0", noise_decay_iterations=">=0", saturation_penalty=">=0",
+            gamma="[0,1]", lam="[0,1]", target_alpha="[0,1]",
             backward_rtol="(0,1)", min_a="(0,1)", on_failure=("skip", "stop"), randomize="[0,1)"))
         if not -1 <= self.terminate_upright <= 1:
             raise ValueError(f"terminate_upright must be in [-1, 1] (an uprightness; -1: never), "
@@ -175,6 +180,13 @@ class TrainConfig:
         """The actor's learning rate at ``iteration`` (linear decay, then constant)."""
         f = min(iteration / self.lr_decay_iterations, 1.0)
         return self.lr + f * (self.lr_end - self.lr)
+
+    def noise_std(self, iteration):
+        """The exploration noise's std at ``iteration`` (constant, or a linear decay, then constant)."""
+        if not self.noise_decay_iterations:
+            return self.action_noise
+        f = min(iteration / self.noise_decay_iterations, 1.0)
+        return self.action_noise + f * (self.action_noise_end - self.action_noise)
 
 
 def uprightness(sim, x):
@@ -317,7 +329,7 @@ def _iteration_draws(cfg, sim, iteration, rank, world):
     g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + iteration)
     m, dtype = sim.body.num_muscles, sim.body.dtype
     a0 = 1.0 - cfg.init_activation * torch.rand(cfg.batch, m, generator=g, dtype=torch.float64)
-    noise = cfg.action_noise * torch.randn(cfg.window, cfg.batch, m, generator=g, dtype=torch.float64)
+    noise = cfg.noise_std(iteration) * torch.randn(cfg.window, cfg.batch, m, generator=g, dtype=torch.float64)
     scale = torch.ones(cfg.batch, 3, dtype=torch.float64)
     if cfg.randomize:  # drawn only then, so that runs without it draw what they always drew
         scale = 1.0 + cfg.randomize * (2 * torch.rand(cfg.batch, 3, generator=g, dtype=torch.float64) - 1)
