@@ -1,12 +1,19 @@
 """algovivo's own creatures under their pretrained policies (examples/data/algovivo, MIT) walk in diffsoft as
-far as recorded: the simulator, the algovivo readers and the policy's frame agree with algovivo's."""
+far as recorded: the simulator, the algovivo readers and the policy's frame agree with algovivo's; and, where
+node is installed, algovivo itself (its release build, examples/data/algovivo/engine) runs a policy that
+diffsoft trained and wrote."""
+import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from diffsoft import training
 from diffsoft.creatures import load_algovivo
-from diffsoft.policy import distance_walked, load_algovivo_policy
+from diffsoft.policy import distance_walked, load_algovivo_policy, run_policy
+from diffsoft.training import TrainConfig
 
 DATA = Path(__file__).resolve().parents[2] / "examples" / "data" / "algovivo"
 
@@ -16,3 +23,39 @@ def test_algovivo_pretrained_policies_walk_as_they_do_in_algovivo(creature, dist
     sim = load_algovivo(str(DATA / creature / "mesh.json"), torch.float64)
     policy = load_algovivo_policy(str(DATA / creature / "policy.json"), torch.float64)
     assert distance_walked(sim, policy, 100) == pytest.approx(distance, abs=2e-3)
+
+
+ENGINE = DATA / "engine" / "walk.mjs"  # algovivo's release build, run by node
+needs_node = pytest.mark.skipif(shutil.which("node") is None, reason="node (to run algovivo itself) is not installed")
+
+
+def _walk_in_algovivo(mesh, policy, steps):
+    """Vertex positions ``(steps + 1, N, 2)`` of ``policy`` run from rest in algovivo itself."""
+    out = subprocess.run(["node", str(ENGINE), str(mesh), str(policy), str(steps)], capture_output=True, text=True,
+                         timeout=300, check=True)
+    return torch.tensor(json.loads(out.stdout)["pos"], dtype=torch.float64)
+
+
+@needs_node
+def test_algovivo_itself_walks_its_pretrained_biped_as_recorded():
+    pos = _walk_in_algovivo(DATA / "biped" / "mesh.json", DATA / "biped" / "policy.json", 100)
+    assert (pos[-1, :, 0].mean() - pos[0, :, 0].mean()).item() == pytest.approx(2.742, abs=1e-3)
+
+
+@needs_node
+def test_a_policy_trained_in_diffsoft_runs_unchanged_in_algovivo(tmp_path):
+    # A few iterations of training on algovivo's biped write policy.json in algovivo's format; algovivo's own
+    # engine runs that file as it is. The two simulators agree to about 1e-2 over the first steps (algovivo
+    # stops its gradient descent at |g|_inf < 5e-6, so one step already differs by about 2e-4, and the walk,
+    # chaotic through contacts, drifts from there) and on the distance walked; a policy read in another frame
+    # or with its weights laid out otherwise would not.
+    mesh = DATA / "biped" / "mesh.json"
+    cfg = TrainConfig(creature=str(mesh), window=8, episode=8, batch=2, iterations=3, lr=0.05, critic_iterations=2,
+                      eval_every=100, checkpoint_every=100, out_dir=str(tmp_path))
+    training.train(cfg, progress=False)
+    theirs = _walk_in_algovivo(mesh, tmp_path / "policy.json", 100)
+    sim = load_algovivo(str(mesh), torch.float64)
+    ours = run_policy(sim, load_algovivo_policy(str(tmp_path / "policy.json"), torch.float64), 100)[0][:, 0]
+    assert (ours[:11] - theirs[:11]).abs().max() < 0.02
+    distance = lambda p: (p[-1, :, 0].mean() - p[0, :, 0].mean()).item()  # noqa: E731 (equal vertex masses)
+    assert abs(distance(theirs)) > 0.05 and distance(theirs) == pytest.approx(distance(ours), abs=0.1)
