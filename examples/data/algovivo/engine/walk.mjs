@@ -7,6 +7,10 @@ import { fileURLToPath } from "url";
 import * as algovivo from "./algovivo.min.js";
 
 const [mesh, policyFile, steps] = process.argv.slice(2);
+if (!policyFile || !(Number(steps) >= 0)) {
+  console.error("usage: node walk.mjs MESH POLICY STEPS (STEPS a non-negative integer)");
+  process.exit(2);
+}
 const wasm = await WebAssembly.instantiate(
   await WebAssembly.compile(readFileSync(fileURLToPath(new URL("algovivo.wasm", import.meta.url)))), {});
 const m = JSON.parse(readFileSync(mesh));
