@@ -178,15 +178,19 @@ class TrainConfig:
 
     def actor_lr(self, iteration):
         """The actor's learning rate at ``iteration`` (linear decay, then constant)."""
-        f = min(iteration / self.lr_decay_iterations, 1.0)
-        return self.lr + f * (self.lr_end - self.lr)
+        return _linear_decay(self.lr, self.lr_end, iteration, self.lr_decay_iterations)
 
     def noise_std(self, iteration):
         """The exploration noise's std at ``iteration`` (constant, or a linear decay, then constant)."""
         if not self.noise_decay_iterations:
             return self.action_noise
-        f = min(iteration / self.noise_decay_iterations, 1.0)
-        return self.action_noise + f * (self.action_noise_end - self.action_noise)
+        return _linear_decay(self.action_noise, self.action_noise_end, iteration, self.noise_decay_iterations)
+
+
+def _linear_decay(start, end, iteration, iterations):
+    """``start`` moving linearly to ``end`` over ``iterations``, then ``end``."""
+    f = min(iteration / iterations, 1.0)
+    return start + f * (end - start)
 
 
 def uprightness(sim, x):
