@@ -1,83 +1,97 @@
-"""Builds diffsoft and its C++ core diffsoft._C against the torch that is installed.
+"""Builds diffsoft against the torch that is installed: the C++ core once, by CMake, then the Python extension.
 
-Eigen (required) and CHOLMOD (optional) are searched for as CMakeLists.txt does, in the prefixes of
-CMAKE_PREFIX_PATH, CONDA_PREFIX, /usr/local and /usr, after pkg-config's directories; the environment variables
-EIGEN3_INCLUDE_DIR, CHOLMOD_INCLUDE_DIR and CHOLMOD_LIBRARY_DIR name the directories instead.
+1. CMake (CMakeLists.txt) configures and builds the core's two static libraries, ``diffsoft_core`` and
+   ``diffsoft_physics``, in the build folder ``$DIFFSOFT_BUILD_DIR`` (default ``build``). It finds LibTorch (this
+   torch's own), Eigen and CHOLMOD, and writes what the extension needs to link them to ``python_link.json``.
+   The C++ test suite and the installed C++ package are built from the same folder, so ``scripts/test.sh``
+   compiles no source twice.
+2. setuptools compiles the pybind11 bindings (``csrc/bindings.cpp``) and the operators ``torch.ops.diffsoft.*``
+   (``csrc/ops.cpp``) with torch's ``BuildExtension`` and links them with those libraries into ``diffsoft._C``.
+
+CMake 3.18 or later is needed (``apt-get install cmake ninja-build``, or ``pip install cmake ninja``); Ninja is
+used when found. CMake finds Eigen and CHOLMOD as usual (``CMAKE_PREFIX_PATH``, ``EIGEN3_INCLUDE_DIR`` via
+``Eigen3_DIR``, ``CHOLMOD_INCLUDE_DIR``, ``CHOLMOD_LIBRARY``); ``CMAKE_ARGS`` adds arguments to its command line.
 """
+import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import torch
+import torch.utils
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
-root = Path(__file__).parent
+root = Path(__file__).parent.resolve()
+# CMake's build folder, and setuptools' too (its objects and wheel contents in subfolders): one per torch.
+BUILD_DIR = root / os.environ.get("DIFFSOFT_BUILD_DIR", "build")
+TORCH_VERSION = tuple(int(n) for n in re.findall(r"\d+", torch.__version__)[:2])
 
 
-def prefixes():
-    listed = os.environ.get("CMAKE_PREFIX_PATH", "").split(os.pathsep) + [os.environ.get("CONDA_PREFIX", "")]
-    return [Path(p) for p in listed if p] + [Path("/usr/local"), Path("/usr")]
+def cmake_prefixes():
+    """Where CMake finds this torch's LibTorch: a pip torch's ``share/cmake`` (TorchConfig.cmake) and its folder,
+    so that find_library finds its ``lib/libtorch.so`` ahead of a system LibTorch. Debian's python3-torch has no
+    ``share/cmake``, and CMake finds its libtorch-dev, the same build, on the default path."""
+    share = Path(getattr(torch.utils, "cmake_prefix_path", ""))
+    return [str(share), str(Path(torch.__file__).parent)] if (share / "Torch").is_dir() else []
 
 
-def lib_dirs(prefix):
-    return [prefix / "lib" / (sysconfig.get_config_var("MULTIARCH") or ""), prefix / "lib64", prefix / "lib"]
+def build_core(build_dir):
+    """Configures (when needed) and builds the core's libraries in ``build_dir``; returns python_link.json."""
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise RuntimeError("diffsoft's build needs CMake >= 3.18: apt-get install cmake ninja-build (Debian), or "
+                           "pip install cmake ninja")
+    cache = build_dir / "CMakeCache.txt"
+    configured_for = re.search(r"^DIFFSOFT_BUILT_FOR_TORCH:STRING=(.*)$", cache.read_text(), re.M) \
+        if cache.exists() else None
+    if configured_for is None or configured_for.group(1) != torch.__version__:
+        if cache.exists():  # configured for another torch: its cached LibTorch paths would be stale
+            print(f"diffsoft: {build_dir} was configured for torch {configured_for and configured_for.group(1)}; "
+                  f"configuring it again for torch {torch.__version__}", flush=True)
+            cache.unlink()
+            shutil.rmtree(build_dir / "CMakeFiles", ignore_errors=True)
+        args = [cmake, "-S", str(root), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+                f"-DDIFFSOFT_BUILT_FOR_TORCH={torch.__version__}"]
+        if shutil.which("ninja"):
+            args += ["-G", "Ninja"]
+        prefixes = cmake_prefixes()
+        if prefixes:
+            args.append("-DCMAKE_PREFIX_PATH=" + ";".join(prefixes))
+        subprocess.run(args + shlex.split(os.environ.get("CMAKE_ARGS", "")), check=True)
+    jobs = os.environ.get("MAX_JOBS")
+    subprocess.run([cmake, "--build", str(build_dir), "--target", "diffsoft_core", "diffsoft_physics"]
+                   + (["-j", jobs] if jobs else []), check=True)
+    return json.loads((build_dir / "python_link.json").read_text())
 
 
-# The compiler's and linker's own directories: naming them again (-I/usr/include, -L/usr/lib/...) would put
-# them ahead of torch's, and a system LibTorch could shadow the torch being built against.
-DEFAULT_DIRS = {Path("/usr/include"), Path("/usr/local/include"), *lib_dirs(Path("/usr")), *lib_dirs(Path("/"))}
+class BuildWithCore(BuildExtension):
+    """torch's BuildExtension, after CMake has built the core: the extension links the core's libraries."""
+
+    def run(self):
+        link = build_core(BUILD_DIR)
+        # The warnings (-Wall -Wextra) are for our code: torch's, Eigen's and CHOLMOD's headers are system
+        # includes, as those of CMake's imported targets are. (CppExtension also names torch's with -I, which
+        # -isystem overrides.) torch before 2.1 compiles extensions as C++14, older than ours.
+        std = ["-std=c++17"] if TORCH_VERSION < (2, 1) else []
+        system = include_paths() + link["system_include_dirs"]
+        for ext in self.extensions:
+            ext.extra_objects = link["libraries"]  # static: physics before core
+            ext.extra_compile_args = std + ["-O2", "-Wall", "-Wextra"] + ["-isystem" + d for d in system]
+            ext.runtime_library_dirs = link["runtime_library_dirs"]
+        super().run()
+        # Beside the extension (the source tree in an editable install, else the wheel), so that importing it
+        # under another torch says "rebuild" instead of "undefined symbol".
+        for ext in self.extensions:
+            (Path(self.get_ext_fullpath(ext.name)).parent / "_build_info.py").write_text(
+                f'"""Written by setup.py: the torch this build of diffsoft._C was compiled against."""\n'
+                f'TORCH_VERSION = "{torch.__version__}"\n')
 
 
-def pkg_config(package, option):
-    """The directories pkg-config gives for ``--cflags-only-I`` or ``--libs-only-L`` (none without it)."""
-    if shutil.which("pkg-config") is None:
-        return []
-    run = subprocess.run(["pkg-config", option, package], capture_output=True, text=True)
-    return [Path(flag[2:]) for flag in run.stdout.split()] if run.returncode == 0 else []
-
-
-def find(name, env, pkg, option, candidates):
-    """The first directory holding ``name``: the environment variable ``env`` if set, else pkg-config's
-    directories for ``pkg`` and then ``candidates``."""
-    listed = [Path(os.environ[env])] if os.environ.get(env) else pkg_config(pkg, option) + candidates
-    return next((d for d in listed if (d / name).exists()), None)
-
-
-eigen = find("Eigen/Core", "EIGEN3_INCLUDE_DIR", "eigen3", "--cflags-only-I",
-             [p / "include" / "eigen3" for p in prefixes()])
-if eigen is None:
-    raise RuntimeError("Eigen 3 not found: install it (Debian: libeigen3-dev, conda: eigen), or set "
-                       "EIGEN3_INCLUDE_DIR to the directory that holds Eigen/Core")
-
-# CHOLMOD (SuiteSparse), optional: the supernodal factorization of large sparse Hessians.
-cholmod_include = find("cholmod.h", "CHOLMOD_INCLUDE_DIR", "cholmod", "--cflags-only-I",
-                       [p / "include" / sub for p in prefixes() for sub in ("suitesparse", "")])
-cholmod_lib = find("libcholmod.dylib" if sys.platform == "darwin" else "libcholmod.so", "CHOLMOD_LIBRARY_DIR",
-                   "cholmod", "--libs-only-L", [d for p in prefixes() for d in lib_dirs(p)])
-with_cholmod = cholmod_include is not None and cholmod_lib is not None
-
-
-def named(directory, used=True):
-    """[directory] if used, unless it is one of the compiler's or linker's own."""
-    return [str(directory)] if used and directory not in DEFAULT_DIRS else []
-
-
-# The warnings of CMakeLists.txt (-Wall -Wextra) are for our code: the headers of torch, Eigen and CHOLMOD are
-# system includes, as those of CMake's imported targets are. (CppExtension also names torch's with -I, which
-# -isystem overrides.)
-system_includes = include_paths() + named(eigen) + named(cholmod_include, with_cholmod)
-
-sources = ["csrc/bindings.cpp"] + sorted(str(p.relative_to(root)) for p in (root / "csrc").glob("*/*.cpp"))
-
-# Recorded so that importing diffsoft under another torch says "rebuild" instead of "undefined symbol".
-(root / "python" / "diffsoft" / "_build_info.py").write_text(
-    f'"""Written by setup.py: the torch this build of diffsoft._C was compiled against."""\n'
-    f'TORCH_VERSION = "{torch.__version__}"\n'
-)
+sources = ["csrc/bindings.cpp", "csrc/ops.cpp"]
 
 render = ["pillow"]
 io = ["meshio"]
@@ -88,19 +102,9 @@ setup(
     description="Differentiable implicit soft-body physics for PyTorch",
     package_dir={"": "python"},
     packages=find_packages("python"),
-    ext_modules=[
-        CppExtension(
-            "diffsoft._C",
-            sources,
-            include_dirs=[str(root.resolve() / "csrc")],
-            define_macros=[("DIFFSOFT_WITH_CHOLMOD", None)] if with_cholmod else [],
-            libraries=["cholmod"] if with_cholmod else [],
-            library_dirs=named(cholmod_lib, with_cholmod),
-            runtime_library_dirs=named(cholmod_lib, with_cholmod),
-            extra_compile_args=["-std=c++17", "-O2", "-Wall", "-Wextra"] + ["-isystem" + d for d in system_includes],
-        )
-    ],
-    cmdclass={"build_ext": BuildExtension},
+    ext_modules=[CppExtension("diffsoft._C", sources, include_dirs=[str(root / "csrc")])],
+    cmdclass={"build_ext": BuildWithCore},
+    options={"build": {"build_base": str(BUILD_DIR)}},
     python_requires=">=3.8",
     install_requires=["torch>=1.13.0a0", "numpy"],
     extras_require={

@@ -4,7 +4,7 @@
 
 #include "core/solver.h"
 #include "core/timers.h"
-#include "physics/step_energy.h"
+#include "ops.h"
 #include "physics/step_solver.h"
 
 namespace py = pybind11;
@@ -12,8 +12,6 @@ using diffsoft::AnalyticEnergy;
 using diffsoft::EnergyFn;
 using diffsoft::SolveInfo;
 using diffsoft::SolverOptions;
-using diffsoft::StepDerivatives;
-using diffsoft::StepModel;
 using torch::Tensor;
 
 namespace {
@@ -129,16 +127,6 @@ std::shared_ptr<SolveInfo> solve_info_from(const py::tuple& t) {
   return i;
 }
 
-// A kernel of (model, state) as a Python function of (model, y, x0, x0_free, x_hat, activation), without the GIL.
-template <typename R>
-auto on_state(R (*kernel)(const StepModel&, const diffsoft::StepState&)) {
-  return [kernel](const StepModel& model, const Tensor& y, const Tensor& x0, const Tensor& x0_free,
-                  const Tensor& x_hat, const Tensor& activation) {
-    py::gil_scoped_release no_gil;
-    return kernel(model, {y, x0, x0_free, x_hat, activation});
-  };
-}
-
 py::tuple step_param_names() {
   py::tuple names(diffsoft::kNumStepParams);
   for (int k = 0; k < diffsoft::kNumStepParams; ++k) names[k] = py::str(diffsoft::kStepParamNames[k]);
@@ -213,26 +201,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("backward_message", &SolveInfo::backward_message)
       .def(py::pickle(&solve_info_state, &solve_info_from));
 
-  py::class_<StepModel>(m, "StepModel")
-      .def(py::init<>())
-      .def_readwrite("elements", &StepModel::elements)
-      .def_readwrite("muscles", &StepModel::muscles)
-      .def_readwrite("slot", &StepModel::slot)
-      .def_readwrite("mass", &StepModel::mass)
-      .def_readwrite("Dm_inv", &StepModel::Dm_inv)
-      .def_readwrite("mu", &StepModel::mu)
-      .def_readwrite("lam", &StepModel::lam)
-      .def_readwrite("rest_length", &StepModel::rest_length)
-      .def_readwrite("stiffness", &StepModel::stiffness)
-      .def_readwrite("material", &StepModel::material)
-      .def_readwrite("h", &StepModel::h)
-      .def_readwrite("gravity", &StepModel::gravity)
-      .def_readwrite("contact_stiffness", &StepModel::contact_stiffness)
-      .def_readwrite("friction", &StepModel::friction)
-      .def_readwrite("ground", &StepModel::ground)
-      .def_readwrite("friction_eps", &StepModel::friction_eps)
-      .def_readwrite("has_ground", &StepModel::has_ground)
-      .def_readwrite("factor_cache", &StepModel::factor_cache);
   py::class_<diffsoft::FactorCache, std::shared_ptr<diffsoft::FactorCache>>(
       m, "FactorCache", "Symbolic factorizations shared by a model's steps (see step_energy.h).")
       .def(py::init<>())
@@ -255,43 +223,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return out;
   });
   m.attr("STEP_PARAM_NAMES") = step_param_names();
-  py::class_<StepDerivatives, std::shared_ptr<StepDerivatives>>(
-      m, "StepDerivatives", "The step energy's gradient and Hessian blocks (see physics/model.h).")
-      .def_readonly("grad", &StepDerivatives::grad)
-      .def_readonly("element_blocks", &StepDerivatives::element_blocks)
-      .def_readonly("muscle_blocks", &StepDerivatives::muscle_blocks)
-      .def_readonly("diagonal", &StepDerivatives::diagonal);
-  // The fused kernels are called from Python autograd Functions (diffsoft.fused), themselves called from the
-  // C++ solver: plain C++ with no Python inside, so they drop the GIL for other threads.
-  m.def("step_energy_value", on_state(&diffsoft::step_energy_value));
-  m.def("step_energy_derivatives", on_state(&diffsoft::step_energy_derivatives));
-  m.def(
-      "step_energy_param_grads",
-      [](const StepModel& model, const Tensor& y, const Tensor& x0, const Tensor& x0_free, const Tensor& x_hat,
-         const Tensor& activation, const std::optional<Tensor>& weight, const std::optional<Tensor>& dir) {
-        py::gil_scoped_release no_gil;
-        const auto grads = diffsoft::step_energy_param_grads(model, {y, x0, x0_free, x_hat, activation},
-                                                             weight.value_or(Tensor()), dir.value_or(Tensor()));
-        return std::vector<Tensor>(grads.begin(), grads.end());  // a list in STEP_PARAM_NAMES' order
-      },
-      py::arg("model"), py::arg("y"), py::arg("x0"), py::arg("x0_free"), py::arg("x_hat"), py::arg("activation"),
-      py::arg("weight") = py::none(), py::arg("dir") = py::none());
-  m.def("step_energy_hvp", [](const StepModel& model, const StepDerivatives& derivatives, const Tensor& v) {
-    py::gil_scoped_release no_gil;
-    return diffsoft::step_energy_hvp(model, derivatives, v);
-  });
-
+  py::tuple model_fields(diffsoft::kKernelModelFields.size());
+  for (size_t k = 0; k < diffsoft::kKernelModelFields.size(); ++k) model_fields[k] = diffsoft::kKernelModelFields[k];
+  m.attr("KERNEL_MODEL_FIELDS") = model_fields;
+  // The fused step kernels are the operators torch.ops.diffsoft.* (ops.cpp); the solver's analytic path, an
+  // opaque handle that _C.minimize reads, stays a binding.
   py::class_<AnalyticEnergy, std::shared_ptr<AnalyticEnergy>>(
       m, "AnalyticEnergy", "An energy's autograd-free value, gradient and Hessian products (see solver.h).");
   m.def(
       "step_analytic_energy",
-      [](const StepModel& model, const Tensor& x0, const Tensor& x0_free, const Tensor& x_hat,
-         const Tensor& activation, bool factorize, const std::vector<int64_t>& params,
+      [](const std::vector<std::optional<Tensor>>& model, int64_t material, bool has_ground,
+         std::shared_ptr<diffsoft::FactorCache> factor_cache, const Tensor& x0, const Tensor& x0_free,
+         const Tensor& x_hat, const Tensor& activation, bool factorize, const std::vector<int64_t>& params,
          const std::vector<std::vector<int64_t>>& param_shapes) {
+        std::vector<Tensor> tensors;
+        for (const auto& t : model) tensors.push_back(t.value_or(Tensor()));
         return std::make_shared<AnalyticEnergy>(diffsoft::step_analytic_energy(
-            model, {Tensor(), x0, x0_free, x_hat, activation}, factorize, step_params(params), param_shapes));
+            diffsoft::kernel_model(tensors, material, has_ground, std::move(factor_cache)),
+            {Tensor(), x0, x0_free, x_hat, activation}, factorize, step_params(params), param_shapes));
       },
-      py::arg("model"), py::arg("x0"), py::arg("x0_free"), py::arg("x_hat"), py::arg("activation"),
+      py::arg("model"), py::arg("material"), py::arg("has_ground"), py::arg("factor_cache"), py::arg("x0"),
+      py::arg("x0_free"), py::arg("x_hat"), py::arg("activation"),
       py::arg("factorize") = false, py::arg("params") = std::vector<int64_t>(),
       py::arg("param_shapes") = std::vector<std::vector<int64_t>>());
 

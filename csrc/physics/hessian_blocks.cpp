@@ -134,7 +134,24 @@ std::unique_ptr<Factor> problem_factor(const View<S, D>& v, const S* k_el, const
 template <typename F>
 void for_each_problem(const StepModel& m, const StepDerivatives& blocks, F&& f) {
   const torch::Tensor &k_el = blocks.element_blocks, &k_mu = blocks.muscle_blocks, &diag = blocks.diagonal;
-  const int64_t batch = diag.size(0), e = m.elements.size(0), nm = m.muscles.size(0);
+  // The blocks' shapes are the model's (B, E, (d+1)d, (d+1)d), (B, M, 2d, 2d) and (B, F, d), CPU, one dtype:
+  // the loops below read them as raw pointers.
+  const bool diag_ok = diag.dim() == 3 && (diag.size(2) == 2 || diag.size(2) == 3) && diag.device().is_cpu() &&
+                       diag.size(1) == m.mass.size(-1);
+  const int64_t batch = diag_ok ? diag.size(0) : 0, d = diag_ok ? diag.size(2) : 0;
+  const int64_t e = m.elements.size(0), nm = m.muscles.size(0);
+  auto shaped = [&](const torch::Tensor& t, std::vector<int64_t> shape) {
+    return t.defined() && t.sizes() == c10::IntArrayRef(shape) && t.scalar_type() == diag.scalar_type() &&
+           t.device().is_cpu() && t.is_contiguous();
+  };
+  if (!diag_ok || !diag.is_contiguous())
+    throw std::invalid_argument("diagonal must be a contiguous CPU tensor (B, F, d) with F the model's free vertices");
+  if (!shaped(k_el, {batch, e, (d + 1) * d, (d + 1) * d}))
+    throw std::invalid_argument("element_blocks must be a contiguous CPU tensor (B, E, (d+1)d, (d+1)d) of the "
+                                "diagonal's dtype, E the model's elements");
+  if (!shaped(k_mu, {batch, nm, 2 * d, 2 * d}))
+    throw std::invalid_argument("muscle_blocks must be a contiguous CPU tensor (B, M, 2d, 2d) of the diagonal's "
+                                "dtype, M the model's muscles");
   dispatch(diag, [&](auto s, auto dim) {
     using S = decltype(s);
     constexpr int D = decltype(dim)::value;

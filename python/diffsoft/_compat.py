@@ -33,3 +33,13 @@ def batched_vjp(output, input, v):
     except Exception:  # noqa: BLE001 - see the docstring: the caller retries one at a time, which raises anew
         return None
     return v.new_zeros((v.shape[0],) + tuple(input.shape)) if hv is None else hv
+
+
+def register_fake(name):
+    """A decorator registering a fake (meta) implementation of the operator ``name``: torch 2.4's
+    ``torch.library.register_fake``, 2.1-2.3's ``impl_abstract``; torch 1.13, which has no FakeTensor users,
+    leaves the function unregistered."""
+    for api in ("register_fake", "impl_abstract"):
+        if hasattr(torch.library, api):
+            return getattr(torch.library, api)(name)
+    return lambda fn: fn

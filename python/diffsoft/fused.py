@@ -30,6 +30,7 @@ import dataclasses
 import torch
 
 from ._extension import _C
+from ._ops import FIELDS, KernelModel, ops
 from .energies import deformation_gradient, determinant, reference_step_energy
 from .step import Material, StepParams, per_problem, unpack
 
@@ -48,7 +49,8 @@ def analytic_energy(y, *args, factorize=True):
     # kernels' derivative is summed to it).
     which = [k for k, t in enumerate(p) if isinstance(t, torch.Tensor)]
     shapes = [list(p[k].shape) for k in which]
-    return _C.step_analytic_energy(model, x0, x0_free, x_hat, act, factorize, which, shapes)
+    return _C.step_analytic_energy(*model.args, model.factor_cache, x0, x0_free, x_hat, act, factorize, which,
+                                   shapes)
 
 
 def step_energy(y, *args):
@@ -63,7 +65,8 @@ class StepEnergy(torch.autograd.Function):
         ctx.save_for_backward(y, *args[:-1])
         ctx.topology = args[-1]
         if _on_cpu(y):
-            value = _C.step_energy_value(*_kernel_args(y, *unpack(args)))
+            model, *state = _kernel_args(y, *unpack(args))
+            value = ops.step_energy(*model.args, *state)
             return value if y.dim() == 3 else value[0]
         return reference_step_energy(y, *args)
 
@@ -89,9 +92,9 @@ class StepGradient(torch.autograd.Function):
     def forward(ctx, y, *args):
         p, top = unpack(args)
         if _on_cpu(y):
-            kernel_args = _kernel_args(y, p, top)
-            derivatives = _C.step_energy_derivatives(*kernel_args)
-            grad, hessian = derivatives.grad.view_as(y), KernelHessian(kernel_args[0], derivatives)
+            model, *state = _kernel_args(y, p, top)
+            grad, *blocks = ops.step_energy_derivatives(*model.args, *state)
+            grad, hessian = grad.view_as(y), KernelHessian(model, blocks)
         else:
             grad, hessian = _gradient_and_hessian(y, p, top)
         ctx.save_for_backward(y, *p)
@@ -144,8 +147,8 @@ class StepParamGradient(torch.autograd.Function):
 
 
 def _kernel_param_grads(y, p, top, wanted, weight=None, dir=None):
-    """The C++ kernel's parameter derivatives (see ``_C.step_energy_param_grads``) for the parameters at the
-    indices ``wanted`` of :class:`~diffsoft.step.StepParams`, summed to each one's shape (a parameter shared by
+    """The C++ kernel's parameter derivatives (``torch.ops.diffsoft.step_energy_param_grads``) for the parameters
+    at the indices ``wanted`` of :class:`~diffsoft.step.StepParams`, summed to each one's shape (a parameter shared by
     a batch gets the sum over its problems): ``weight . dE/dtheta`` (``weight`` shaped like the energy), or
     ``d/dtheta [grad_y E . dir]``."""
     m, yb, x0, x0_free, x_hat, act = _kernel_args(y, p, top)
@@ -153,7 +156,7 @@ def _kernel_param_grads(y, p, top, wanted, weight=None, dir=None):
         weight = weight.detach().reshape(-1).expand(yb.shape[0]).contiguous()
     if dir is not None:
         dir = dir.detach().reshape(yb.shape).contiguous()
-    grads = _C.step_energy_param_grads(m, yb, x0, x0_free, x_hat, act, weight, dir)
+    grads = ops.step_energy_param_grads(*m.args, yb, x0, x0_free, x_hat, act, weight, dir)
     out = [None] * len(p)
     for i in wanted:
         out[i] = grads[i].sum_to_size(p[i].shape)
@@ -192,26 +195,21 @@ def with_kernel_model(top, p):
 
 
 def _kernel_model(top, p):
-    m = _C.StepModel()
-    m.elements = top.elements
-    m.muscles = top.muscles if top.muscles is not None else top.elements.new_zeros(0, 2)
-    m.slot = top.free_index
-    m.material = top.material.code
-    m.factor_cache = top.factor_cache
-    m.has_ground = top.has_ground
     # Every parameter as the kernels read it (model.h): its shape when shared by the batch, or one per problem
     # with a leading B (domain randomisation). A 0-dim Lame parameter or muscle stiffness is one value for every
     # element or muscle.
     e = top.elements.shape[0]
-    m.mass, m.Dm_inv = _values(p.mass), _values(p.Dm_inv)
-    m.mu, m.lam = _values(p.mu, (e,)), _values(p.lam, (e,))
+    t = dict(elements=top.elements, slot=top.free_index, mass=_values(p.mass), Dm_inv=_values(p.Dm_inv),
+             mu=_values(p.mu, (e,)), lam=_values(p.lam, (e,)), h=_values(p.h), gravity=_values(p.gravity),
+             contact_stiffness=_values(p.contact_stiffness), friction=_values(p.friction), ground=_values(p.ground),
+             friction_eps=_values(p.friction_eps))
     if top.muscles is not None:
         count = (top.muscles.shape[0],)
-        m.rest_length, m.stiffness = _values(p.muscle_rest_length, count), _values(p.muscle_stiffness, count)
-    m.h, m.gravity = _values(p.h), _values(p.gravity)
-    m.contact_stiffness, m.friction = _values(p.contact_stiffness), _values(p.friction)
-    m.ground, m.friction_eps = _values(p.ground), _values(p.friction_eps)
-    return m
+        t.update(muscles=top.muscles, rest_length=_values(p.muscle_rest_length, count),
+                 stiffness=_values(p.muscle_stiffness, count))
+    else:
+        t["muscles"] = top.elements.new_zeros(0, 2)
+    return KernelModel([t.get(name) for name in FIELDS], top.material.code, top.has_ground, top.factor_cache)
 
 
 def _values(t, shape=None):
@@ -232,14 +230,15 @@ def _kernel_args(y, p, top):
 
 
 class KernelHessian:
-    """``H v`` by the C++ kernel from the blocks of ``step_energy_derivatives``."""
+    """``H v`` by the C++ kernel from the blocks of ``step_energy_derivatives``: ``(element_blocks, muscle_blocks,
+    diagonal)``."""
 
-    def __init__(self, model, derivatives):
-        self.model, self.derivatives = model, derivatives
+    def __init__(self, model, blocks):
+        self.model, self.blocks = model, blocks
 
     def apply(self, v):
         vb = v if v.dim() == 3 else v.unsqueeze(0)
-        return _C.step_energy_hvp(self.model, self.derivatives, vb.contiguous()).view_as(v)
+        return ops.step_energy_hvp(*self.model.args, *self.blocks, vb.contiguous()).view_as(v)
 
 
 class BlockHessian:

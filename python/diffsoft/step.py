@@ -69,8 +69,9 @@ class StepTopology:
     free_index ``(N,)`` int64, each vertex's index among the free ones (-1 if fixed); all_free: no vertex is
     fixed (then ``y`` is the whole body); material: a :class:`Material`; has_ground: whether there is a ground
     (contact and friction; its height is :attr:`StepParams.ground`); factor_cache: the factorizations' symbolic
-    analysis, shared by every step of a simulator; kernel_model: the C++ kernels' ``_C.StepModel`` for one
-    step's parameter values (see :func:`diffsoft.fused.with_kernel_model`), or None.
+    analysis, shared by every step of a simulator; kernel_model: the C++ kernels' model (a
+    :class:`diffsoft._ops.KernelModel`) for one step's parameter values (see
+    :func:`diffsoft.fused.with_kernel_model`), or None.
     """
     elements: torch.Tensor
     muscles: typing.Optional[torch.Tensor]

@@ -135,12 +135,12 @@ def test_cpu_kernels_and_device_agnostic_torch_path_agree(dim, material, fixed):
     x0, v0, a, y = _state(sim, 2, seed=7)
     params = _params(sim, x0, v0, a)
     p, top = StepParams(*params[:-1]), params[-1]
-    args = fused._kernel_args(y, p, top)
-    derivatives = fused._C.step_energy_derivatives(*args)
+    model, *state = fused._kernel_args(y, p, top)
+    grad, *blocks = fused.ops.step_energy_derivatives(*model.args, *state)
     grad_torch, hessian_torch = fused._gradient_and_hessian(y, p, top)
     v = torch.randn_like(y)
-    torch.testing.assert_close(derivatives.grad, grad_torch, rtol=1e-11, atol=1e-11 * grad_torch.abs().max().item())
-    hv = fused.KernelHessian(args[0], derivatives).apply(v)
+    torch.testing.assert_close(grad, grad_torch, rtol=1e-11, atol=1e-11 * grad_torch.abs().max().item())
+    hv = fused.KernelHessian(model, blocks).apply(v)
     hv_torch = hessian_torch.apply(v)
     torch.testing.assert_close(hv, hv_torch, rtol=1e-11, atol=1e-11 * hv_torch.abs().max().item())
 

@@ -1,0 +1,130 @@
+// The fused step kernels (physics/step_energy.h) as PyTorch operators, torch.ops.diffsoft.*: what diffsoft.fused
+// calls, and what torch.compile, FakeTensor and torch.library.opcheck see. Their fake (meta) implementations,
+// which give the outputs' shapes without data, are registered from Python (diffsoft._ops), where torch 2.x
+// wants them. The operators are kernels, with no autograd formula: diffsoft.fused's autograd Functions compose
+// them into the step energy's derivatives of every order the solver and the backward need.
+//
+// Schemas (B problems, F free vertices, N vertices, E elements, M muscles, d = 2 or 3; see model.h):
+//   model: Tensor?[] in kKernelModelFields' order; material: 0 algovivo, 1 neo_hookean, 2 stable_neo_hookean.
+//   step_energy             (model, material, has_ground, y (B, F, d), x0 (B, N, d), x0_free, x_hat (B, F, d),
+//                            activation (B, M)) -> (B,)
+//   step_energy_derivatives (same) -> grad (B, F, d), element_blocks (B, E, (d+1)d, (d+1)d),
+//                            muscle_blocks (B, M, 2d, 2d), diagonal (B, F, d)
+//   step_energy_hvp         (model, material, has_ground, element_blocks, muscle_blocks, diagonal, v (B, F, d))
+//                            -> H v (B, F, d)
+//   step_energy_param_grads (as step_energy, weight (B,)?, dir (B, F, d)?) -> one tensor per step parameter, in
+//                            StepParam's order, each shaped like the parameter with a leading B
+#include "ops.h"
+
+#include <torch/library.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "physics/step_energy.h"
+
+namespace diffsoft {
+
+StepModel kernel_model(const std::vector<torch::Tensor>& t, int64_t material, bool has_ground,
+                       std::shared_ptr<FactorCache> factor_cache) {
+  if (t.size() != kKernelModelFields.size())
+    throw std::invalid_argument("the step model must be " + std::to_string(kKernelModelFields.size()) +
+                                " tensors (elements, muscles, ...), got " + std::to_string(t.size()));
+  if (material < 0 || material > 2)
+    throw std::invalid_argument("material must be 0 (algovivo), 1 (neo_hookean) or 2 (stable_neo_hookean), got " +
+                                std::to_string(material));
+  StepModel m;
+  m.elements = t[0], m.muscles = t[1], m.slot = t[2], m.mass = t[3], m.Dm_inv = t[4], m.mu = t[5], m.lam = t[6];
+  m.rest_length = t[7], m.stiffness = t[8], m.h = t[9], m.gravity = t[10], m.contact_stiffness = t[11];
+  m.friction = t[12], m.ground = t[13], m.friction_eps = t[14];
+  for (const auto* index : {&m.elements, &m.muscles, &m.slot})
+    if (!index->defined() || index->scalar_type() != torch::kInt64 || !index->device().is_cpu())
+      throw std::invalid_argument("the step model's elements, muscles and slot must be int64 CPU tensors");
+  m.material = material;
+  m.has_ground = has_ground;
+  m.factor_cache = std::move(factor_cache);
+  return m;
+}
+
+}  // namespace diffsoft
+
+namespace {
+
+using torch::Tensor;
+using ModelTensors = c10::List<c10::optional<Tensor>>;
+
+// The kernels' invalid arguments as Python's ValueError (torch.ops turns other std exceptions into RuntimeError).
+template <typename F>
+auto checked(F&& kernel) {
+  try {
+    return kernel();
+  } catch (const std::invalid_argument& e) {
+    C10_THROW_ERROR(ValueError, e.what());
+  }
+}
+
+diffsoft::StepModel model_of(const ModelTensors& model, int64_t material, bool has_ground) {
+  std::vector<Tensor> tensors;
+  for (const c10::optional<Tensor>& t : model) tensors.push_back(t.has_value() ? *t : Tensor());
+  return diffsoft::kernel_model(tensors, material, has_ground);
+}
+
+Tensor step_energy(const ModelTensors& model, int64_t material, bool has_ground, const Tensor& y, const Tensor& x0,
+                   const Tensor& x0_free, const Tensor& x_hat, const Tensor& activation) {
+  return checked([&] {
+    return diffsoft::step_energy_value(model_of(model, material, has_ground), {y, x0, x0_free, x_hat, activation});
+  });
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> step_energy_derivatives(const ModelTensors& model, int64_t material,
+                                                                   bool has_ground, const Tensor& y, const Tensor& x0,
+                                                                   const Tensor& x0_free, const Tensor& x_hat,
+                                                                   const Tensor& activation) {
+  return checked([&] {
+    const auto out = diffsoft::step_energy_derivatives(model_of(model, material, has_ground),
+                                                       {y, x0, x0_free, x_hat, activation});
+    return std::make_tuple(out.grad, out.element_blocks, out.muscle_blocks, out.diagonal);
+  });
+}
+
+Tensor step_energy_hvp(const ModelTensors& model, int64_t material, bool has_ground, const Tensor& element_blocks,
+                       const Tensor& muscle_blocks, const Tensor& diagonal, const Tensor& v) {
+  return checked([&] {
+    diffsoft::StepDerivatives blocks;
+    blocks.element_blocks = element_blocks, blocks.muscle_blocks = muscle_blocks, blocks.diagonal = diagonal;
+    return diffsoft::step_energy_hvp(model_of(model, material, has_ground), blocks, v);
+  });
+}
+
+std::vector<Tensor> step_energy_param_grads(const ModelTensors& model, int64_t material, bool has_ground,
+                                            const Tensor& y, const Tensor& x0, const Tensor& x0_free,
+                                            const Tensor& x_hat, const Tensor& activation,
+                                            const c10::optional<Tensor>& weight, const c10::optional<Tensor>& dir) {
+  return checked([&] {
+    const auto grads = diffsoft::step_energy_param_grads(model_of(model, material, has_ground),
+                                                         {y, x0, x0_free, x_hat, activation},
+                                                         weight.value_or(Tensor()), dir.value_or(Tensor()));
+    return std::vector<Tensor>(grads.begin(), grads.end());
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY(diffsoft, m) {
+  m.def("step_energy(Tensor?[] model, int material, bool has_ground, Tensor y, Tensor x0, Tensor x0_free, "
+        "Tensor x_hat, Tensor activation) -> Tensor");
+  m.def("step_energy_derivatives(Tensor?[] model, int material, bool has_ground, Tensor y, Tensor x0, "
+        "Tensor x0_free, Tensor x_hat, Tensor activation) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("step_energy_hvp(Tensor?[] model, int material, bool has_ground, Tensor element_blocks, "
+        "Tensor muscle_blocks, Tensor diagonal, Tensor v) -> Tensor");
+  m.def("step_energy_param_grads(Tensor?[] model, int material, bool has_ground, Tensor y, Tensor x0, "
+        "Tensor x0_free, Tensor x_hat, Tensor activation, Tensor? weight=None, Tensor? dir=None) -> Tensor[]");
+}
+
+TORCH_LIBRARY_IMPL(diffsoft, CPU, m) {
+  m.impl("step_energy", &step_energy);
+  m.impl("step_energy_derivatives", &step_energy_derivatives);
+  m.impl("step_energy_hvp", &step_energy_hvp);
+  m.impl("step_energy_param_grads", &step_energy_param_grads);
+}

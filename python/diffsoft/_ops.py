@@ -1,0 +1,69 @@
+"""The fused step kernels as torch operators, ``torch.ops.diffsoft.*`` (registered by the C++ extension,
+``csrc/ops.cpp``, whose comment gives their schemas), the step model as they take it, and their fake
+implementations: the outputs' shapes without data, which torch 2.x's FakeTensor, ``torch.compile`` and
+``torch.library.opcheck`` use (torch 1.13 has no use for them).
+
+The operators are kernels without autograd formulas: :mod:`diffsoft.fused`'s autograd Functions compose them.
+"""
+import typing
+
+import torch
+
+from ._compat import register_fake
+from ._extension import _C
+
+ops = torch.ops.diffsoft
+
+FIELDS = ("elements", "muscles", "slot", "mass", "Dm_inv", "mu", "lam", "rest_length", "stiffness", "h", "gravity",
+          "contact_stiffness", "friction", "ground", "friction_eps")
+"""The step model's tensors, in the operators' order (csrc/ops.h's ``kKernelModelFields``, checked at import)."""
+
+if FIELDS != tuple(_C.KERNEL_MODEL_FIELDS):
+    raise ImportError(f"diffsoft._ops.FIELDS is {FIELDS} but the C++ operators take {tuple(_C.KERNEL_MODEL_FIELDS)}: "
+                      f"rebuild diffsoft, or make both agree")
+
+
+class KernelModel(typing.NamedTuple):
+    """The C++ kernels' step model (``StepModel`` of ``csrc/physics/model.h``) as the operators take it:
+    ``tensors``, one per name of :data:`FIELDS` (None where absent), the material's code, whether there is a
+    ground, and the factorizations' shared analysis (a ``_C.FactorCache`` or None; the solver's path only)."""
+    tensors: list
+    material: int
+    has_ground: bool
+    factor_cache: typing.Any = None
+
+    @property
+    def args(self):
+        """The operators' first three arguments."""
+        return self.tensors, self.material, self.has_ground
+
+
+def _count(model, name):
+    return model[FIELDS.index(name)].shape[0]
+
+
+@register_fake("diffsoft::step_energy")
+def _step_energy(model, material, has_ground, y, x0, x0_free, x_hat, activation):
+    return y.new_empty(y.shape[0])
+
+
+@register_fake("diffsoft::step_energy_derivatives")
+def _step_energy_derivatives(model, material, has_ground, y, x0, x0_free, x_hat, activation):
+    b, d = y.shape[0], y.shape[-1]
+    e, m = _count(model, "elements"), _count(model, "muscles")
+    return (y.new_empty(y.shape), y.new_empty(b, e, (d + 1) * d, (d + 1) * d), y.new_empty(b, m, 2 * d, 2 * d),
+            y.new_empty(y.shape))
+
+
+@register_fake("diffsoft::step_energy_hvp")
+def _step_energy_hvp(model, material, has_ground, element_blocks, muscle_blocks, diagonal, v):
+    return v.new_empty(v.shape)
+
+
+@register_fake("diffsoft::step_energy_param_grads")
+def _step_energy_param_grads(model, material, has_ground, y, x0, x0_free, x_hat, activation, weight=None, dir=None):
+    b, f, d = y.shape
+    n, e, m = x0.shape[1], _count(model, "elements"), _count(model, "muscles")
+    shapes = {"x_hat": (f, d), "x0": (n, d), "x0_free": (f, d), "mass": (f,), "Dm_inv": (e, d, d), "mu": (e,),
+              "lam": (e,), "activation": (m,), "muscle_rest_length": (m,), "muscle_stiffness": (m,)}
+    return [y.new_empty(b, *shapes.get(name, ())) for name in _C.STEP_PARAM_NAMES]

@@ -1,0 +1,89 @@
+"""The fused step kernels as registered operators, ``torch.ops.diffsoft.*`` (csrc/ops.cpp, diffsoft._ops): what
+they compute is the step energy's (the reference energy's value, gradient and Hessian products), bad input is a
+ValueError naming it, and on torch 2.x ``torch.library.opcheck`` passes on each (schema, fake implementation,
+autograd registration, AOT dispatch with dynamic shapes)."""
+import pytest
+import torch
+
+import diffsoft
+from diffsoft import _ops, fused
+from diffsoft.energies import reference_step_energy
+from diffsoft.step import StepParams
+
+from conftest import F64
+
+OPS = ("step_energy", "step_energy_derivatives", "step_energy_hvp", "step_energy_param_grads")
+
+
+def _sample(creature, dtype, batch=2, requires_grad=False, seed=0):
+    """The operators' arguments at a perturbed state of a creature: model, the state, and the step problem."""
+    sim = getattr(diffsoft.creatures, creature)(dtype=dtype)
+    gen = torch.Generator().manual_seed(seed)
+    x, v = sim.rest_state
+    x = x + 0.01 * torch.randn(batch, *x.shape, generator=gen, dtype=dtype)
+    v = 0.1 * torch.randn(batch, *v.shape, generator=gen, dtype=dtype)
+    a = 0.5 + 0.5 * torch.rand(batch, sim.body.num_muscles, generator=gen, dtype=dtype)
+    p, top = sim.step_problem(x, v, a)
+    y = p.x_hat + 0.01 * torch.randn(p.x_hat.shape, generator=gen, dtype=dtype)
+    model, *state = fused._kernel_args(y, p, top)
+    if requires_grad:
+        state = [t.detach().requires_grad_() for t in state]
+    return model, state, (y, p, top)
+
+
+def test_the_operators_are_registered():
+    for name in OPS:
+        assert hasattr(torch.ops.diffsoft, name), name
+
+
+@pytest.mark.parametrize("creature", ["biped", "tetrapod"])
+def test_operators_give_the_reference_energy_and_its_derivatives(creature):
+    model, state, (y, p, top) = _sample(creature, F64)
+    value = _ops.ops.step_energy(*model.args, *state)
+    torch.testing.assert_close(value, reference_step_energy(y, *p, top), rtol=1e-12, atol=0)
+    grad, *blocks = _ops.ops.step_energy_derivatives(*model.args, *state)
+    y_ = y.detach().requires_grad_()
+    (g_ref,) = torch.autograd.grad(reference_step_energy(y_, *p, top).sum(), y_, create_graph=True)
+    torch.testing.assert_close(grad, g_ref.detach(), rtol=1e-10, atol=1e-10 * g_ref.abs().max().item())
+    v = torch.randn_like(y)
+    hv = _ops.ops.step_energy_hvp(*model.args, *blocks, v)
+    (hv_ref,) = torch.autograd.grad(g_ref, y_, v)
+    torch.testing.assert_close(hv, hv_ref, rtol=1e-10, atol=1e-10 * hv_ref.abs().max().item())
+    weight = torch.tensor([0.5, 2.0], dtype=F64)
+    grads = _ops.ops.step_energy_param_grads(*model.args, *state, weight, None)
+    mass_ref = (torch.autograd.grad(reference_step_energy(y, *p, top) @ weight, p.mass, allow_unused=True)[0]
+                if p.mass.requires_grad else None)
+    assert len(grads) == len(StepParams._fields)
+    assert grads[StepParams._fields.index("gravity")].shape == (2,)
+    if mass_ref is not None:
+        torch.testing.assert_close(grads[StepParams._fields.index("mass")].sum(0), mass_ref)
+
+
+def test_bad_arguments_are_value_errors_naming_them():
+    model, state, _ = _sample("biped", F64)
+    with pytest.raises(ValueError, match="the step model must be 15 tensors"):
+        _ops.ops.step_energy(model.tensors[:-1], model.material, model.has_ground, *state)
+    with pytest.raises(ValueError, match="material must be 0"):
+        _ops.ops.step_energy(model.tensors, 7, model.has_ground, *state)
+    with pytest.raises(ValueError, match="x0 must be"):
+        _ops.ops.step_energy(*model.args, state[0], state[1][:, :-1], *state[2:])
+    grad, *blocks = _ops.ops.step_energy_derivatives(*model.args, *state)
+    with pytest.raises(ValueError, match="element_blocks"):
+        _ops.ops.step_energy_hvp(*model.args, blocks[0][:, :-1], *blocks[1:], grad)
+
+
+@pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck needs torch >= 2.4")
+@pytest.mark.parametrize("creature", ["biped", "tetrapod"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("name", OPS)
+def test_opcheck(name, dtype, creature):
+    model, state, _ = _sample(creature, dtype, requires_grad=True)
+    op = getattr(torch.ops.diffsoft, name)
+    if name == "step_energy_hvp":
+        grad, *blocks = _ops.ops.step_energy_derivatives(*model.args, *state)
+        args = (*model.args, *[b.detach().requires_grad_() for b in blocks], torch.randn_like(grad))
+    elif name == "step_energy_param_grads":
+        args = (*model.args, *state, torch.ones(state[0].shape[0], dtype=dtype), None)
+    else:
+        args = (*model.args, *state)
+    torch.library.opcheck(op, args)
