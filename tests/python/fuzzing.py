@@ -1,6 +1,7 @@
 """Seeded fuzz cases and the properties every solve must have: shared by the property-based tests
 (``tests/python/test_fuzz_minimize.py``, ``test_fuzz_simulator.py``) and the larger campaign of
-``benchmarks/fuzz_report.py``. Needs hypothesis and pytest (``pip install diffsoft[test]``).
+``benchmarks/fuzz_report.py`` (which puts ``tests/python`` on ``sys.path``). Test code, not part of the
+package: needs hypothesis and pytest (``pip install diffsoft[test]``).
 
 Two families of cases:
 
@@ -26,13 +27,13 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 import diffsoft
-from . import creatures, policy, render
-from .body import SoftBody
-from .energies import MATERIALS, deformation_gradient, determinant, reference_step_energy
-from .mesh import box, rectangle
-from .ppo import PPOConfig
-from .simulator import Simulator
-from .training import TrainConfig
+from diffsoft import creatures, policy, render
+from diffsoft.body import SoftBody
+from diffsoft.energies import MATERIALS, deformation_gradient, determinant, reference_step_energy
+from diffsoft.mesh import box, rectangle
+from diffsoft.ppo import PPOConfig
+from diffsoft.simulator import Simulator
+from diffsoft.training import TrainConfig
 
 # No shrinking: a failing example is printed as found (shrinking a slow simulation can take many minutes).
 _FUZZ = settings(derandomize=True, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
@@ -369,7 +370,7 @@ def _minimize(dtype, **options):
 
 
 def _policy(dtype, **kw):
-    from .policy import FramePolicy
+    from diffsoft.policy import FramePolicy
     args = dict(hidden=8, min_a=0.25, max_abs_da=0.3)
     args.update(kw)
     return list(FramePolicy(4, 2, 2, 0, 1, **args).to(dtype).parameters())
