@@ -327,6 +327,14 @@ def _source():
     return f"`benchmarks/sample_efficiency.py {shlex.join(sys.argv[1:])}` at {commit}"
 
 
+def _summary_of(results, path, creature):
+    """A ``summary.json``'s content from a ``results.json`` or ``summary.json`` (of this script, or one written
+    before summaries, which has ``args`` instead of ``creature`` and ``sources``)."""
+    return {"creature": results.get("creature", results.get("args", {}).get("creature", creature)),
+            "sources": results.get("sources", [f"the runs of {path}"] if results["runs"] else []),
+            "runs": {m: {seed: summarize(r) for seed, r in rs.items()} for m, rs in results["runs"].items() if rs}}
+
+
 def _load(path, empty):
     return json.load(open(path)) if os.path.exists(path) else empty
 
@@ -386,12 +394,12 @@ def main():
             print(f"{k}: median {sorted(v)[len(v) // 2] * 1e6:.0f} us per creature-step ({len(v)} rounds)")
         return
     full_path, summary_path = os.path.join(args.out, "results.json"), os.path.join(args.out, "summary.json")
-    full = _load(full_path, {"creature": args.creature, "sources": [], "runs": {}})
-    summary = _load(summary_path, {"creature": args.creature, "sources": [], "runs": {}})
+    full = _load(full_path, {"runs": {}})
+    summary = _load(summary_path, None) or _summary_of(full, full_path, args.creature)
     seeds = [] if args.report else args.seed if args.seed is not None else range(args.seeds)
     if seeds:
         for record in (full, summary):
-            record["sources"].append(_source())
+            record.setdefault("sources", []).append(_source())
     for seed in seeds:
         for method, run in (("differentiable", run_differentiable), ("ppo", run_ppo)):
             if args.only in (None, method):
@@ -401,13 +409,11 @@ def main():
                 _dump(full, full_path)
                 _dump(summary, summary_path)
     for other in args.merge:
-        merged = json.load(open(other))
-        for source in merged.get("sources", [f"the runs of {other}"]):
-            if source not in summary["sources"]:
-                summary["sources"].append(source)
+        merged = _summary_of(json.load(open(other)), other, args.creature)
+        summary["sources"] += [source for source in merged["sources"] if source not in summary["sources"]]
         for method, runs in merged["runs"].items():
             if args.merge_method in (None, method):
-                summary["runs"].setdefault(method, {}).update({seed: summarize(r) for seed, r in runs.items() if r})
+                summary["runs"].setdefault(method, {}).update(runs)
     summary["runs"] = {m: r for m, r in summary["runs"].items() if r}
     if args.merge:
         _dump(summary, summary_path)
