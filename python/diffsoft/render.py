@@ -52,7 +52,7 @@ def render_frame(sim, x, activation=None, size=(480, 360), bounds=None, yaw=-35.
         gy = to_px(np.array([[0.0, sim.ground]]))[0, 1]
         draw.rectangle([0, gy, size[0], size[1]], fill=_GROUND)
         draw.line([0, gy, size[0], gy], fill=(120, 116, 108), width=2)
-        for px in _marks(to_px, size[0]):  # fixed in the world: they show the motion under a following camera
+        for px in _marks(bounds, size):  # fixed in the world: they show the motion under a following camera
             draw.line([px, gy, px, gy + 6], fill=(120, 116, 108), width=1)
     elif sim.ground is not None:  # a patch of the ground plane around the body
         x3 = _numpy(x)
@@ -238,15 +238,21 @@ def _bounds(projected, sim, margin=0.15):
     return lo[0] - pad, hi[0] + pad, lo[1] - pad, hi[1] + pad
 
 
-def _marks(to_px, width, count=8):
+def _marks(bounds, size, count=8):
     """Pixel columns of marks on the ground every 1, 2 or 5 times a power of ten (world units), about ``count``
-    across the picture."""
-    left, right = (to_px(np.array([[0.0, 0.0], [1.0, 0.0]]))[:, 0])
-    scale = right - left  # pixels per world unit
-    lo, hi = -left / scale, (width - left) / scale  # the world's x at the picture's edges
-    step = 10.0 ** math.floor(math.log10((hi - lo) / count))
-    step *= next(f for f in (1, 2, 5, 10) if (hi - lo) / (step * f) <= count * 1.5)
-    return [left + k * step * scale for k in range(math.ceil(lo / step), math.floor(hi / step) + 1)]
+    across the picture (none where the view is too wide or too narrow for floating point to place them)."""
+    xmin, xmax, ymin, ymax = bounds
+    scale = min(size[0] / (xmax - xmin), size[1] / (ymax - ymin))  # pixels per world unit, as _screen
+    centre, half = (xmin + xmax) / 2, size[0] / 2 / scale
+    span = 2 * half
+    if not (math.isfinite(span) and span > 0 and math.isfinite(centre)):
+        return []
+    step = 10.0 ** math.floor(math.log10(span / count))
+    step *= next(f for f in (1, 2, 5, 10) if span / (step * f) <= count * 1.5)
+    first, last = math.ceil((centre - half) / step), math.floor((centre + half) / step)
+    if not 0 <= last - first <= 2 * count:  # the view's edges lost to rounding
+        return []
+    return [size[0] / 2 + (k * step - centre) * scale for k in range(first, last + 1)]
 
 
 def _screen(bounds, size):
