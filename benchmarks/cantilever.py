@@ -51,8 +51,8 @@ x0, v0) and ``rtol = 1e-12`` so that atol governs. How fair this is:
 Noise: on a shared 2-core machine, 2-thread runs stall in OpenMP regions whenever another process holds a
 core and idle OpenMP threads spin: with ``OMP_WAIT_POLICY=ACTIVE`` the full bar took 41-84 s with 2 threads
 under load 3.7-4.9 against 5.8-12.0 s with ``PASSIVE`` (load 1.2-5.9), which this script sets unless the
-environment does (1 thread: 5.4-15.7 s; benchmarks/README.md, "Threads under load" and "Side by side again
-on a faster machine").
+environment does (1 thread: 5.4-15.7 s; benchmarks/README.md, "Threads under load" and "DiffPD's
+cantilever").
 
 ``--check`` verifies the gradient: on the half-resolution bar, 3 frames at diffsoft's default (tight)
 tolerances, the directional derivative ``grad . d`` along a random direction d of (x0, v0) against a

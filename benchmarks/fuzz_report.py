@@ -1,5 +1,5 @@
 """The reliability table of docs/reliability.md: a larger seeded fuzz campaign over the same cases and checks
-as tests/python/test_fuzz_{simulator,minimize}.py (from :mod:`diffsoft.fuzzing`), counting instead of stopping at the first failure.
+as tests/python/test_fuzz_{simulator,minimize}.py (from tests/python/fuzzing.py), counting instead of stopping at the first failure.
 
 Each case is classified as: converged (every step met its gradient tolerance, confirmed on the reference
 residual); reported failure correctly (some step did not converge and said so: info.converged False with a
@@ -11,6 +11,7 @@ a silent failure). The goal for the last column is zero; its cases are printed.
 """
 import argparse
 import collections
+import os
 import sys
 import time
 import traceback
@@ -18,8 +19,11 @@ import traceback
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
-from diffsoft.fuzzing import (MISUSE_OUTCOMES, MISUSE_TARGETS, cases, check_misuse, check_solve, check_steps, make_case,
-                              make_problem, misuse_cases, problems)
+# The fuzz cases (tests/python/fuzzing.py) are test code: they live with the tests.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+
+from fuzzing import (MISUSE_OUTCOMES, MISUSE_TARGETS, cases, check_misuse, check_solve, check_steps, make_case,  # noqa: E402
+                     make_problem, misuse_cases, problems)
 
 COLUMNS = ("tried", "converged", "reported failure correctly", "crashed or non-finite")
 
@@ -87,7 +91,7 @@ def main():
 
 
 def misuse_report(n):
-    """The misuse campaign: ``n`` seeded cases of :data:`diffsoft.fuzzing.misuse_cases`, counted by entry point
+    """The misuse campaign: ``n`` seeded cases of ``misuse_cases`` (tests/python/fuzzing.py), counted by entry point
     and outcome, then every case that was not a right answer or a clear error."""
     counts, findings = collections.defaultdict(collections.Counter), []
 

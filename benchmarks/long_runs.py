@@ -10,14 +10,20 @@
     .venv/bin/python benchmarks/long_runs.py [--creature quadruped] [--steps 10000] [--rollout-steps 1000]
 """
 import argparse
+import os
+import sys
 import time
 import warnings
 
 import torch
 
-from diffsoft._memory import resident_bytes
 from diffsoft.creatures import make_creature
 from diffsoft.policy import FramePolicy, load_algovivo_policy
+
+# The memory probe (tests/python/memory_probe.py) is test code: it lives with the tests.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+
+from memory_probe import resident_bytes  # noqa: E402
 
 
 def rss_mb():

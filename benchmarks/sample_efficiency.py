@@ -13,17 +13,24 @@ or over ``--lr-decay-iterations``); ``--diff-set NAME=VALUE ...`` sets other
     .venv/bin/python benchmarks/sample_efficiency.py --seeds 3 --threads 1 --out runs/se_biped
     .venv/bin/python benchmarks/sample_efficiency.py --seeds 3 --threads 1 --creature mesh.json --out runs/se_mesh
 
-Writes ``results.json`` (every run's config and history), ``results.md`` (the table: creature-steps and
-training time to reach 0.5, 1.0, 2.0 and PPO's own final distance, and the final distance at the common
-budget) and ``sample_efficiency.png`` under ``--out``. ``--only`` runs one method; ``--merge`` adds other
-``results.json`` files to the report (two methods run as two processes; ``--merge-method`` takes one
-method's runs from them, e.g. PPO's from an earlier report), ``--report`` only reports.
-``--tune`` is PPO's settings search (:data:`TUNING`) on seed 0.
+Writes under ``--out`` (default ``runs/sample_efficiency``, git-ignored): ``results.json`` (every run's config
+and full history), ``summary.json`` (the compact record that ``benchmarks/results/`` keeps: each run's config,
+every evaluation and its totals; :func:`summarize`), ``results.md`` (the table: creature-steps and training
+time to reach 0.5, 1.0, 2.0 and PPO's own final distance, and the final distance at the common budget) and
+``sample_efficiency.png``. ``--only`` runs one method; ``--merge`` adds other ``summary.json`` or
+``results.json`` files to the report (two methods run as two processes; ``--merge-method`` takes one method's
+runs from them, e.g. PPO's from an earlier report), ``--report`` only reports. ``--tune`` is PPO's settings
+search (:data:`TUNING`) on seed 0. ``benchmarks/make_figures.py`` regenerates every committed table and plot
+from the summaries in ``benchmarks/results/``.
 """
 import argparse
 import dataclasses
 import json
 import os
+import re
+import shlex
+import subprocess
+import sys
 import time
 
 # Idle OpenMP threads sleep instead of spinning: read once, when torch loads OpenMP (benchmarks/README.md,
@@ -39,8 +46,8 @@ from diffsoft.policy import FramePolicy, distance_walked
 from diffsoft.threads import set_num_threads
 
 
-def evaluations(history):
-    """``[(creature-steps, training seconds, distance)]`` of every evaluation in ``history``: the steps
+def _history_evaluations(history):
+    """``[(creature-steps, training seconds, distance)]`` of every evaluation in a full ``history``: the steps
     and the training time (evaluations excluded) spent before it."""
     out, seconds = [], 0.0
     for r in history:
@@ -50,13 +57,42 @@ def evaluations(history):
     return out
 
 
-def first_reaching(history, target):
+def _creature_steps(failure):
+    """How many creatures one of the trainer's messages about a step that did not converge names."""
+    return len(re.search(r"creature\(s\) \[([^\]]*)\]", failure).group(1).split(","))
+
+
+def summarize(run):
+    """The compact record of one run (a method and a seed), from its full record (``config``, ``history``,
+    ``wall_seconds``, ``train_seconds``, ``sim_steps``); a compact record is returned as it is.
+
+    Keeps the config, every evaluation as ``[creature-steps, training seconds before it, distance]`` (distance
+    to 1e-6, seconds to 1 ms: finer than any table prints), the totals, ``terminated`` (early terminations
+    over the run) and ``not_converged`` (creature-steps whose Newton solve did not converge, left out of their
+    iteration). A 400-iteration run's full history is some 0.3 MB; this is some 10 kB.
+    """
+    if "evaluations" in run:
+        return run
+    history = run["history"]
+    return {"config": run["config"],
+            "evaluations": [[s, round(t, 3), round(d, 6)] for s, t, d in _history_evaluations(history)],
+            "train_seconds": round(run["train_seconds"], 3), "wall_seconds": round(run["wall_seconds"], 3),
+            "sim_steps": run["sim_steps"], "terminated": sum(r.get("terminated", 0) for r in history),
+            "not_converged": sum(_creature_steps(f) for r in history for f in r.get("failures", ()))}
+
+
+def evaluations(run):
+    """``[(creature-steps, training seconds, distance)]`` of every evaluation of a run (full or compact)."""
+    return [tuple(e) for e in summarize(run)["evaluations"]]
+
+
+def first_reaching(run, target):
     """``(creature-steps, training seconds)`` of the first evaluation at or past ``target``, or None."""
-    return next(((s, t) for s, t, d in evaluations(history) if d >= target), None)
+    return next(((s, t) for s, t, d in evaluations(run) if d >= target), None)
 
 
-def curve(history):
-    return [(s, d) for s, _, d in evaluations(history)]
+def curve(run):
+    return [(s, d) for s, _, d in evaluations(run)]
 
 
 def run_differentiable(args, seed):
@@ -103,10 +139,11 @@ def run_ppo(args, seed, budget, **overrides):
 
 
 def _median(values):
-    """The median of the values, counting None (not reached) as larger than any number; None when at
-    least half of them are None."""
-    ok = sorted(v for v in values if v is not None)
-    return ok[len(values) // 2] if len(values) // 2 < len(ok) else None
+    """The median of the values, a value that is None (not reached) counting as larger than any number
+    (with an even count, the mean of the middle two); None when the median is such a value."""
+    ordered = sorted(values, key=lambda v: (v is None, v or 0))
+    middle = ordered[(len(values) - 1) // 2], ordered[len(values) // 2]
+    return None if None in middle else (middle[0] + middle[1]) / 2
 
 
 def table(results, targets=(0.5, 1.0, 2.0)):
@@ -114,14 +151,15 @@ def table(results, targets=(0.5, 1.0, 2.0)):
     of ``targets`` and PPO's own final distance (the mean over its seeds), and the final distance at the
     common budget; then each method's median over seeds."""
     runs = results["runs"]
-    finals = {m: {seed: evaluations(r["history"])[-1][2] for seed, r in rs.items()} for m, rs in runs.items()}
+    finals = {m: {seed: evaluations(r)[-1][2] for seed, r in rs.items()} for m, rs in runs.items()}
     targets = list(targets)
     header = [f"reach {t:g}" for t in targets]
     if finals.get("ppo"):
         ppo_final = sum(finals["ppo"].values()) / len(finals["ppo"])
         targets.append(ppo_final)
         header.append(f"reach PPO's final ({ppo_final:.2f})")
-    lines = ["Cells: creature-steps / training seconds to the first evaluation at or past the distance "
+    lines = [f"Runs: {'; '.join(results['sources'])}.", "",
+             "Cells: creature-steps / training seconds to the first evaluation at or past the distance "
              "(deterministic policy, 100 steps from rest); -: not reached within the budget.", "",
              "| method | seed | " + " | ".join(header) + " | final distance | best | creature-steps | "
              "training time (s) |", "| --- " * (len(header) + 6) + "|"]
@@ -131,9 +169,9 @@ def table(results, targets=(0.5, 1.0, 2.0)):
 
     summary, medians = [], {}
     for method, rs in runs.items():
-        hits = {seed: [first_reaching(r["history"], t) for t in targets] for seed, r in rs.items()}
+        hits = {seed: [first_reaching(r, t) for t in targets] for seed, r in rs.items()}
         for seed, r in sorted(rs.items()):
-            best = max(d for _, _, d in evaluations(r["history"]))
+            best = max(d for _, _, d in evaluations(r))
             lines.append(f"| {method} | {seed} | " + " | ".join(cell(h) for h in hits[seed]) +
                          f" | {finals[method][seed]:.2f} | {best:.2f} | {r['sim_steps']:,} | "
                          f"{r['train_seconds']:.0f} |")
@@ -144,10 +182,10 @@ def table(results, targets=(0.5, 1.0, 2.0)):
             secs = _median([h and h[1] for h in column])
             n = sum(h is not None for h in column)
             medians.setdefault(method, []).append((steps, secs))
-            cells.append(f"{'-' if steps is None else f'{steps:,}'} / {'-' if secs is None else f'{secs:.0f}'}"
+            cells.append(f"{'-' if steps is None else f'{steps:,.0f}'} / {'-' if secs is None else f'{secs:.0f}'}"
                          f" ({n}/{len(column)})")
-        fin = sorted(finals[method].values())
-        summary.append(f"| {method} | median | " + " | ".join(cells) + f" | {fin[len(fin) // 2]:.2f} "
+        fin = list(finals[method].values())
+        summary.append(f"| {method} | median | " + " | ".join(cells) + f" | {_median(fin):.2f} "
                        f"(mean {sum(fin) / len(fin):.2f}) | | | |")
     lines += summary
     if {"differentiable", "ppo"} <= set(medians):
@@ -157,34 +195,35 @@ def table(results, targets=(0.5, 1.0, 2.0)):
             secs = "-" if None in (dt, pt) or not dt else f"{pt / dt:.1f}x"
             ratios.append(f"{steps} / {secs}")
         lines.append("| PPO / differentiable | medians' ratio | " + " | ".join(ratios) + " | | | | |")
-    lines.append("\nMedian rows: the median over seeds (a seed that did not reach counts as never; "
-                 "(n/N): seeds that reached).")
+    lines.append("\nMedian rows: the median over seeds (a seed that did not reach counts as never; with an even "
+                 "number of seeds, the mean of the middle two; (n/N): seeds that reached).")
     return "\n".join(lines)
 
 
 def plot(results, path, targets=(0.5, 1.0, 2.0)):
+    """A small PNG of every run's evaluations against simulated creature-steps."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(6.4, 4))
     colours = {"differentiable": "tab:blue", "ppo": "tab:orange"}
     for method, runs in results["runs"].items():
         for k, (seed, r) in enumerate(sorted(runs.items())):
-            s, d = zip(*curve(r["history"]))
+            s, d = zip(*curve(r))
             ax.plot(s, d, color=colours[method], alpha=0.8,
                     label=method if k == 0 else None)
     for t in targets:
         ax.axhline(t, color="grey", ls="--", lw=0.8)
     ax.set_xlabel("simulated creature-steps (training)")
-    ax.set_ylabel("distance along +x over the horizon (deterministic, from rest)")
-    name = results["args"]["creature"]
+    ax.set_ylabel("distance in 100 steps (deterministic, from rest)")
+    name = results["creature"]
     name = name if name in CREATURES else os.path.join(*os.path.normpath(name).split(os.sep)[-3:])
     ax.set_title(f"{name}: differentiable simulation vs PPO "
                  f"({max(len(r) for r in results['runs'].values())} seeds)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=72)
     plt.close(fig)
 
 
@@ -252,21 +291,57 @@ def tune_ppo(args):
     for overrides in [] if args.report else TUNING:
         if overrides in done:
             continue
-        r = run_ppo(args, 0, args.steps, **overrides)
-        dists = [d for _, d in curve(r["history"])]
+        r = summarize(run_ppo(args, 0, args.steps, **overrides))
+        dists = [d for _, d in curve(r)]
         runs.append({"overrides": overrides, "score": sum(dists[-3:]) / 3, "final": dists[-1], "best": max(dists),
-                     "wall_seconds": r["wall_seconds"], "sim_steps": r["sim_steps"], "config": r["config"],
-                     "history": r["history"]})
+                     "source": _source(), **r})
         json.dump(runs, open(path, "w"), indent=1)
         print(runs[-1]["overrides"], f"score {runs[-1]['score']:.3f} final {runs[-1]['final']:.3f}", flush=True)
-    lines = ["| PPO settings (changed from the baseline) | mean of the last 3 evaluations | final | best | "
+    md = tuning_table(runs)
+    with open(os.path.join(args.out, "tuning.md"), "w") as f:
+        f.write(md + "\n")
+    print(md)
+
+
+def tuning_table(runs):
+    """The Markdown table of PPO's settings search, best score first."""
+    lines = ["Runs: " + "; ".join(dict.fromkeys(r["source"] for r in runs)) + ".", "",
+             "| PPO settings (changed from the baseline) | mean of the last 3 evaluations | final | best | "
              "wall time (s) |", "| --- | --- | --- | --- | --- |"]
     for r in sorted(runs, key=lambda r: -r["score"]):
         name = ", ".join(f"{k}={v}" for k, v in r["overrides"].items()) or "baseline"
         lines.append(f"| {name} | {r['score']:.3f} | {r['final']:.3f} | {r['best']:.3f} | {r['wall_seconds']:.0f} |")
-    with open(os.path.join(args.out, "tuning.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return "\n".join(lines)
+
+
+def _source():
+    """This command line and the commit it ran at, for the report's "Runs:" line."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "diff", "--quiet", "HEAD", "--", "python", "csrc", "benchmarks"])
+        commit = f"commit {head}" + (" with uncommitted changes" if dirty.returncode else "")
+    except (OSError, subprocess.CalledProcessError):
+        commit = "not in a git checkout"
+    return f"`benchmarks/sample_efficiency.py {shlex.join(sys.argv[1:])}` at {commit}"
+
+
+def _summary_of(results, path, creature):
+    """A ``summary.json``'s content from a ``results.json`` or ``summary.json`` (of this script, or one written
+    before summaries, which has ``args`` instead of ``creature`` and ``sources``)."""
+    return {"creature": results.get("creature", results.get("args", {}).get("creature", creature)),
+            "sources": results.get("sources", [f"the runs of {path}"] if results["runs"] else []),
+            "runs": {m: {seed: summarize(r) for seed, r in rs.items()} for m, rs in results["runs"].items() if rs}}
+
+
+def _load(path, empty):
+    return json.load(open(path)) if os.path.exists(path) else empty
+
+
+def _dump(data, path):
+    with open(path, "w") as f:
+        json.dump(data, f)
 
 
 def main():
@@ -293,8 +368,9 @@ def main():
     p.add_argument("--tune", action="store_true",
                    help="PPO's settings search instead (seed 0, --steps each): writes tuning.json and tuning.md")
     p.add_argument("--only", choices=("differentiable", "ppo"), default=None)
-    p.add_argument("--merge", nargs="*", default=[], metavar="RESULTS_JSON",
-                   help="other runs' results.json (e.g. the other method's, run separately) for the report")
+    p.add_argument("--merge", nargs="*", default=[], metavar="JSON",
+                   help="other runs' summary.json or results.json (e.g. the other method's, run separately), "
+                        "added to --out's summary.json and its report")
     p.add_argument("--merge-method", choices=("differentiable", "ppo"), default=None,
                    help="take only this method's runs from --merge's files (e.g. PPO's runs of an earlier report)")
     p.add_argument("--report", action="store_true", help="no training: the report of --out's (and --merge's) runs")
@@ -303,7 +379,8 @@ def main():
                    help="no training: both methods' cost per creature-step side by side, from a training checkpoint")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--out", default="runs/sample_efficiency")
+    p.add_argument("--out", default="runs/sample_efficiency",
+                   help="the folder of results.json (full histories), summary.json, results.md and the plot")
     args = p.parse_args()
     if args.threads:
         set_num_threads(args.threads)
@@ -316,29 +393,35 @@ def main():
         for k, v in out.items():
             print(f"{k}: median {sorted(v)[len(v) // 2] * 1e6:.0f} us per creature-step ({len(v)} rounds)")
         return
-    path = os.path.join(args.out, "results.json")
-    results = json.load(open(path)) if os.path.exists(path) else {"runs": {"differentiable": {}, "ppo": {}}}
-    results["args"] = vars(args)
-    for seed in [] if args.report else args.seed if args.seed is not None else range(args.seeds):
-        if args.only in (None, "differentiable"):
-            results["runs"]["differentiable"][str(seed)] = run_differentiable(args, seed)
-            json.dump(results, open(path, "w"))
-        if args.only in (None, "ppo"):
-            results["runs"]["ppo"][str(seed)] = run_ppo(args, seed, args.steps)
-            json.dump(results, open(path, "w"))
+    full_path, summary_path = os.path.join(args.out, "results.json"), os.path.join(args.out, "summary.json")
+    full = _load(full_path, {"runs": {}})
+    summary = _load(summary_path, None) or _summary_of(full, full_path, args.creature)
+    seeds = [] if args.report else args.seed if args.seed is not None else range(args.seeds)
+    if seeds:
+        for record in (full, summary):
+            record.setdefault("sources", []).append(_source())
+    for seed in seeds:
+        for method, run in (("differentiable", run_differentiable), ("ppo", run_ppo)):
+            if args.only in (None, method):
+                r = run(args, seed) if method == "differentiable" else run(args, seed, args.steps)
+                full["runs"].setdefault(method, {})[str(seed)] = r
+                summary["runs"].setdefault(method, {})[str(seed)] = summarize(r)
+                _dump(full, full_path)
+                _dump(summary, summary_path)
     for other in args.merge:
-        for method, runs in json.load(open(other))["runs"].items():
+        merged = _summary_of(json.load(open(other)), other, args.creature)
+        summary["sources"] += [source for source in merged["sources"] if source not in summary["sources"]]
+        for method, runs in merged["runs"].items():
             if args.merge_method in (None, method):
-                results["runs"].setdefault(method, {}).update(runs)
-    results["runs"] = {m: r for m, r in results["runs"].items() if r}
+                summary["runs"].setdefault(method, {}).update(runs)
+    summary["runs"] = {m: r for m, r in summary["runs"].items() if r}
     if args.merge:
-        json.dump(results, open(path, "w"))
-    md = table(results)
+        _dump(summary, summary_path)
+    md = table(summary)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(md + "\n")
-    plot(results, os.path.join(args.out, "sample_efficiency.png"))
+    plot(summary, os.path.join(args.out, "sample_efficiency.png"))
     print(md)
-
 
 if __name__ == "__main__":
     main()

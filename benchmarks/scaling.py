@@ -32,11 +32,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
-from diffsoft._memory import status_bytes
 from diffsoft.body import SoftBody
 from diffsoft.mesh import box, rectangle
 from diffsoft.simulator import Simulator
 from diffsoft.threads import set_num_threads
+
+# The memory probe (tests/python/memory_probe.py) is test code: it lives with the tests.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+
+from memory_probe import status_bytes  # noqa: E402
 
 BOX = (1.0, 0.35, 0.375)
 BOXES = [(8, 3, 3), (12, 4, 5), (16, 6, 6), (24, 8, 9), (32, 11, 12), (40, 14, 15)]

@@ -1,7 +1,7 @@
 """Drops the biped onto the ground while its legs pulse, then writes an animated GIF, PNG frames and a VTK
 time series (open results/drop_biped/vtk/biped.pvd in ParaView).
 
-    python examples/drop_biped.py [--steps 90] [--out results/drop_biped]
+    .venv/bin/python examples/drop_biped.py [--steps 90] [--out results/drop_biped]
 """
 import argparse
 import math

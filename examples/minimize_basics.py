@@ -2,6 +2,8 @@
 
 Fits the stiffness k of a nonlinear spring field so that its equilibrium matches a target, with gradients
 through the equilibrium by the implicit function theorem.
+
+    .venv/bin/python examples/minimize_basics.py
 """
 import torch
 

@@ -1,6 +1,6 @@
 """A 3D neo-Hookean tetrapod falls onto the ground and flexes its legs; writes a GIF and a VTK series.
 
-    python examples/tetrapod_3d.py [--steps 45] [--out results/tetrapod_3d]
+    .venv/bin/python examples/tetrapod_3d.py [--steps 45] [--out results/tetrapod_3d]
 """
 import argparse
 import math

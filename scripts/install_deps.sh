@@ -5,7 +5,8 @@ pkgs=(build-essential cmake ninja-build ccache git
       python3-torch libtorch-dev pybind11-dev libeigen3-dev googletest libgtest-dev libsuitesparse-dev
       libopenblas0-pthread
       python3-pytest python3-numpy python3-matplotlib python3-pil python3-tqdm python3-scipy
-      python3-venv python3-pip python3-setuptools python3-wheel python3-dev python3-meshio python3-hypothesis)
+      python3-venv python3-pip python3-setuptools python3-wheel python3-dev python3-meshio python3-hypothesis
+      python3-sphinx)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -18,5 +18,15 @@ except ImportError as e:  # undefined symbols and the like: almost always a torc
     raise ImportError(f"diffsoft's compiled core failed to load ({e}); {_REBUILD}") from e
 
 ConvergenceError = _C.ConvergenceError
+ConvergenceError.__doc__ = """A solve that did not converge, raised instead of a warning under ``on_failure="raise"``
+(:func:`diffsoft.minimize`, ``Simulator(on_failure=...)``), forward or backward. A ``RuntimeError``; its message
+names the failed criterion and the failed problems of a batch, and ``.info`` holds the solve's
+:class:`SolveInfo`."""
 SolveInfo = _C.SolveInfo
+SolveInfo.__doc__ = """The record of one solve (``minimize(..., return_info=True)``, ``Simulator.step(...,
+return_info=True)``): ``converged``, ``iterations``, ``cg_iterations``, ``hvp_count``, ``factorizations``,
+``line_search_steps``, ``fallback_steps``, ``energy``, ``grad_norm``, ``grad_norm_initial``,
+``problem_converged`` (one flag per problem of a batch) and ``message``; after ``backward()``, the adjoint solve's
+``backward_converged``, ``backward_cg_iterations``, ``backward_direct``, ``backward_residual`` (relative) and
+``backward_message``. docs/concepts.md describes each."""
 SolverOptions = _C.SolverOptions

@@ -157,22 +157,27 @@ class SoftBody:
 
     @property
     def num_vertices(self):
+        """N, the number of vertices."""
         return self.rest_positions.shape[0]
 
     @property
     def num_elements(self):
+        """E, the number of elements (triangles in 2D, tetrahedra in 3D)."""
         return self.elements.shape[0]
 
     @property
     def num_muscles(self):
+        """M, the number of muscles."""
         return self.muscles.shape[0]
 
     @property
     def dtype(self):
+        """The dtype of the rest positions and of every field."""
         return self.rest_positions.dtype
 
     @property
     def device(self):
+        """The device of the rest positions and of every field."""
         return self.rest_positions.device
 
     def to(self, dtype=None, device=None):

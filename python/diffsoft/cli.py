@@ -6,7 +6,9 @@ to the run's checkpoint.
 """
 import argparse
 import dataclasses
+import inspect
 import os
+import re
 import sys
 import time
 
@@ -42,10 +44,9 @@ def plot_learning_curve(history, path, title=None):
 
 
 def render_policy(sim, policy, steps, path, every=2):
-    """A GIF of one creature running ``policy`` from rest for ``steps`` steps."""
+    """A GIF of one creature running ``policy`` from rest for ``steps`` steps, the camera following it."""
     from .render import render_rollout
-    xs, acts = run_policy(sim, policy, steps)
-    render_rollout(sim, xs[:, 0], acts[:, 0], gif=path, every=every)
+    render_rollout(sim, *run_policy(sim, policy, steps), gif=path, every=every, camera="follow")
 
 
 def gait_summary(sim, policy, horizons=(100, 200, 300)):
@@ -73,6 +74,24 @@ creature, about 1% of an iteration's cost) and the last, since a short run can e
 (docs/training.md, "Quick mode")."""
 
 
+def field_help(cls):
+    """``{field: its description}`` from the ``Attributes:`` section of ``cls``'s docstring (Google style: a
+    line ``name: text`` per field, continued on more deeply indented lines), the one place fields are
+    described; a KeyError names a field without a description."""
+    lines = inspect.getdoc(cls).split("Attributes:\n", 1)[1].splitlines()
+    out, name = {}, None
+    for line in lines:
+        entry = re.match(r"    (\w+): (.*)", line)
+        if entry:
+            name = entry.group(1)
+            out[name] = entry.group(2)
+        elif line.startswith("        ") and name:
+            out[name] += " " + line.strip()
+        else:
+            break
+    return {f.name: out[f.name] for f in dataclasses.fields(cls)}
+
+
 def _boolean(text):
     if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
         raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
@@ -83,12 +102,14 @@ def main(argv=None):
     """Command line: ``python -m diffsoft.cli --help`` (also ``examples/locomotion.py``)."""
     p = argparse.ArgumentParser(description="Train a neural locomotion controller by backpropagation through "
                                             "the implicit simulator.")
-    defaults = TrainConfig()
+    defaults, descriptions = TrainConfig(), field_help(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         kind = type(getattr(defaults, f.name))
+        default = f"default {getattr(defaults, f.name)!r}" + (f", {QUICK[f.name]!r} with --quick" if f.name in QUICK
+                                                               else "")
+        text = re.sub(r":\w+:`~?([\w.]+)`", r"\1", descriptions[f.name]).replace("``", "")  # Sphinx roles, literals
         p.add_argument("--" + f.name.replace("_", "-"), type=_boolean if kind is bool else kind, default=None,
-                       help=f"default {getattr(defaults, f.name)!r}" + (f" ({QUICK[f.name]!r} with --quick)"
-                                                                        if f.name in QUICK else ""))
+                       help=f"{text} ({default})".replace("%", "%%"))
     p.add_argument("--quick", action="store_true", help="a short run: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
     p.add_argument("--resume", action="store_true", help="continue from out_dir/checkpoint.pt if it exists")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

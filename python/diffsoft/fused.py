@@ -60,6 +60,9 @@ def step_energy(y, *args):
 
 
 class StepEnergy(torch.autograd.Function):
+    """The step energy as one autograd node: the value by the kernels (CPU) or the reference; its backward
+    is the closed-form gradient (:class:`StepGradient`) and parameter derivatives."""
+
     @staticmethod
     def forward(ctx, y, *args):
         ctx.save_for_backward(y, *args[:-1])
@@ -88,6 +91,9 @@ class StepEnergy(torch.autograd.Function):
 
 
 class StepGradient(torch.autograd.Function):
+    """The step energy's gradient with respect to ``y`` as one autograd node, keeping the Hessian for its
+    backward (Hessian-vector products)."""
+
     @staticmethod
     def forward(ctx, y, *args):
         p, top = unpack(args)
@@ -237,6 +243,7 @@ class KernelHessian:
         self.model, self.blocks = model, blocks
 
     def apply(self, v):
+        """``H v`` for ``v`` of shape ``(F, d)`` or ``(B, F, d)``."""
         vb = v if v.dim() == 3 else v.unsqueeze(0)
         return ops.step_energy_hvp(*self.model.args, *self.blocks, vb.contiguous()).view_as(v)
 
@@ -250,6 +257,7 @@ class BlockHessian:
         self.diag = diag      # (B, F, d)
 
     def apply(self, v):
+        """``H v`` for ``v`` of shape ``(F, d)`` or ``(B, F, d)``."""
         squeeze = v.dim() == 2
         vb = v.unsqueeze(0) if squeeze else v
         b, _, d = vb.shape

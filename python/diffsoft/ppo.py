@@ -89,6 +89,7 @@ class RunningNorm(nn.Module):
         self.count = total
 
     def forward(self, x):
+        """``x`` normalised by the running mean and variance, clipped to ``[-clip, clip]``."""
         z = (x - self.mean.to(x.dtype)) / (self.var.to(x.dtype) + 1e-8).sqrt()
         return z.clamp(-self.clip, self.clip)
 
@@ -109,6 +110,7 @@ class GaussianFramePolicy(nn.Module):
                                    nn.Linear(cfg.value_hidden, 1)).to(sim.body.dtype)
 
     def observation(self, x, v):
+        """The mean policy's observation (:func:`~diffsoft.policy.observe`) of positions and velocities."""
         p = self.mean_policy
         return observe(x, v, p.center_vertex_id, p.forward_vertex_id)
 

@@ -3,7 +3,8 @@
 2D bodies are drawn as filled triangles with muscles coloured by activation (grey-blue relaxed, red
 contracted) above the ground; 3D bodies as their boundary surface, flat-shaded, seen from the front-right
 and slightly above (an orthographic projection, painter's algorithm), with muscles drawn on top.
-The camera is fixed over the frames of a rollout: it frames every position in it.
+A rollout's camera frames every position in it (``camera="fit"``) or follows the creature's centre of mass at a
+fixed scale (``camera="follow"``).
 """
 import math
 import os
@@ -51,6 +52,8 @@ def render_frame(sim, x, activation=None, size=(480, 360), bounds=None, yaw=-35.
         gy = to_px(np.array([[0.0, sim.ground]]))[0, 1]
         draw.rectangle([0, gy, size[0], size[1]], fill=_GROUND)
         draw.line([0, gy, size[0], gy], fill=(120, 116, 108), width=2)
+        for px in _marks(bounds, size):  # fixed in the world: they show the motion under a following camera
+            draw.line([px, gy, px, gy + 6], fill=(120, 116, 108), width=1)
     elif sim.ground is not None:  # a patch of the ground plane around the body
         x3 = _numpy(x)
         lo, hi = x3.min(0), x3.max(0)
@@ -84,23 +87,50 @@ def render_frame(sim, x, activation=None, size=(480, 360), bounds=None, yaw=-35.
     return img
 
 
-def render_rollout(sim, xs, activations=None, gif=None, frames_dir=None, fps=None, size=(480, 360), every=1,
-                   **view):
-    """Renders a rollout with a fixed camera; writes an animated GIF and/or one PNG per frame.
+def render_rollout(sim, xs, activations=None, gif=None, frames_dir=None, fps=None, size=(480, 360), every=1, *,
+                   creature=None, camera="fit", yaw=-35.0, pitch=20.0):
+    """Renders a rollout; writes an animated GIF and/or one PNG per frame.
+
+    ``render_rollout(sim, *run_policy(sim, policy, steps))`` draws a rollout of
+    :func:`~diffsoft.policy.run_policy` (one creature); ``render_rollout(sim, xs, activations)`` one of
+    :meth:`Simulator.rollout <diffsoft.simulator.Simulator.rollout>`.
 
     Args:
-        xs: ``(T, N, d)`` positions (e.g. from :meth:`Simulator.rollout`).
-        activations: ``(T, M)`` or ``(T - 1, M)`` (the activation applied to reach each frame; frame 0
-            then shows relaxed muscles), or None.
+        sim: the :class:`~diffsoft.simulator.Simulator` of the rollout (its body and ground are drawn).
+        xs: ``(T, N, d)`` positions, or ``(T, B, N, d)``: a batch of creatures, of which ``creature`` is drawn.
+        activations: ``(T, M)`` or ``(T - 1, M)`` (the activation applied to reach each frame; frame 0 then
+            shows relaxed muscles), ``(T, B, M)`` or ``(T - 1, B, M)`` with a batch, or None.
         gif: path of the GIF to write, or None.
         frames_dir: directory for ``frame_00000.png``, ..., or None.
         fps: GIF frame rate; default real time, ``1 / (dt * every)``.
+        size: ``(width, height)`` in pixels.
         every: draw every ``every``-th frame.
-        view: ``yaw``, ``pitch`` for 3D.
+        creature: which creature of a batch ``xs`` to draw; may be left out when the batch holds one.
+        camera: ``"fit"``: fixed, framing every position of the rollout (a long walk makes the creature
+            small); ``"follow"``: at a fixed scale that frames the creature's largest extent around its centre
+            of mass over the rollout, centred on that centre of mass in every frame (in 2D horizontally,
+            with the ground in view at a fixed height; the ground's marks show the motion).
+        yaw, pitch: the 3D camera's rotation about y and then x, in degrees.
 
     Returns:
         the list of PIL images.
     """
+    xs = _numpy(xs)
+    acts = None if activations is None else _numpy(activations)
+    if xs.ndim == 4:
+        if creature is None and xs.shape[1] != 1:
+            raise ValueError(f"xs holds a batch of {xs.shape[1]} creatures: pass creature= (an index in "
+                             f"[0, {xs.shape[1]})) to say which one to draw")
+        creature = 0 if creature is None else creature
+        if not (is_integer(creature) and 0 <= creature < xs.shape[1]):
+            raise ValueError(f"creature must be an index in [0, {xs.shape[1]}) of the batch xs, got {creature!r}")
+        if acts is not None and (acts.ndim != 3 or acts.shape[1] != xs.shape[1]):
+            raise ValueError(f"activations must be (T or T - 1, B, M) with B = {xs.shape[1]} like xs, got shape "
+                             f"{acts.shape}")
+        xs, acts = xs[:, creature], None if acts is None else acts[:, creature]
+    elif creature is not None:
+        raise ValueError(f"creature={creature!r} picks a creature of a batch, but xs is not one: its shape is "
+                         f"{xs.shape}, not (T, B, N, d)")
     xs = _positions("xs", xs, sim.body, frames=True)
     if len(xs) == 0:
         raise ValueError("xs must hold at least one frame, got 0")
@@ -108,16 +138,21 @@ def render_rollout(sim, xs, activations=None, gif=None, frames_dir=None, fps=Non
         raise ValueError(f"every must be an integer >= 1, got {every!r}")
     if fps is not None and not (is_finite_real(fps) and fps > 0):
         raise ValueError(f"fps must be a positive number or None, got {fps!r}")
-    _check_view(size, None, view.get("yaw", -35.0), view.get("pitch", 20.0))
-    acts = None if activations is None else _numpy(activations)
+    if camera not in ("fit", "follow"):
+        raise ValueError(f"camera must be 'fit' or 'follow', got {camera!r}")
+    _check_view(size, None, yaw, pitch)
     if acts is not None and len(acts) == len(xs) - 1:
         acts = np.concatenate([np.ones_like(acts[:1]), acts])
     if acts is not None and len(acts) != len(xs):
         raise ValueError(f"activations must have T or T - 1 = {len(xs) - 1} entries, got {len(acts)}")
-    projected = np.stack([_project(x, view.get("yaw", -35.0), view.get("pitch", 20.0))[0] for x in xs[::every]])
-    bounds = _bounds(projected, sim)
-    images = [render_frame(sim, xs[t], None if acts is None else acts[t], size, bounds, **view)
-              for t in range(0, len(xs), every)]
+    frames = range(0, len(xs), every)
+    projected = np.stack([_project(xs[t], yaw, pitch)[0] for t in frames])
+    if camera == "fit":
+        views = [_bounds(projected, sim)] * len(projected)
+    else:
+        views = _following(projected, _numpy(sim.body.mass), sim)
+    images = [render_frame(sim, xs[t], None if acts is None else acts[t], size, view, yaw, pitch)
+              for t, view in zip(frames, views)]
     if frames_dir is not None:
         os.makedirs(frames_dir, exist_ok=True)
         for k, img in enumerate(images):
@@ -127,6 +162,23 @@ def render_rollout(sim, xs, activations=None, gif=None, frames_dir=None, fps=Non
         images[0].save(gif, save_all=True, append_images=images[1:], duration=max(int(round(1000 / fps)), 20),
                        loop=0)
     return images
+
+
+def _following(projected, mass, sim, margin=0.15):
+    """Per frame, the view of the "follow" camera: one size for every frame, centred on the frame's centre of
+    mass (the mass-weighted mean of the projected positions: projection is linear). In 2D the vertical range is
+    fixed (the rollout's heights and the ground), so only the horizontal centre moves."""
+    mass = mass if mass.ndim == 1 else mass.mean(0)  # per-creature masses: their mean
+    weights = mass / mass.sum()
+    centres = np.einsum("tnk,n->tk", projected, weights)
+    half = np.abs(projected - centres[:, None]).max((0, 1))  # the largest extent about the centre, per axis
+    if sim.body.dim == 2:
+        lo, hi = projected[..., 1].min(), projected[..., 1].max()
+        if sim.ground is not None:
+            lo = min(lo, _numpy(sim.ground).min())
+        centres[:, 1], half[1] = (lo + hi) / 2, (hi - lo) / 2
+    pad = margin * 2 * max(half.max(), 1e-9)
+    return [(cx - half[0] - pad, cx + half[0] + pad, cy - half[1] - pad, cy + half[1] + pad) for cx, cy in centres]
 
 
 def _positions(name, x, body, frames=False):
@@ -184,6 +236,23 @@ def _bounds(projected, sim, margin=0.15):
     span = max(hi[0] - lo[0], hi[1] - lo[1], 1e-9)
     pad = margin * span
     return lo[0] - pad, hi[0] + pad, lo[1] - pad, hi[1] + pad
+
+
+def _marks(bounds, size, count=8):
+    """Pixel columns of marks on the ground every 1, 2 or 5 times a power of ten (world units), about ``count``
+    across the picture (none where the view is too wide or too narrow for floating point to place them)."""
+    xmin, xmax, ymin, ymax = bounds
+    scale = min(size[0] / (xmax - xmin), size[1] / (ymax - ymin))  # pixels per world unit, as _screen
+    centre, half = (xmin + xmax) / 2, size[0] / 2 / scale
+    span = 2 * half
+    if not (math.isfinite(span) and span > 0 and math.isfinite(centre)):
+        return []
+    step = 10.0 ** math.floor(math.log10(span / count))
+    step *= next(f for f in (1, 2, 5, 10) if span / (step * f) <= count * 1.5)
+    first, last = math.ceil((centre - half) / step), math.floor((centre + half) / step)
+    if not 0 <= last - first <= 2 * count:  # the view's edges lost to rounding
+        return []
+    return [size[0] / 2 + (k * step - centre) * scale for k in range(first, last + 1)]
 
 
 def _screen(bounds, size):

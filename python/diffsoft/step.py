@@ -58,6 +58,7 @@ class Material(str, enum.Enum):
 
     @property
     def code(self):
+        """The C++ kernels' code of the material (its position in this enum)."""
         return list(Material).index(self)
 
 

@@ -67,48 +67,71 @@ from .policy import FramePolicy, center_of_mass_x, distance_walked, observe, sav
 
 @dataclasses.dataclass
 class TrainConfig:
-    """Everything a training run depends on (stored in its checkpoint).
+    """Everything a training run depends on (stored in its checkpoint). Each field is also an option of the
+    training command line (``--batch 8``, ``--action-noise-end 0.1``; ``python -m diffsoft.cli --help``), whose
+    help is this list.
 
-    creature: a name in :data:`~diffsoft.creatures.CREATURES` or a creature file; batch: creatures simulated
-    together, over all processes; window: simulated steps per iteration, through which the gradient is
-    exact (W); episode: steps from a creature's reset to its next (a multiple of ``window``); iterations:
-    Adam steps of the actor (one per window); lr, lr_end, lr_decay_iterations: the actor's learning rate,
-    decaying linearly from ``lr`` to ``lr_end`` over that many iterations, then constant (a schedule in
-    iterations, not a fraction of ``iterations``, so that a run resumed with more iterations follows the
-    same one); clip: the actor's gradient-norm clip; gamma: the discount per step; lam: TD(lambda)'s
-    lambda for the critic's targets; reward_scale: rewards are the centre of mass's progress per step times
-    this (progress per step is ~1e-2); upright_weight: subtracted from the progress of each step, times
-    ``1 - cos(tilt)`` (see :func:`uprightness`: 0 upright, 2 upside down); 0 leaves the reward the distance
-    alone; terminate_upright: early termination: a creature whose uprightness after a step is below this
-    has fallen: the state is terminal (value 0, for the actor's return and the critic's targets) and the
-    creature restarts at once at rest (with the iteration's reset activations, keeping its ``randomize``
-    factors until its next regular reset); -1 (default) never; critic_lr, critic_hidden: the critic's Adam
-    learning rate and the width of its two hidden layers; critic_iterations, critic_minibatches: passes over
-    each window's data and minibatches per pass; target_alpha: the target critic's smoothing (``target =
-    alpha * target + (1 - alpha) * critic`` after each fit); hidden, min_a, max_abs_da: the policy
-    (algovivo's 32, 0.25, 0.3);
-    init_activation: a reset creature's activations are drawn uniformly from ``[1 - init_activation, 1]``;
-    action_noise: std of the Gaussian noise on activation changes; action_noise_end, noise_decay_iterations:
-    the std decays linearly from ``action_noise`` to ``action_noise_end`` over that many iterations, then
-    stays there (0, the default: constant, ``action_noise_end`` unused); saturation_penalty: weight of
-    ``sum_t sum_i [max(|da_i| - max_abs_da, 0)^2 + max(a_i + da_i - 1, 0)^2 + max(min_a - a_i - da_i, 0)^2]``
-    (per step), which keeps the policy's outputs where the clamps do not cut their gradient to zero;
-    straight_through: the clamps pass gradients as if they were not there (the forward pass is unchanged);
-    randomize: domain randomisation: at each reset, a creature's Lame parameters, its masses and its friction
-    coefficient are each scaled by a factor of its own, drawn uniformly from ``[1 - randomize, 1 + randomize]``
-    and kept for its episode (per-creature simulator parameters, so the batch is still one step); 0 (default)
-    trains on the nominal creature, which evaluations always use;
-    eval_every, eval_horizon: how often to measure :func:`~diffsoft.policy.distance_walked`
-    (deterministic, from rest) and over how many steps; keep_best: the run's result (returned and written
-    to ``policy.json``) is the policy that walked furthest in those evaluations and in one of the final
-    policy, instead of the final policy (the distance during training swings by a few tenths to units
-    between evaluations; the checkpoint holds both, and ``--resume`` continues from the last);
-    backward_rtol: the adjoint solve's relative tolerance (loose is enough for a stochastic gradient and halves
-    the backward's cost); dtype:
-    ``"float32"`` or ``"float64"``; device: where the creatures, the simulator, the policy and the critic
-    live (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...; random numbers are drawn on the CPU and moved, so a run's
-    draws do not depend on it); seed; out_dir; checkpoint_every; on_failure: ``"skip"`` (drop a creature
-    whose step did not converge from the iteration's losses and reset it) or ``"stop"``.
+    Attributes:
+        creature: A name in :data:`~diffsoft.creatures.CREATURES` or a creature file (algovivo's mesh format or
+            diffsoft's).
+        batch: Creatures simulated together, over all processes (each process simulates ``batch / world``).
+        window: Simulated steps per iteration, through which the actor's gradient is exact.
+        episode: Steps from a creature's reset to its next (a multiple of ``window``).
+        iterations: Iterations to run, one Adam step of the actor and one fit of the critic each.
+        lr: The actor's learning rate at the start, decaying linearly to ``lr_end``.
+        lr_end: The actor's learning rate after ``lr_decay_iterations``.
+        lr_decay_iterations: Iterations over which the learning rate decays, then stays at ``lr_end`` (a
+            schedule in iterations, so a run resumed with more iterations follows the same one).
+        clip: The actor's gradient-norm clip.
+        gamma: The discount per step.
+        lam: TD(lambda)'s lambda for the critic's targets.
+        reward_scale: Rewards are the centre of mass's progress along +x per step times this (a step's
+            progress is about 1e-2 in 2D).
+        upright_weight: Subtracted from each step's progress, times ``1 - cos(tilt)`` (see
+            :func:`uprightness`: 0 upright, 2 upside down); 0 leaves the reward the distance alone.
+        terminate_upright: Early termination: a creature whose uprightness after a step is below this has
+            fallen: that state is terminal (value 0, for the actor's return and the critic's targets) and the
+            creature restarts at once at rest (with the iteration's reset activations, keeping its
+            ``randomize`` factors until its next regular reset); -1 never.
+        critic_lr: The critic's Adam learning rate.
+        critic_hidden: The width of the critic's two hidden layers.
+        critic_iterations: Passes over each window's data when the critic is fitted.
+        critic_minibatches: Minibatches per pass of the critic's fit.
+        target_alpha: The target critic's smoothing: ``target = alpha * target + (1 - alpha) * critic`` after
+            each fit.
+        hidden: The policy's hidden width (algovivo's: 32).
+        min_a: The least activation a muscle may take (algovivo's: 0.25; 1 is relaxed).
+        max_abs_da: The bound on a step's activation change (algovivo's: 0.3).
+        init_activation: A reset creature's activations are drawn uniformly from ``[1 - init_activation, 1]``.
+        action_noise: The std of the Gaussian exploration noise on activation changes.
+        action_noise_end: The noise's std after ``noise_decay_iterations`` (unused while that is 0).
+        noise_decay_iterations: Iterations over which the noise's std decays linearly from ``action_noise`` to
+            ``action_noise_end``, then stays there; 0: constant.
+        saturation_penalty: Weight of ``sum_t sum_i [max(|da_i| - max_abs_da, 0)^2 + max(a_i + da_i - 1, 0)^2 +
+            max(min_a - a_i - da_i, 0)^2]`` per step, which keeps the policy's outputs where the clamps do
+            not cut their gradient to zero.
+        straight_through: The clamps pass gradients as if they were not there (the forward pass is unchanged).
+        randomize: Domain randomisation: at each reset, a creature's Lame parameters, masses and friction
+            coefficient are each scaled by a factor of its own drawn uniformly from ``[1 - randomize, 1 +
+            randomize]`` and kept for its episode (per-creature simulator parameters: the batch is still one
+            step); 0 trains on the nominal creature, which evaluations always use.
+        eval_every: Iterations between evaluations of :func:`~diffsoft.policy.distance_walked`
+            (deterministic, from rest).
+        eval_horizon: Steps of each evaluation.
+        keep_best: The run's result (returned and written to ``policy.json``) is the policy that walked
+            furthest in the evaluations and in one of the final policy, instead of the final policy (the
+            checkpoint holds both; ``--resume`` continues from the last).
+        backward_rtol: The adjoint solve's relative tolerance (loose is enough for a stochastic gradient and
+            halves the backward's cost).
+        dtype: ``"float32"`` or ``"float64"``.
+        device: Where the creatures, the simulator, the policy and the critic live (``"cpu"``, ``"cuda"``,
+            ``"cuda:1"``, ...); random numbers are drawn on the CPU and moved, so a run's draws do not depend
+            on it.
+        seed: Seeds the networks' initial weights and every iteration's draws (resets and noise).
+        out_dir: Where the checkpoint, ``policy.json``, ``history.json`` and the plots are written.
+        checkpoint_every: Iterations between checkpoints (one is also written at the end).
+        on_failure: ``"skip"`` (leave a creature whose step did not converge out of the iteration's losses and
+            reset it) or ``"stop"`` (raise, keeping the finished iterations in the checkpoint).
     """
     creature: str = "biped"
     batch: int = 32

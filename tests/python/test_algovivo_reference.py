@@ -3,6 +3,7 @@ far as recorded: the simulator, the algovivo readers and the policy's frame agre
 node is installed, algovivo itself (its release build, examples/data/algovivo/engine) runs a policy that
 diffsoft trained and wrote."""
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -29,18 +30,25 @@ ENGINE = DATA / "engine" / "walk.mjs"  # algovivo's release build, run by node
 needs_node = pytest.mark.skipif(shutil.which("node") is None, reason="node (to run algovivo itself) is not installed")
 
 
-def _walk_in_algovivo(mesh, policy, steps):
-    """Vertex positions ``(steps + 1, N, 2)`` of ``policy`` run from rest in algovivo itself."""
-    out = subprocess.run(["node", str(ENGINE), str(mesh), str(policy), str(steps)], capture_output=True, text=True,
-                         timeout=300)
+def _walk_in_algovivo(mesh, policy, steps, tmp_path):
+    """Vertex positions ``(steps + 1, N, 2)`` of ``policy`` run from rest in algovivo itself (walk.mjs writes
+    them to a file and prints one line: the distance its centre of mass moved)."""
+    positions = tmp_path / "positions.json"
+    out = subprocess.run(["node", str(ENGINE), str(mesh), str(policy), str(steps), str(positions)],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    return torch.tensor(json.loads(out.stdout)["pos"], dtype=torch.float64)
+    with open(positions) as f:
+        pos = torch.tensor(json.load(f)["pos"], dtype=torch.float64)
+    moved = float(re.fullmatch(rf"{steps} steps: the centre of mass moved (\S+) along \+x; positions in .*\n",
+                               out.stdout).group(1))
+    assert moved == pytest.approx((pos[-1, :, 0].mean() - pos[0, :, 0].mean()).item(), abs=1e-4)
+    return pos
 
 
 @needs_node
-def test_algovivo_itself_walks_its_pretrained_biped_as_recorded():
+def test_algovivo_itself_walks_its_pretrained_biped_as_recorded(tmp_path):
     mesh = DATA / "biped" / "mesh.json"
-    pos = _walk_in_algovivo(mesh, DATA / "biped" / "policy.json", 100)
+    pos = _walk_in_algovivo(mesh, DATA / "biped" / "policy.json", 100, tmp_path)
     com = center_of_mass_x(load_algovivo(str(mesh), torch.float64), pos)
     assert (com[-1] - com[0]).item() == pytest.approx(2.742, abs=1e-3)
 
@@ -56,7 +64,7 @@ def test_a_policy_trained_in_diffsoft_runs_unchanged_in_algovivo(tmp_path):
     cfg = TrainConfig(creature=str(mesh), window=8, episode=8, batch=2, iterations=3, lr=0.05, critic_iterations=2,
                       eval_every=100, checkpoint_every=100, out_dir=str(tmp_path))
     training.train(cfg, progress=False)
-    theirs = _walk_in_algovivo(mesh, tmp_path / "policy.json", 100)
+    theirs = _walk_in_algovivo(mesh, tmp_path / "policy.json", 100, tmp_path)
     sim = load_algovivo(str(mesh), torch.float64)
     ours = run_policy(sim, load_algovivo_policy(str(tmp_path / "policy.json"), torch.float64), 100)[0][:, 0]
     assert (ours[:11] - theirs[:11]).abs().max() < 0.02

@@ -285,6 +285,8 @@ TRIGGERS = [
     ("ValueError: segments must be an integer >= 2", lambda tmp: creatures.worm(segments=1)),
     ("ValueError: x must be (N, d) positions of the body",
      lambda tmp: render.render_frame(_sim(), torch.zeros(3, 2))),
+    ("ValueError: xs holds a batch of B creatures: pass creature= (an index in [0, B)) to say which one to draw",
+     lambda tmp: render.render_rollout(_sim(), torch.stack([_sim().rest_state[0]] * 2)[None].expand(2, 2, -1, -1))),
     ("ValueError: material must be one of ...",
      lambda tmp: diffsoft.energies.elastic_energy(torch.zeros(3, 2), torch.tensor([[0, 1, 2]]),
                                                   torch.eye(2)[None], torch.ones(1), torch.ones(1), "rubber")),

@@ -1,8 +1,15 @@
-"""The examples on small cases: system identification and trajectory optimisation reduce their losses."""
+"""The examples on small cases: system identification and trajectory optimisation reduce their losses; each
+example's docstring gives the command that runs it with the project's interpreter."""
+import ast
+import dataclasses
 import importlib.util
 import os
+import re
 
 import pytest
+
+from diffsoft.cli import field_help
+from diffsoft.training import TrainConfig
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 
@@ -28,7 +35,33 @@ def test_trajectory_optimization_gets_closer_to_the_target(tmp_path):
     assert os.path.getsize(gif) > 0
 
 
-def test_locomotion_example_help():
+def test_locomotion_example_help_gives_every_option_a_sentence(capsys):
     with pytest.raises(SystemExit) as e:
         _load("locomotion").main(["--help"])
     assert e.value.code == 0
+    text = capsys.readouterr().out
+    # argparse's help: "  --name TYPE   description" with the description wrapped on indented lines.
+    options = re.split(r"\n  (?=--)", text.split("options:\n", 1)[1])[1:]
+    names = {re.match(r"--([\w-]+)", o).group(1).replace("-", "_") for o in options}
+    assert {f.name for f in dataclasses.fields(TrainConfig)} | {"quick", "resume", "no_progress", "threads"} <= names
+    for option in options:
+        description = re.sub(r"\(default [^)]*\)", "", re.sub(r"^--[\w-]+( [A-Z_]+)?", "", " ".join(option.split())))
+        assert len(description.split()) >= 3, f"--help gives no sentence for: {option}"
+    flat = " ".join(text.split())
+    assert "The actor's learning rate at the start" in flat  # from TrainConfig's docstring
+    assert "(default 300, 120 with --quick)" in flat  # --iterations
+
+
+def test_every_trainconfig_field_is_described_once_in_its_docstring():
+    described = field_help(TrainConfig)  # a KeyError names a field without a description
+    assert set(described) == {f.name for f in dataclasses.fields(TrainConfig)}
+    assert all(len(text.split()) >= 3 for text in described.values()), described
+
+
+@pytest.mark.parametrize("name", sorted(f[:-3] for f in os.listdir(EXAMPLES) if f.endswith(".py")))
+def test_each_example_says_how_to_run_it_with_the_venvs_python(name):
+    # A bare "python" is the system's, which does not see Debian's torch or the venv's diffsoft.
+    with open(os.path.join(EXAMPLES, name + ".py")) as f:
+        doc = ast.get_docstring(ast.parse(f.read()))
+    assert re.search(rf"^\s*\.venv/bin/python examples/{name}\.py", doc, flags=re.M), doc
+    assert not re.search(r"(?<![/\w])python3? (examples|-m)", doc), doc

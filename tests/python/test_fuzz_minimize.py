@@ -7,7 +7,7 @@ it did not (a RuntimeWarning and ``info.converged`` False; ``ConvergenceError`` 
 ``x*`` is finite; the per-problem flags of a batch are right; implicit gradients are finite and, at strict
 minima of small problems, match central differences of re-solved problems.
 
-The energies, ``problems`` and ``check_solve`` live in :mod:`diffsoft.fuzzing`, shared with
+The energies, ``problems`` and ``check_solve`` live in ``tests/python/fuzzing.py``, shared with
 ``benchmarks/fuzz_report.py``.
 """
 import warnings
@@ -18,7 +18,8 @@ from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 import diffsoft
-from diffsoft.fuzzing import check_solve, fuzz, make_problem, problems
+
+from fuzzing import check_solve, fuzz, make_problem, problems
 
 
 @fuzz(120)

@@ -1,15 +1,15 @@
 """Fuzzing the public entry points with wrong values (seeded hypothesis; benchmarks/fuzz_report.py runs 10,000
 cases of the same): every value is either accepted with a finite result (a valid value) or refused with an
-error that names the argument (an invalid one). See diffsoft.fuzzing.check_misuse for the classes."""
+error that names the argument (an invalid one). See check_misuse in
+tests/python/fuzzing.py for the classes."""
 import itertools
 
 import pytest
 import torch
 from hypothesis import given
 
-from diffsoft.fuzzing import _LOOK_ALIKES, _MISTAKES, MISUSE_TARGETS, check_misuse, fuzz, misuse_cases
-
 from conftest import DTYPES
+from fuzzing import _LOOK_ALIKES, _MISTAKES, MISUSE_TARGETS, check_misuse, fuzz, misuse_cases
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -6,8 +6,8 @@ plain-torch reference energy) or it says it did not (``info.converged`` False wi
 ``diffsoft.ConvergenceError`` under ``on_failure="raise"``); positions and velocities are finite; no element of
 a ``"neo_hookean"`` body is inverted. On small cases the implicit gradients match central differences.
 
-The cases and ``check_steps`` live in :mod:`diffsoft.fuzzing`, shared with ``benchmarks/fuzz_report.py``, which
-runs a larger campaign of the same cases.
+The cases and ``check_steps`` live in ``tests/python/fuzzing.py``, shared with ``benchmarks/fuzz_report.py``,
+which runs a larger campaign of the same cases.
 """
 import warnings
 
@@ -17,7 +17,8 @@ from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 import diffsoft
-from diffsoft.fuzzing import cases, check_steps, fuzz, make_case
+
+from fuzzing import cases, check_steps, fuzz, make_case
 
 
 @fuzz(60)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from diffsoft import creatures
-from diffsoft._memory import resident_bytes
+
+from memory_probe import resident_bytes
 
 
 def rss_bytes():

@@ -1,13 +1,16 @@
-"""Packaging: ``import diffsoft`` needs only torch and numpy; the optional modules (the extras of setup.py) are
-imported where used, and their absence is reported with the extra to install."""
+"""Packaging: ``import diffsoft`` and every module of the package need only torch and numpy; the optional modules
+(the extras of setup.py) are imported where used, and their absence is reported with the extra to install; the
+test tools (pytest, hypothesis) are never imported by the package."""
 import os
+import pkgutil
 import subprocess
 import sys
 import textwrap
 
 import diffsoft
 
-OPTIONAL = ["PIL", "matplotlib", "meshio", "tqdm", "scipy"]
+OPTIONAL = ["PIL", "matplotlib", "meshio", "tqdm", "scipy", "pytest", "hypothesis"]
+"""The extras' modules and the test tools: none of them may be needed to import the package."""
 
 
 def _run_without_optional(code, tmp_path):
@@ -50,6 +53,22 @@ def test_import_and_step_need_only_torch_and_numpy(tmp_path):
     """, tmp_path)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "stepped"
+
+
+def test_every_module_of_the_package_imports_with_only_torch_and_numpy(tmp_path):
+    modules = sorted(m.name for m in pkgutil.walk_packages(diffsoft.__path__, "diffsoft."))
+    assert {"diffsoft.simulator", "diffsoft.training", "diffsoft.render", "diffsoft.cli"} <= set(modules)
+    run = _run_without_optional(f"""
+        import importlib
+        import torch
+        attempts.clear()  # torch tries tqdm (torch.hub); what follows is diffsoft's
+        for name in {modules!r}:
+            importlib.import_module(name)
+        assert not attempts, attempts
+        print(len({modules!r}))
+    """, tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str(len(modules))
 
 
 def test_missing_extras_are_named(tmp_path):

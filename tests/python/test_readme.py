@@ -1,27 +1,30 @@
-"""Every Python code block of README.md runs as written (in a temporary directory), so the README cannot
-drift from the library."""
+"""Every Python code block of README.md and of the how-tos runs as written (in a temporary directory), so the
+docs cannot drift from the library."""
 import os
 import re
 
 import pytest
 import torch
 
-README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+FILES = ["README.md", "docs/system_identification.md", "docs/trajectory_optimization.md"]
+"""(docs/parameters.md's blocks run in test_parameters.py.)"""
 
 
-def _blocks():
-    with open(README) as f:
+def _blocks(name):
+    with open(os.path.join(ROOT, name)) as f:
         return re.findall(r"^```python\n(.*?)^```", f.read(), flags=re.S | re.M)
 
 
-def test_the_readme_has_python_blocks():
-    assert len(_blocks()) >= 2
+def test_the_readme_and_the_how_tos_have_python_blocks():
+    assert len(_blocks("README.md")) >= 2
+    assert all(_blocks(name) for name in FILES)
 
 
-@pytest.mark.parametrize("index", range(len(_blocks())))
-def test_readme_python_block_runs(index, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, index", [(name, i) for name in FILES for i in range(len(_blocks(name)))])
+def test_python_block_runs(name, index, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace = {}
-    exec(compile(_blocks()[index], f"README.md python block {index + 1}", "exec"), namespace)
+    exec(compile(_blocks(name)[index], f"{name} python block {index + 1}", "exec"), namespace)
     grads = [v.grad for v in namespace.values() if isinstance(v, torch.Tensor) and v.requires_grad and v.is_leaf]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)  # every leaf the block marks gets one

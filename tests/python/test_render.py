@@ -5,6 +5,7 @@ import torch
 from PIL import Image
 
 from diffsoft import creatures
+from diffsoft.policy import FramePolicy, run_policy
 from diffsoft.render import render_frame, render_rollout
 
 
@@ -51,3 +52,69 @@ def test_3d_frame_shades_the_surface():
     bodyish = (c[:, 2] > c[:, 0] + 30).sum()  # bluish, shaded surface pixels
     assert bodyish > 1000
     assert len({tuple(p) for p in c[(c[:, 2] > c[:, 0] + 30)]}) >= 3  # several shades: faces differ in light
+
+
+def _body_columns(img):
+    """The pixel columns where the body's fill colour is."""
+    return np.nonzero((np.asarray(img) == (120, 170, 220)).all(-1).any(0))[0]
+
+
+def _walking_biped(frames=12):
+    """The biped carried along +x over four of its lengths (positions need no physics to be drawn)."""
+    sim = creatures.biped()
+    x, _ = sim.rest_state
+    length = np.ptp(x[:, 0].numpy())
+    shift = torch.linspace(0, 4 * length, frames)
+    return sim, x + torch.stack([shift, torch.zeros(frames)], -1)[:, None]
+
+
+def test_the_following_camera_keeps_the_creature_centred_at_one_scale():
+    sim, xs = _walking_biped()
+    follow = render_rollout(sim, xs, size=(160, 120), camera="follow")
+    fit = render_rollout(sim, xs, size=(160, 120))
+    widths = [np.ptp(_body_columns(img)) for img in follow]
+    centres = [_body_columns(img).mean() for img in follow]
+    assert max(widths) - min(widths) <= 2  # the same scale in every frame
+    assert all(abs(c - 80) <= 4 for c in centres), centres  # centred on the creature
+    assert np.ptp(_body_columns(fit[0])) < 0.4 * widths[0]  # the fixed camera frames the whole walk: smaller
+    line = np.nonzero((np.asarray(follow[0]) == (120, 116, 108)).all(-1).mean(-1) > 0.5)[0][-1]  # the ground line
+    marks = [(np.asarray(img)[line + 2] == (120, 116, 108)).all(-1) for img in follow]  # just under it
+    assert marks[0].sum() >= 3 and (marks[0] != marks[1]).any()  # the marks move under the creature
+
+
+def test_the_following_camera_in_3d():
+    sim = creatures.tetrapod()
+    x, v = sim.rest_state
+    v[:, 0] = 2.0
+    xs, _ = sim.rollout(x, v, steps=4)
+    images = render_rollout(sim, xs, size=(120, 90), camera="follow")
+    bluish = [np.nonzero((np.asarray(img)[..., 2].astype(int) > np.asarray(img)[..., 0].astype(int) + 30).any(0))[0]
+              for img in images]
+    assert all(abs(b.mean() - 60) <= 8 for b in bluish)
+
+
+def test_what_run_policy_returns_renders_as_it_is():
+    sim = creatures.biped()
+    policy = FramePolicy.for_simulator(sim)
+    xs, acts = run_policy(sim, policy, 3)  # (T + 1, 1, N, d), (T, 1, M)
+    assert len(render_rollout(sim, xs, acts, size=(60, 40))) == 4
+    batch_xs, batch_acts = run_policy(sim, policy, 3, batch=3)
+    one = render_rollout(sim, batch_xs, batch_acts, size=(60, 40), creature=2)
+    alone = render_rollout(sim, batch_xs[:, 2], batch_acts[:, 2], size=(60, 40))
+    assert all((np.asarray(a) == np.asarray(b)).all() for a, b in zip(one, alone))
+    with pytest.raises(ValueError, match=r"batch of 3 creatures: pass creature="):
+        render_rollout(sim, batch_xs, batch_acts)
+    with pytest.raises(ValueError, match=r"creature must be an index in \[0, 3\)"):
+        render_rollout(sim, batch_xs, batch_acts, creature=3)
+    with pytest.raises(ValueError, match=r"activations must be \(T or T - 1, B, M\)"):
+        render_rollout(sim, batch_xs, batch_acts[:, 0], creature=0)
+    with pytest.raises(ValueError, match=r"creature=0 picks a creature of a batch, but xs is not one"):
+        render_rollout(sim, batch_xs[:, 0], creature=0)
+
+
+def test_unknown_keywords_and_cameras_are_refused_by_name():
+    sim, xs = _walking_biped(2)
+    with pytest.raises(TypeError, match=r"render_rollout\(\) got an unexpected keyword argument 'zoom'"):
+        render_rollout(sim, xs, zoom=2)
+    with pytest.raises(ValueError, match=r"camera must be 'fit' or 'follow', got 'track'"):
+        render_rollout(sim, xs, camera="track")

@@ -1,0 +1,138 @@
+"""Regenerates every sample-efficiency table and plot that the docs show, from the compact summaries committed
+in ``benchmarks/results/`` (no training: a few seconds).
+
+    .venv/bin/python benchmarks/make_figures.py              # in place, and the headline in benchmarks/README.md
+    .venv/bin/python benchmarks/make_figures.py --out DIR    # the same files under DIR (README.md untouched)
+
+From ``results/sample_efficiency/``:
+
+* every run's ``NAME/summary.json`` (written by ``sample_efficiency.py``) gives ``NAME/results.md``, its table;
+* ``NAME/ppo_seeds_3-5.json``, where there is one, gives ``NAME/results_ppo_six_seeds.md`` (the same table
+  with PPO's extra seeds);
+* the runs of :data:`PLOTS` give ``NAME/sample_efficiency.png``;
+* ``NAME/tuning.json`` gives ``NAME/tuning.md`` (PPO's settings search);
+* the runs of :data:`HEADLINE` give ``headline.md``, the table in the first screen of ``benchmarks/README.md``
+  (between its ``<!-- headline -->`` markers, which the in-place run rewrites).
+
+The speed tables of ``benchmarks/README.md`` are printed by their scripts as shown there, with the command and
+commit beside each; ``results/screens/`` holds the lever screens as recorded (``screen.md``) with every run's
+evaluations (``screen.json``).
+"""
+import argparse
+import glob
+import json
+import os
+
+from sample_efficiency import _median, evaluations, first_reaching, plot, table, tuning_table
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results", "sample_efficiency")
+README = os.path.join(HERE, "README.md")
+PLOTS = ("biped_noise_decay", "algovivo_biped_noise_decay")
+"""The runs whose plots benchmarks/README.md shows (the eighth run's)."""
+HEADLINE = (("procedural biped", "biped_noise_decay"), ("algovivo's biped", "algovivo_biped_noise_decay"))
+"""The headline's runs: the eighth sample-efficiency run, against PPO's three seeds and then its six."""
+MARKERS = ("<!-- headline: written by benchmarks/make_figures.py from results/sample_efficiency -->\n",
+           "<!-- end of headline -->\n")
+
+
+def with_more_ppo_seeds(summary, path):
+    """``summary`` with the PPO runs of the summary at ``path`` added."""
+    more = _load(path)
+    runs = dict(summary["runs"], ppo={**summary["runs"]["ppo"], **more["runs"]["ppo"]})
+    return dict(summary, sources=summary["sources"] + more["sources"], runs=runs)
+
+
+def headline_rows(creature, summary):
+    """One row of the headline: PPO's mean final distance over its seeds, the creature-steps each method needs
+    to reach it (medians over seeds), their ratio, and both methods' final distances (medians)."""
+    finals = {m: [evaluations(r)[-1][2] for r in rs.values()] for m, rs in summary["runs"].items()}
+    target = sum(finals["ppo"]) / len(finals["ppo"])
+    hits = {m: [first_reaching(r, target) for r in rs.values()] for m, rs in summary["runs"].items()}
+    steps = {m: _median([h and h[0] for h in hs]) for m, hs in hits.items()}
+    reached = {m: [h[0] for h in hs if h] for m, hs in hits.items()}
+    cells = {m: f"{'never' if steps[m] is None else f'{steps[m]:,.0f}'} ({len(reached[m])} of {len(hits[m])})"
+             for m in hits}
+    if steps["ppo"] is not None:
+        ratio = f"**{steps['ppo'] / steps['differentiable']:.1f}x**"
+    else:  # PPO's median is never: the median of the PPO seeds that reached bounds it from below
+        ratio = f"**> {_median(reached['ppo']) / steps['differentiable']:.1f}x**"
+    ppo_seeds = sorted(summary["runs"]["ppo"], key=int)
+    return (f"| {creature} | {ppo_seeds[0]}-{ppo_seeds[-1]} | {target:.2f} | {cells['differentiable']} | "
+            f"{cells['ppo']} | {ratio} | {_median(finals['differentiable']):.2f} / {_median(finals['ppo']):.2f} |")
+
+
+def headline(results):
+    rows, sources = [], []
+    for more in (False, True):
+        for creature, name in HEADLINE:
+            summary = _load(os.path.join(results, name, "summary.json"))
+            if more:
+                summary = with_more_ppo_seeds(summary, os.path.join(results, name, "ppo_seeds_3-5.json"))
+            rows.append(headline_rows(creature, summary))
+            sources += [s for s in summary["sources"] if s not in sources]
+    return "\n".join([
+        "| creature | PPO's seeds | PPO's final distance (mean over its seeds) | creature-steps to reach it: "
+        "differentiable (median, 3 seeds) | PPO (median) | PPO / differentiable | distance at 409,600: "
+        "differentiable / PPO (medians) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |", *rows, "",
+        "Runs: " + "; ".join(sources) + "."])
+
+
+def make(out):
+    """Writes every table and plot under ``out`` (a copy of ``results/sample_efficiency``'s layout); returns
+    the paths written."""
+    written = []
+
+    def write(name, text):
+        path = os.path.join(out, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text + "\n")
+        written.append(path)
+
+    for path in sorted(glob.glob(os.path.join(RESULTS, "*", "summary.json"))):
+        name = os.path.basename(os.path.dirname(path))
+        summary = _load(path)
+        write(os.path.join(name, "results.md"), table(summary))
+        more = os.path.join(RESULTS, name, "ppo_seeds_3-5.json")
+        if os.path.exists(more):
+            write(os.path.join(name, "results_ppo_six_seeds.md"), table(with_more_ppo_seeds(summary, more)))
+        if name in PLOTS:
+            os.makedirs(os.path.join(out, name), exist_ok=True)
+            plot(summary, os.path.join(out, name, "sample_efficiency.png"))
+            written.append(os.path.join(out, name, "sample_efficiency.png"))
+    for path in sorted(glob.glob(os.path.join(RESULTS, "*", "tuning.json"))):
+        write(os.path.join(os.path.basename(os.path.dirname(path)), "tuning.md"), tuning_table(_load(path)))
+    write("headline.md", headline(RESULTS))
+    return written
+
+
+def update_readme(text, readme=README):
+    """Puts ``text`` between the headline markers of ``readme``."""
+    with open(readme) as f:
+        doc = f.read()
+    start, end = doc.index(MARKERS[0]) + len(MARKERS[0]), doc.index(MARKERS[1])
+    with open(readme, "w") as f:
+        f.write(doc[:start] + text + "\n" + doc[end:])
+
+
+def _load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=None, help="write here instead of in place (README.md is then left alone)")
+    args = p.parse_args()
+    written = make(args.out or RESULTS)
+    if args.out is None:
+        with open(os.path.join(RESULTS, "headline.md")) as f:
+            update_readme(f.read().rstrip("\n"))
+        written.append(README)
+    print("\n".join(written))
+
+
+if __name__ == "__main__":
+    main()
