@@ -111,7 +111,7 @@ setup(
         "render": render,  # diffsoft.render: PNG frames and GIFs
         "io": io,  # diffsoft.mesh.read, write, write_vtk_series
         "train": train,  # diffsoft-train: progress bars, the learning curve plot, the GIF of the walk
-        "test": ["pytest", "hypothesis"] + sorted(set(render + io + train)),
+        "test": ["pytest", "hypothesis", "sphinx"] + sorted(set(render + io + train)),  # sphinx: the API docs' test
     },
     entry_points={"console_scripts": ["diffsoft-train = diffsoft.cli:main"]},
 )

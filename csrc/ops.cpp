@@ -2,7 +2,9 @@
 // calls, and what torch.compile, FakeTensor and torch.library.opcheck see. Their fake (meta) implementations,
 // which give the outputs' shapes without data, are registered from Python (diffsoft._ops), where torch 2.x
 // wants them. The operators are kernels, with no autograd formula: diffsoft.fused's autograd Functions compose
-// them into the step energy's derivatives of every order the solver and the backward need.
+// them into the step energy's derivatives of every order the solver and the backward need. Asked for a derivative
+// (grad mode on, an input that requires grad), an operator refuses by name rather than return a result that
+// silently carries none.
 //
 // Schemas (B problems, F free vertices, N vertices, E elements, M muscles, d = 2 or 3; see model.h):
 //   model: Tensor?[] in kKernelModelFields' order; material: 0 algovivo, 1 neo_hookean, 2 stable_neo_hookean.
@@ -16,6 +18,9 @@
 //                            StepParam's order, each shaped like the parameter with a leading B
 #include "ops.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <torch/library.h>
 
 #include <stdexcept>
@@ -109,6 +114,28 @@ std::vector<Tensor> step_energy_param_grads(const ModelTensors& model, int64_t m
   });
 }
 
+bool requires_grad(const c10::IValue& v) {
+  if (v.isTensor()) return v.toTensor().requires_grad();
+  if (v.isList())
+    for (const c10::IValue& item : v.toListRef())
+      if (requires_grad(item)) return true;
+  return false;
+}
+
+// Every operator's Autograd kernel: the CPU kernel below autograd, unless a derivative is asked for.
+void without_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (at::GradMode::is_enabled())
+    for (const c10::IValue& v : torch::jit::last(*stack, op.schema().arguments().size()))
+      TORCH_CHECK(!requires_grad(v), op.schema().name(), " is a kernel without derivatives of its own: ",
+                  "differentiate diffsoft.fused.step_energy (its autograd Functions compose these kernels), or ",
+                  "call it on detached tensors or under torch.no_grad()");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  op.callBoxed(stack);
+}
+
+constexpr const char* kOperators[] = {"step_energy", "step_energy_derivatives", "step_energy_hvp",
+                                      "step_energy_param_grads"};
+
 }  // namespace
 
 TORCH_LIBRARY(diffsoft, m) {
@@ -127,4 +154,8 @@ TORCH_LIBRARY_IMPL(diffsoft, CPU, m) {
   m.impl("step_energy_derivatives", &step_energy_derivatives);
   m.impl("step_energy_hvp", &step_energy_hvp);
   m.impl("step_energy_param_grads", &step_energy_param_grads);
+}
+
+TORCH_LIBRARY_IMPL(diffsoft, Autograd, m) {
+  for (const char* name : kOperators) m.impl(name, torch::CppFunction::makeFromBoxedFunction<&without_autograd>());
 }

@@ -43,3 +43,12 @@ def register_fake(name):
         if hasattr(torch.library, api):
             return getattr(torch.library, api)(name)
     return lambda fn: fn
+
+
+def eager_under_compile(fn):
+    """``fn`` run eagerly where ``torch.compile`` meets it: a graph break at its call (``torch.compiler.disable``,
+    torch 2.1+; torch 1.13 has no ``torch.compile``). For the solves: Newton's loop has data-dependent iteration
+    counts and convergence tests, and the C++ solver calls back into Python energies, none of which Dynamo can
+    trace; what runs around them (a policy, a loss) still compiles."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return fn if disable is None else disable(fn)

@@ -5,10 +5,11 @@ import warnings
 import torch
 
 from ._checks import is_finite_real
-from ._compat import batched_vjp
+from ._compat import batched_vjp, eager_under_compile
 from ._extension import ConvergenceError, SolveInfo, SolverOptions, _C
 
 
+@eager_under_compile
 def minimize(
     energy,
     x0,

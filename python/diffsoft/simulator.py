@@ -17,6 +17,7 @@ import numbers
 import torch
 
 from ._checks import is_finite_real
+from ._compat import eager_under_compile
 from ._extension import _C
 from ._minimize import minimize
 from .energies import (determinant, elastic_energy, gravity_energy, ground_contact_energy, muscle_energy,
@@ -265,6 +266,7 @@ class Simulator:
         x = self.body.rest_positions.detach().clone()
         return x, torch.zeros_like(x)
 
+    @eager_under_compile
     def step(self, x0, v0, activation=None, return_info=False):
         """One backward-Euler step.
 

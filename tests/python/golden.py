@@ -2,9 +2,14 @@
 torch diffsoft is tested with (``test_golden.py``), so that a torch upgrade that changes diffsoft's numbers is
 caught: the step's arithmetic is our own kernels', and the results should not depend on the torch version.
 
-Each case runs a few steps of a creature (or one ``minimize``) at tight tolerances, so that the results are
-the solutions' and not the solver's path (a Newton iteration more or less moves them by about ``rtol``), and
-returns named float64 tensors: the trajectory, and the gradient of a fixed loss with respect to the inputs.
+Each case runs a few steps of a creature (or one ``minimize``) at tight tolerances (no ``atol``, ``rtol`` near
+round-off), so that the results are the solutions' and not the solver's path: torch's own ops may sum in
+another order in another version, and where the solver's iterates use them (``fused=False``, the torch backend)
+its path differs, while a Newton iteration more or less moves a loosely converged result by about the
+tolerance. Each returns named float64 tensors: the trajectory, and the gradient of a fixed loss with respect to
+the inputs. The torch backend has no case: its Newton iterates run on torch's own linear algebra (MKL in pip's
+torch, OpenBLAS in Debian's) and its line search stalls near 1e-8 of the first gradient on torch 2.15, so its
+results agree across torch versions only to its tolerance; the suite checks it against the C++ backend instead.
 
 Regenerate (only when a change to diffsoft's numbers is intended, and say why in the commit):
 ``.venv/bin/python tests/python/golden.py``.
@@ -18,14 +23,14 @@ import torch
 import diffsoft
 
 PATH = Path(__file__).with_name("golden.json")
-TIGHT = dict(rtol=1e-12, backward_rtol=1e-12, on_failure="raise")
+TIGHT = dict(rtol=1e-13, atol=0.0, backward_rtol=1e-12, on_failure="raise")
 F64 = torch.float64
 
 
-def _rollout_case(sim, steps, backend="auto", fused=True):
+def _rollout_case(sim, steps, fused=True):
     """``steps`` steps from rest under fixed activations; the loss is a weighted sum of the final positions and
     velocities, differentiated with respect to the activations, the Lame parameters and the time step."""
-    sim.fused, sim.backend = fused, backend
+    sim.fused = fused
     sim.solver_options.update(TIGHT)
     body = sim.body
     gen = torch.Generator().manual_seed(0)
@@ -48,10 +53,6 @@ def _rollout_case(sim, steps, backend="auto", fused=True):
 
 def _biped():
     return _rollout_case(diffsoft.creatures.biped(dtype=F64), steps=8)
-
-
-def _biped_torch_backend():
-    return _rollout_case(diffsoft.creatures.biped(dtype=F64), steps=8, backend="torch")
 
 
 def _biped_double_backward():
@@ -78,8 +79,7 @@ def _minimize():
     return {"x_star": x.detach(), "d_loss/d_k": g_k, "d_loss/d_b": g_b}
 
 
-CASES = {"biped": _biped, "biped_torch_backend": _biped_torch_backend,
-         "biped_double_backward": _biped_double_backward, "tetrapod": _tetrapod, "minimize": _minimize}
+CASES = {"biped": _biped, "biped_double_backward": _biped_double_backward, "tetrapod": _tetrapod, "minimize": _minimize}
 
 
 def write():
