@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.utils
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
 root = Path(__file__).parent.resolve()
@@ -91,6 +92,15 @@ class BuildWithCore(BuildExtension):
                 f'TORCH_VERSION = "{torch.__version__}"\n')
 
 
+class FreshBuildPy(build_py):
+    """setuptools' build_py, into an emptied package folder: the build folder outlives builds, and a module since
+    removed from the source would otherwise still ship in the next wheel."""
+
+    def run(self):
+        shutil.rmtree(Path(self.build_lib) / "diffsoft", ignore_errors=True)
+        super().run()
+
+
 sources = ["csrc/bindings.cpp", "csrc/ops.cpp"]
 
 render = ["pillow"]
@@ -103,7 +113,7 @@ setup(
     package_dir={"": "python"},
     packages=find_packages("python"),
     ext_modules=[CppExtension("diffsoft._C", sources, include_dirs=[str(root / "csrc")])],
-    cmdclass={"build_ext": BuildWithCore},
+    cmdclass={"build_py": FreshBuildPy, "build_ext": BuildWithCore},
     options={"build": {"build_base": str(BUILD_DIR)}},
     python_requires=">=3.8",
     install_requires=["torch>=1.13.0a0", "numpy"],
