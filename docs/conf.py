@@ -15,6 +15,8 @@ exclude_patterns = ["_build"]
 autodoc_member_order = "bysource"
 autodoc_default_options = {"members": True, "show-inheritance": True}
 autodoc_typehints = "none"
+# Our own docstrings only: torch 2.x's autograd.Function.forward, which ours override, cites torch's own labels.
+autodoc_inherit_docstrings = False
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_ivar = True  # Attributes sections as fields: no second description of a dataclass's fields

@@ -1,6 +1,8 @@
 """The torch-version-specific calls of the Python package, in one place (the C++ side keeps its own in
 ``csrc/bindings.cpp``)."""
+import functools
 import re
+import sys
 
 import torch
 
@@ -49,6 +51,16 @@ def eager_under_compile(fn):
     """``fn`` run eagerly where ``torch.compile`` meets it: a graph break at its call (``torch.compiler.disable``,
     torch 2.1+; torch 1.13 has no ``torch.compile``). For the solves: Newton's loop has data-dependent iteration
     counts and convergence tests, and the C++ solver calls back into Python energies, none of which Dynamo can
-    trace; what runs around them (a policy, a loss) still compiles."""
-    disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    return fn if disable is None else disable(fn)
+    trace; what runs around them (a policy, a loss) still compiles. Dynamo is imported only once something has
+    imported it (``torch.compile`` does): importing it costs seconds that ``import diffsoft`` should not pay."""
+    eager = []
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if "torch._dynamo" not in sys.modules:
+            return fn(*args, **kwargs)
+        if not eager:
+            eager.append(torch.compiler.disable(fn))
+        return eager[0](*args, **kwargs)
+
+    return run

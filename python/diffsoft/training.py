@@ -52,6 +52,7 @@ import copy
 import dataclasses
 import json
 import os
+import re
 import time
 import warnings
 
@@ -545,11 +546,13 @@ def _load_checkpoint(path, cfg):
     try:
         ckpt = load_checkpoint(path)
     except Exception as e:  # noqa: BLE001 - truncated, garbage or foreign files fail in many ways
-        if "Weights only load failed" in str(e):  # torch >= 2.4: a readable file holding a foreign object
-            raise ValueError(f"{path} holds objects other than tensors, numbers and containers, which torch "
-                             f"refuses to unpickle by default: not a checkpoint diffsoft wrote ({e})") from None
-        raise ValueError(f"{path} is corrupt or not a diffsoft checkpoint ({type(e).__name__}: {e}); delete it to "
-                         f"start over, or resume from a copy of the run") from None
+        # torch >= 2.4 loads tensors, numbers and containers only: garbage and foreign objects alike fail there
+        # with "Weights only load failed", a page of advice (to load it unsafely) around one line of reason.
+        reason = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))
+        detail = reason.group(1).strip() if reason else " ".join(str(e).split())
+        raise ValueError(f"{path} is corrupt or not a diffsoft checkpoint, which holds only tensors, numbers and "
+                         f"containers ({type(e).__name__}: {detail}); delete it to start over, or resume from a "
+                         f"copy of the run") from None
     if not isinstance(ckpt, dict) or "version" not in ckpt:
         raise ValueError(f"{path} is not a diffsoft checkpoint (no version); delete it to start over")
     if ckpt.get("version") != 2:
