@@ -67,7 +67,7 @@ TEST_F(Core, ConjugateGradientSolvesSpdRowsToTheirTolerances) {
   Tensor resid = b - apply(r.x);
   EXPECT_LE(resid[0].norm().item<double>(), 1.01 * tol[0].item<double>() + 1e-12);
   EXPECT_LE(resid[1].norm().item<double>(), 1.01 * tol[1].item<double>() + 1e-12);
-  EXPECT_TRUE(torch::allclose(r.x[0], torch::linalg::solve(a1, b[0], true), 1e-8, 1e-10));
+  EXPECT_TRUE(torch::allclose(r.x[0], at::linalg_solve(a1, b[0], /*left=*/true), 1e-8, 1e-10));
 }
 
 TEST_F(Core, RowNormsAndConjugateGradientAreScaleSafe) {
@@ -85,7 +85,7 @@ TEST_F(Core, RowNormsAndConjugateGradientAreScaleSafe) {
   auto apply = [&](const Tensor& v) { return (1e-300 * m).mm(v.t()).t(); };
   auto r = diffsoft::conjugate_gradient(apply, 1e-300 * c, torch::full({1}, 1e-10, f64), 10 * n, false);
   ASSERT_TRUE(r.converged);
-  EXPECT_TRUE(torch::allclose(r.x[0], torch::linalg::solve(m, c[0], true), 1e-8, 1e-10));
+  EXPECT_TRUE(torch::allclose(r.x[0], at::linalg_solve(m, c[0], /*left=*/true), 1e-8, 1e-10));
   EXPECT_LE(r.residual[0].item<double>(), 1e-10);
 }
 
@@ -167,7 +167,7 @@ TEST_F(Core, ImplicitBackwardOfAQuadraticIsTheLinearSolve) {
   opt.rtol = 1e-13;
   Tensor x = diffsoft::implicit_minimize(quadratic, torch::zeros({n}, f64), {a, b}, opt);
   auto g = torch::autograd::grad({x.dot(w)}, {b})[0];
-  EXPECT_TRUE(torch::allclose(g, torch::linalg::solve(a, w, true), 1e-9, 1e-11));
+  EXPECT_TRUE(torch::allclose(g, at::linalg_solve(a, w, /*left=*/true), 1e-9, 1e-11));
 }
 
 TEST_F(Core, BadInputThrowsInvalidArgument) {
