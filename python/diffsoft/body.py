@@ -11,6 +11,7 @@ from .energies import MATERIALS, determinant
 _PER = {"mu": "element", "lam": "element", "muscle_stiffness": "muscle", "mass": "vertex", "Dm_inv": "element",
         "muscle_rest_length": "muscle"}
 _SCALAR_OK = ("mu", "lam", "muscle_stiffness")
+_POSITIVE = ("mu", "muscle_stiffness", "mass", "muscle_rest_length")
 # Every tensor a simulator reads from the body at each step: checked when assigned, and by check() again at the
 # first step after it was changed in place (an optimizer's step, an edit).
 _WATCHED = ("rest_positions", "elements", "muscles") + tuple(_PER)
@@ -150,8 +151,8 @@ class SoftBody:
                 fields = tuple(f for f, srcs in origin.items() if name in srcs)
                 if fields:
                     self._sources.append((name, value, stamp(value), fields, made))
-        self._check_between()
-        self._between_checked = True
+        self._check_between(_WATCHED)
+        self._pending = set()  # fields assigned since the constraints between fields were last checked
         self._checked = {name: (getattr(self, name), stamp(getattr(self, name))) for name in _WATCHED}
 
     # --- fields ------------------------------------------------------------------------------------------------
@@ -251,7 +252,7 @@ class SoftBody:
         converted from was changed in place since (the field does not follow it). Called by
         :class:`~diffsoft.simulator.Simulator` at every step: with nothing changed it compares version
         counters."""
-        changed = False
+        changed = self._pending
         for name in _WATCHED:
             t, seen = self._checked[name]
             now = getattr(self, name)
@@ -263,7 +264,7 @@ class SoftBody:
                                  "SoftBody from the new positions (or assign Dm_inv for the rest shapes alone)")
             self._check_field(name, now, f"body.{name}")
             self._checked[name] = (now, stamp(now))
-            changed = True
+            changed.add(name)
         for name, t, seen, fields, made in self._sources:
             if stamp(t) == seen:
                 continue
@@ -274,9 +275,9 @@ class SoftBody:
                                  f"from it then and {'does' if len(stale) == 1 else 'do'} not follow: build a new "
                                  f"SoftBody (or call SoftBody.to again) from it, whose gradients flow, or assign "
                                  f"the field(s)")
-        if changed or not self._between_checked:
-            self._check_between()
-            self._between_checked = True
+        if changed:
+            self._check_between(changed)
+            self._pending = set()
 
     def structure(self):
         """What a simulator's step topology is built from (elements, muscles, free vertices, material), as a
@@ -321,7 +322,7 @@ class SoftBody:
             return self
         out = object.__new__(SoftBody)
         out.__dict__.update(self.__dict__)
-        out._dtype, out._device, out._free_of = dtype, device, None
+        out._dtype, out._device, out._free_of, out._pending = dtype, device, None, set()
         originals = {name: getattr(self, name) for name in _WATCHED + ("fixed",)}
         for name, t in originals.items():
             setattr(out, "_" + name, t.to(device=device, dtype=dtype if t.is_floating_point() else None))
@@ -374,7 +375,7 @@ class SoftBody:
         setattr(self, "_" + name, t)
         if self._checked is not None:  # after construction (the constructor records its fields at its end)
             self._checked[name] = (t, stamp(t))
-            self._between_checked = False  # the constraints between fields: at the next check
+            self._pending.add(name)  # the constraints between fields: at the next check
 
     def _rows(self, name):
         """``(count, what)``: how many values the field ``name`` holds, one per what."""
@@ -411,6 +412,8 @@ class SoftBody:
             raise ValueError(f"{label} has shape {shape}, but the body has {count} {what}s: it must be {core}{one}, "
                              f"or (B, {', '.join(map(str, core))}) with one row per creature of a batch")
         v = t.detach()
+        if name in _POSITIVE and bool((torch.isfinite(v) & (v >= self._tiny)).all()):
+            return  # the common case in one reduction (a step re-checks a field an optimizer moved)
         if not bool(torch.isfinite(v).all()):
             raise ValueError(f"{label} has non-finite entries in {self._dtype}: {v[~torch.isfinite(v)][0].item()!r}")
         if name == "Dm_inv":
@@ -439,11 +442,14 @@ class SoftBody:
                              f"its rest shape Dm_inv (det F = {J[tuple(bad[0])].item():.3g}, {label}); {len(bad)} such "
                              f"element(s)")
 
-    def _check_between(self):
-        """The constraints between fields: a positive bulk modulus, one rest length and stiffness per muscle."""
+    def _check_between(self, names):
+        """The constraints between fields that involve one of ``names``: a positive bulk modulus, one rest length
+        and stiffness per muscle."""
         mu, lam = self.mu.detach(), self.lam.detach()
-        if mu.dim() < 2 or lam.dim() < 2 or mu.shape[0] == lam.shape[0]:  # else two batches: the step names them
-            # Positive bulk modulus, lam + 2 mu / d > 0: the Poisson-ratio bound -1 < nu for the Lame form.
+        # With lam >= 0 (every material but stable_neo_hookean: their own checks) and mu > 0 the bulk modulus is.
+        bulk_needs_check = self.material == "stable_neo_hookean" and {"mu", "lam"} & set(names)
+        if bulk_needs_check and (mu.dim() < 2 or lam.dim() < 2 or mu.shape[0] == lam.shape[0]):  # else two batches:
+            # the step names them. Positive bulk modulus, lam + 2 mu / d > 0: the bound -1 < nu for the Lame form.
             bulk = lam + 2 * mu / self.dim
             _require(bulk > 0, "lam", "element", f"must exceed -2 mu / {self.dim} (a positive bulk modulus)",
                      lam.expand_as(bulk))
@@ -616,6 +622,8 @@ def _indices(name, value, n, width, device):
 def _require(ok, name, what, rule, values):
     """A ValueError naming ``name``, the first item (``what`` i, or of creature b in a batch) where ``ok`` is
     False, and its value."""
+    if bool(ok.all()):
+        return
     bad = torch.nonzero(~ok)
     if len(bad):
         where = tuple(bad[0].tolist())

@@ -118,8 +118,8 @@ class Simulator:
     in-place change: one stepped out of its range raises there. A number stays a number for ``dt``,
     ``ground`` and ``friction_eps``, and becomes a 0-dim tensor of the body's dtype for ``gravity``,
     ``contact_stiffness`` and ``friction``. Left at their defaults (None), ``contact_stiffness`` and
-    ``friction`` follow the body's masses (and carry their gradients). Every floating field of ``body`` may likewise require grad, and take a
-    leading batch dimension (see :meth:`step`). Whether there is a ground at all (``ground=None``) is not
+    ``friction`` follow the body's masses (and carry their gradients). Every floating field of ``body`` may
+    likewise require grad, and take a leading batch dimension (see :meth:`step`). Whether there is a ground at all (``ground=None``) is not
     differentiable.
     """
 

@@ -207,13 +207,16 @@ TEST_F(Core, NonConvergenceIsReportedOrThrown) {
 
 namespace {
 
-// Collects the warnings raised on this thread (the autograd engine replays a backward's warnings here).
+// Collects the warnings raised on this thread (the autograd engine replays a backward's warnings here). The
+// handler's interface moved in torch 2.
 struct CapturedWarnings : c10::WarningHandler {
   std::vector<std::string> messages;
 #if TORCH_VERSION_MAJOR >= 2
   void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+  using Guard = c10::WarningUtils::WarningHandlerGuard;
 #else
   void process(const c10::SourceLocation&, const std::string& msg, const bool) override { messages.push_back(msg); }
+  using Guard = c10::Warning::WarningHandlerGuard;
 #endif
 };
 
@@ -237,7 +240,7 @@ TEST_F(Core, GradientAtAnUnconvergedSolveIsReportedByTheBackward) {
   opt.max_iter = 1;
   auto info = std::make_shared<diffsoft::SolveInfo>();
   CapturedWarnings warnings;
-  c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+  CapturedWarnings::Guard guard(&warnings);
   Tensor x = diffsoft::implicit_minimize(per_problem, x0, {k, b}, opt, info);
   ASSERT_FALSE(info->converged);
   ASSERT_EQ(info->problem_converged, (std::vector<bool>{true, false}));

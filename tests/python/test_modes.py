@@ -192,3 +192,24 @@ def test_a_step_result_can_be_changed_in_place(problem):
     x += 1.0
     (g,) = torch.autograd.grad((x * x).sum(), p)
     assert torch.isfinite(g).all()
+
+
+def test_a_gradient_at_an_unconverged_solve_is_reported_by_the_backward(problem):
+    """Newton stopped short (the forward warned): the backward's gradient is the derivative of an equation that
+    does not hold there, and it says so, naming the problem, on every path; a converged solve's does not."""
+    p = problem.p0.clone().requires_grad_()
+    options = dict(max_iter=1, on_failure="warn")
+    if problem.sim is None:
+        x0 = torch.full_like(problem.x0, 30.0)
+        with pytest.warns(RuntimeWarning, match="did not converge"):
+            x, info = diffsoft.minimize(_quartic, x0, p, torch.ones(4, dtype=F64), return_info=True, **options)
+    else:
+        problem.sim.solver_options.update(options)
+        problem.sim.body.mu = p
+        with pytest.warns(RuntimeWarning, match="did not converge"):
+            x, _, info = problem.sim.step(problem.x0, problem.v0 + 3.0, return_info=True)
+    with pytest.warns((UserWarning, RuntimeWarning), match=r"implicit gradient at an unconverged solve: the forward "
+                                                          r"solve did not converge for problem\(s\) 0"):
+        torch.autograd.grad(x.sum(), p)
+    assert info.backward_ran and not info.backward_converged
+    assert "the implicit gradient assumes grad E(x*) = 0" in info.backward_message
