@@ -36,10 +36,19 @@ _FRICTION_PER_MASS = 300.0 / ALGOVIVO_VERTEX_MASS
 _MIN_ACTIVATION = 1e-6
 
 
-@functools.lru_cache(maxsize=64)
 def _constant(value, dtype, device):
     """A number as a 0-dim tensor, made once (a step's constants given as numbers, read at every step), and
-    outside inference mode: a tensor made inside it could not enter autograd after the block."""
+    outside inference mode: a tensor made inside it could not enter autograd after the block. The step's
+    parameters (:meth:`Simulator.step_problem`) hand it out: one changed in place is made anew."""
+    t = _cached_constant(value, dtype, device)
+    if t._version:
+        _cached_constant.cache_clear()
+        t = _cached_constant(value, dtype, device)
+    return t
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_constant(value, dtype, device):
     with torch.inference_mode(False):
         return torch.tensor(value, dtype=dtype, device=device)
 
@@ -66,7 +75,10 @@ class Simulator:
             where ``grad E`` is the force residual (see the module docstring). ``rtol=None``: the solver's
             default (1e-8 in float64, 1e-4 in float32); ``atol=None``: 1e-8 (float64) or 1e-5 (float32)
             times the body's force scale (its weight plus the elastic force that stretches every element by
-            100%). Round-off bounds what is reachable: the line search needs energy decreases it can resolve,
+            100%), kept in ``solver_options["atol"]`` and computed again at the first step after the body's
+            masses, Lame parameters, rest shapes or material, or gravity, changed (unless
+            ``solver_options["atol"]`` was set to another value; set it to None for the default again). Round-off
+            bounds what is reachable: the line search needs energy decreases it can resolve,
             which for stiff bodies stops near ``sqrt(eps * stiffness * |energy terms|)``, well above ``eps``.
         fused: use the fused step energy (:mod:`diffsoft.fused`: closed-form gradient, Hessian-vector products
             from per-element blocks) instead of double backward through the plain-torch energy; the same
@@ -139,12 +151,12 @@ class Simulator:
             raise ValueError(f"reuse_factor must be None (default), True or False, got {reuse_factor!r}")
         self.gravity = gravity
         self.contact_stiffness, self.friction = contact_stiffness, friction
-        if atol is None:
-            atol = (1e-8 if body.dtype == torch.float64 else 1e-5) * self._force_scale()
+        self._default_atol = None  # (value, what it was computed from) while atol is the default
         self.solver_options = dict(rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol,
                                    cg_max_iter=cg_max_iter, backward_rtol=backward_rtol,
                                    backward_max_iter=backward_max_iter, on_failure=on_failure,
                                    keep_factor=keep_factors, reuse_factor=reuse_factor)
+        self._refresh_default_atol()
         self._topology = None
 
     @property
@@ -174,6 +186,21 @@ class Simulator:
         if self.solver != "auto":
             return self.solver == "direct"
         return _HAS_CHOLMOD or self.body.dim == 2 or len(self.body.free) * self.body.dim <= 5000
+
+    def _refresh_default_atol(self):
+        """The default atol (``solver_options["atol"]`` None, or still the default it was given) follows the body:
+        computed again when what it was computed from (the masses, Lame parameters, rest shapes, material,
+        gravity, the dtype) changed. A value the user set is kept."""
+        atol, default = self.solver_options["atol"], self._default_atol
+        if atol is not None and (default is None or atol != default[0]):
+            self._default_atol = None  # the user's own
+            return
+        b = self.body
+        source = (b.material,) + tuple((id(t), stamp(t)) for t in (b.mass, b.mu, b.Dm_inv, self._gravity))
+        if atol is not None and default[1] == source:
+            return
+        atol = (1e-8 if b.dtype == torch.float64 else 1e-5) * self._force_scale()
+        self.solver_options["atol"], self._default_atol = atol, (atol, source)
 
     def _force_scale(self):
         """The body's weight plus the elastic force that would stretch every element by 100%: round-off in
@@ -233,8 +260,9 @@ class Simulator:
         body (:meth:`SoftBody.to <diffsoft.body.SoftBody.to>`) and constant tensors are ``t.to(...)`` of this
         one's: differentiable functions of them, so that gradients flow back to this simulator's tensors, with
         storage of their own. The copy does not follow later in-place changes of this one's tensors: its next
-        step raises, naming them (call ``to`` again). Solver options, the backend and the default atol are kept
-        (with ``backend="auto"`` the copy's steps take the torch backend off the CPU). As ``torch.Tensor.to``, a
+        step raises, naming them (call ``to`` again). Solver options and the backend are kept (with
+        ``backend="auto"`` the copy's steps take the torch backend off the CPU); a default atol is the new
+        dtype's default. As ``torch.Tensor.to``, a
         device may come first: ``sim.to("cuda")``."""
         if isinstance(dtype, (str, torch.device)):
             dtype, device = device, dtype
@@ -515,6 +543,7 @@ class Simulator:
         body = self.body
         body.check()
         self._check_constants()
+        self._refresh_default_atol()
         top = self.topology
         constants = {name: c.to(dtype=body.dtype, device=body.device) if isinstance(c, torch.Tensor) else
                      _constant(0.0 if c is None else c, body.dtype, body.device)

@@ -280,3 +280,36 @@ def test_creatures_keep_working_across_to_and_back():
     back = sim.to(F32).to(F64)
     assert back is not sim
     torch.testing.assert_close(_step(back), _step(sim), rtol=1e-5, atol=1e-6)
+
+
+def test_the_step_problems_constants_changed_in_place_do_not_leak_into_later_steps():
+    """``step_problem`` hands out the step's parameters; a number's tensor is cached for every step: one changed
+    in place by a caller is made anew, not used by the next step."""
+    sim = small_sim()
+    before = _step(sim)
+    x, v = sim.rest_state
+    params, _ = sim.step_problem(x, v, torch.full((2,), 0.8, dtype=F64))
+    params.friction_eps.add_(1.0)  # a number's tensor (friction_eps is given as a number)
+    torch.testing.assert_close(_step(sim), before, rtol=0, atol=0)
+
+
+def test_the_default_atol_follows_the_body():
+    """The default tolerance is a force scale of the body: made 1000x stiffer (or another material), the body's
+    steps are judged by its own scale, as a fresh simulator's are; an atol the user set is kept."""
+    sim = small_sim(atol=None)
+    first = sim.solver_options["atol"]
+    sim.body.mu, sim.body.lam = sim.body.mu * 1000, sim.body.lam * 1000
+    _step(sim)
+    fresh = Simulator(sim.body, dt=0.02, rtol=sim.solver_options["rtol"])
+    assert sim.solver_options["atol"] == fresh.solver_options["atol"] > 100 * first
+    sim.solver_options["atol"] = 1e-3
+    sim.body.material = "stable_neo_hookean"
+    _step(sim)
+    assert sim.solver_options["atol"] == 1e-3
+    sim.solver_options["atol"] = None  # the default again
+    _step(sim)
+    assert sim.solver_options["atol"] == Simulator(sim.body, dt=0.02).solver_options["atol"]
+    small = sim.to(F32)  # a default atol becomes the new dtype's default
+    small.step_problem(*small.rest_state, torch.full((2,), 0.8, dtype=F32))
+    assert small.solver_options["atol"] == pytest.approx(Simulator(small.body, dt=0.02).solver_options["atol"])
+    assert small.solver_options["atol"] > 100 * sim.solver_options["atol"]
