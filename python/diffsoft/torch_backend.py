@@ -397,17 +397,17 @@ def _adjoint(y, top, hess, dl_dy, o, info, kept):
                                  f"backward_rtol = {o.backward_rtol:g} after {how} for problem(s) {_names(slow)}")
     else:
         info.backward_message = "converged"
-    what = "adjoint solve failed"
+    failure = "adjoint solve failed"
     if unsolved:  # the adjoint's own outcome follows, as the C++ backward words it
-        what = "implicit gradient at an unconverged solve"
+        failure = "implicit gradient at an unconverged solve"
         info.backward_message = f"{unsolved_message(_names(unsolved), info.message)}; the adjoint solve: " \
                                 f"{info.backward_message}"
     if not info.backward_converged:
         if o.on_failure == "raise":
-            error = ConvergenceError(f"{what}: {info.backward_message}")
+            error = ConvergenceError(f"{failure}: {info.backward_message}")
             error.info = info
             raise error
-        warnings.warn(f"diffsoft (torch backend): {what}: {info.backward_message}", RuntimeWarning)
+        warnings.warn(f"diffsoft (torch backend): {failure}: {info.backward_message}", RuntimeWarning)
     return (lam.to(y.dtype) * scale).view(b, f, d)
 
 
