@@ -531,9 +531,10 @@ def _load_checkpoint(path, cfg, sim):
     try:
         ckpt = load_checkpoint(path)
     except Exception as e:  # noqa: BLE001 - truncated, garbage or foreign files fail in many ways
-        if "Weights only load failed" in str(e):  # torch >= 2.4: a readable file holding a foreign object
-            raise ValueError(f"{path} holds objects other than tensors, numbers and containers, which torch "
-                             f"refuses to unpickle by default: not a checkpoint diffsoft wrote ({e})") from None
+        if "Weights only load failed" in str(e):  # torch >= 2.4: garbage, or a file holding a foreign object
+            raise ValueError(f"{path} is corrupt or not a diffsoft checkpoint: torch's loader refuses it (it reads "
+                             f"tensors, numbers and containers only): {' '.join(str(e).split())}; delete it to start "
+                             f"over, or resume from a copy of the run") from None
         raise ValueError(f"{path} is corrupt or not a diffsoft checkpoint ({type(e).__name__}: {e}); delete it to "
                          f"start over, or resume from a copy of the run") from None
     if not isinstance(ckpt, dict) or "version" not in ckpt:

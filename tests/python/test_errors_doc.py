@@ -416,7 +416,7 @@ TRIGGERS = [
      lambda tmp: render.render_frame(_sim(), _sim().rest_state[0], torch.ones(5))),
     ("ValueError: x has shape S, but this policy observes (B, N, d): ... A policy belongs to the creature it was made "
      "for ...", lambda tmp: policy.FramePolicy(4, 2, 2, 0, 1)(torch.zeros(1, 8, 2), torch.zeros(1, 8, 2))),
-    ("ValueError: PATH is corrupt or not a diffsoft checkpoint (...); delete it to start over, or resume from a copy of "
+    ("ValueError: PATH is corrupt or not a diffsoft checkpoint...; delete it to start over, or resume from a copy of "
      "the run", lambda tmp: _corrupt_checkpoint(tmp)),
     ("ValueError: PATH lacks key 'pool': an incomplete or hand-edited checkpoint (diffsoft writes ...); delete it to "
      "start over, or resume from a copy of the run", lambda tmp: _checkpoint(tmp, lambda c: c.pop("pool"))),
