@@ -21,6 +21,24 @@ struct Problem : torch::CustomClassHolder {
   RaiseFn raise_backward;
 };
 
+// The problems whose forward solve did not converge and whose gradient is asked for (a nonzero row of
+// dL/dx*: a problem a loss leaves out, such as a failed creature a trainer skips, gets no gradient to doubt), as
+// "0, 3, 7" (the first ten, then "and K more"); empty if none. The Python backends name problems alike.
+std::string unsolved_problems(const SolveInfo& info, const torch::Tensor& dl_dx) {
+  if (info.converged) return "";
+  torch::Tensor used = (dl_dx.abs().amax(1) > 0).cpu();
+  const bool* asked = used.data_ptr<bool>();
+  std::vector<size_t> rows;
+  for (size_t i = 0; i < static_cast<size_t>(used.size(0)); ++i) {
+    const bool converged = i < info.problem_converged.size() && info.problem_converged[i];
+    if (!converged && asked[i]) rows.push_back(i);
+  }
+  std::ostringstream out;
+  for (size_t k = 0; k < rows.size() && k < 10; ++k) out << (k ? ", " : "") << rows[k];
+  if (rows.size() > 10) out << " and " << rows.size() - 10 << " more";
+  return out.str();
+}
+
 class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, c10::intrusive_ptr<Problem> problem,
@@ -33,7 +51,9 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
     ctx->saved_data["problem"] = c10::IValue::make_capsule(problem);
     ps.push_back(x_star);
     ctx->save_for_backward(ps);
-    return x_star;
+    // The caller's to change in place (x1 += 1 on a step's result): a tensor of its own, neither a view (autograd
+    // forbids in-place changes of views made inside a Function) nor the x* the backward keeps.
+    return x_star.clone();
   }
 
   // At the solution, grad_x E(x*(theta), theta) = 0 for all theta. Differentiating this identity:
@@ -49,11 +69,20 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
                                                  torch::autograd::variable_list grad_outputs) {
     // The engine runs a backward in grad mode exactly when create_graph=True. This backward's gradients carry
     // no graph (the adjoint solve is not differentiated), so a second derivative through it would be silently
-    // wrong: refused.
+    // wrong: refused. Batched gradients (vmap over the backward: is_grads_batched, jacobian(vectorize=True))
+    // hold no storage, which the solvers read: refused too. Both messages are the Python backends' as well
+    // (diffsoft/_minimize.py).
     if (torch::GradMode::is_enabled()) {
       throw std::runtime_error(
-          "diffsoft.minimize's backward is first order only: create_graph=True (and so higher-order gradients, "
-          "gradgradcheck, Hessians) through minimize is not supported");
+          "diffsoft's implicit backward (diffsoft.minimize, Simulator.step) is first order only: create_graph=True "
+          "(and so higher-order gradients, gradgradcheck, Hessians) is not supported; differentiate once, with "
+          "create_graph=False");
+    }
+    if (!grad_outputs[0].has_storage()) {
+      throw std::runtime_error(
+          "diffsoft's implicit backward takes one gradient at a time: batched gradients (torch.autograd.grad(..., "
+          "is_grads_batched=True), torch.autograd.functional.jacobian(vectorize=True)) are not supported; take them "
+          "one by one (is_grads_batched=False, jacobian(vectorize=False))");
     }
     PhaseTimer timer(Phase::adjoint);
     auto problem = ctx->saved_data["problem"].toCapsule();
@@ -109,8 +138,16 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
     info.backward_cg_iterations = cg.iterations;
     info.backward_direct = direct_rows.all().item<bool>();
     info.backward_residual = cg.residual.max().item<double>();
-    info.backward_converged = cg.converged;
+    // A gradient taken where the forward stopped short is the derivative of an equation that does not hold
+    // there (grad E(x) != 0): the forward's failure is the backward's too.
+    const std::string unsolved = unsolved_problems(info, dl_dx);
+    info.backward_converged = cg.converged && unsolved.empty();
     std::ostringstream msg;
+    if (!unsolved.empty()) {
+      msg << "the forward solve did not converge for problem(s) " << unsolved << " (" << info.message
+          << "): the implicit gradient assumes grad E(x*) = 0, which does not hold there, and is unreliable; the "
+             "adjoint solve: ";
+    }
     if (cg.negative_curvature) {
       msg << "the Hessian at x* is not positive definite (x* is not a strict minimum); the implicit gradient "
              "is unreliable";
@@ -127,12 +164,13 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
     }
     info.backward_message = msg.str();
     if (!info.backward_converged) {
+      const std::string what = (unsolved.empty() ? "adjoint solve failed: " : "implicit gradient at an unconverged "
+                                                                               "solve: ") + info.backward_message;
       if (opt.raise_on_failure) {
-        const std::string what = "adjoint solve failed: " + info.backward_message;
         if (pb->raise_backward) pb->raise_backward(what);
         throw ConvergenceError(what);
       }
-      TORCH_WARN("diffsoft: adjoint solve failed: ", info.backward_message);
+      TORCH_WARN("diffsoft: ", what);
     }
 
     const AnalyticEnergy* analytic = pb->analytic.get();

@@ -64,3 +64,15 @@ def eager_under_compile(fn):
         return eager[0](*args, **kwargs)
 
     return run
+
+
+def is_transformed(t):
+    """Whether ``t`` is a wrapper of torch.func's transforms (functorch's ``vmap``, ``grad``, ``jacrev``, ...)."""
+    return torch._C._functorch.is_functorch_wrapped_tensor(t)
+
+
+def is_batched(t):
+    """Whether ``t`` is batched by a vmap: functorch's, or the legacy one of ``torch.autograd.grad(...,
+    is_grads_batched=True)`` and ``torch.autograd.functional.jacobian(vectorize=True)``, whose tensors hold no
+    storage (torch 1.13 has no predicate for them; their dispatch keys name them in both versions)."""
+    return "Batched" in str(torch._C._dispatch_keys(t))

@@ -5,8 +5,49 @@ import warnings
 import torch
 
 from ._checks import is_finite_real
-from ._compat import batched_vjp, eager_under_compile
+from ._compat import batched_vjp, eager_under_compile, is_batched, is_transformed
 from ._extension import ConvergenceError, SolveInfo, SolverOptions, _C
+
+
+FIRST_ORDER_ONLY = (
+    "diffsoft's implicit backward (diffsoft.minimize, Simulator.step) is first order only: create_graph=True (and so "
+    "higher-order gradients, gradgradcheck, Hessians) is not supported; differentiate once, with create_graph=False")
+"""The error of a backward run with ``create_graph=True``, on every path (the C++ backward says the same)."""
+
+ONE_GRADIENT_AT_A_TIME = (
+    "diffsoft's implicit backward takes one gradient at a time: batched gradients (torch.autograd.grad(..., "
+    "is_grads_batched=True), torch.autograd.functional.jacobian(vectorize=True)) are not supported; take them one by "
+    "one (is_grads_batched=False, jacobian(vectorize=False))")
+"""The error of a backward given batched gradients, on every path (the C++ backward says the same)."""
+
+
+def unsolved_message(problems, forward_message):
+    """The backward's words for a gradient taken where the forward solve did not converge (``problems`` names
+    them); the C++ backward says the same."""
+    return (f"the forward solve did not converge for problem(s) {problems} ({forward_message}): the implicit "
+            f"gradient assumes grad E(x*) = 0, which does not hold there, and is unreliable")
+
+
+STEP_BATCH = "a batch x0 of shape (B, N, d), with per-creature parameters of shape (B, ...) (the step is batched)"
+
+
+def refuse_transforms(what, tensors, batch=STEP_BATCH):
+    """A RuntimeError naming ``what`` and the supported ways (``batch``: how to pass many problems at once) when
+    one of ``tensors`` (others skipped) is a torch.func transform's wrapper: the solvers are autograd Functions
+    on plain tensors, batched and differentiable natively."""
+    if any(isinstance(t, torch.Tensor) and is_transformed(t) for t in tensors):
+        raise RuntimeError(f"{what} does not run under torch.func transforms (vmap, grad, jacrev, jacfwd, hessian, "
+                           f"jvp): for many problems at once pass {batch}; for derivatives use torch.autograd.grad, "
+                           f"torch.autograd.functional.jacobian(vectorize=False) or loss.backward()")
+
+
+def check_backward_mode(grad_output):
+    """Raises in an implicit backward run in a mode it cannot serve: with create_graph=True (grad mode is then on
+    in the backward), or with batched gradients."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(FIRST_ORDER_ONLY)
+    if is_batched(grad_output):
+        raise RuntimeError(ONE_GRADIENT_AT_A_TIME)
 
 
 @eager_under_compile
@@ -132,6 +173,8 @@ def minimize(
             raise TypeError(f"params[{i}] is a {type(p).__name__} holding {hidden} tensor(s) that require grad: "
                             f"they would get no gradient through the implicit backward. Pass each tensor as a "
                             f"param of its own (e.g. minimize(energy, x0, *params[{i}]))")
+    refuse_transforms("diffsoft.minimize", (x0,) + params,
+                      batch="batched=True with x0's leading dimension indexing the problems")
     tensor_slots = [i for i, p in enumerate(params) if isinstance(p, torch.Tensor)]
     tensors = [params[i] for i in tensor_slots]
     for i, t in zip(tensor_slots, tensors):

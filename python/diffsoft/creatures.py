@@ -18,6 +18,7 @@ Procedural creatures (:func:`biped`, :func:`quadruped`, :func:`worm`) are 2D alg
 algovivo's constants, standing on the ground (y = 0) and facing +x; :func:`tetrapod` is a 3D neo-Hookean
 body in SI units. Each returns a :class:`~diffsoft.simulator.Simulator`; ``sim.rest_state`` starts it.
 """
+import hashlib
 import json
 import numbers
 import os
@@ -56,7 +57,11 @@ def algovivo_simulator(vertices, triangles, muscles=None, rsi=None, l0=None, dty
 def load_algovivo(path, dtype=None):
     """Reads a creature in algovivo's JSON format and returns a :class:`~diffsoft.simulator.Simulator` with
     that project's constants (see the module docstring). A malformed file raises ValueError naming the key."""
-    data = read_json(path)
+    return _from_algovivo(read_json(path), path, dtype)
+
+
+def _from_algovivo(data, path, dtype):
+    """The simulator of algovivo's JSON ``data`` (read from ``path``, which errors name)."""
     pos = _array(data, "pos", float, (None, 2), path)
     n = len(pos)
     triangles = _array(data, "triangles", int, (None, 3), path)
@@ -85,29 +90,38 @@ def load_algovivo(path, dtype=None):
 
 def save_algovivo(sim, path, x=None):
     """Writes ``sim``'s body in algovivo's JSON format (geometry only: ``pos``, ``triangles``, ``rsi``,
-    ``muscles``, ``l0``). ``x``: ``(N, 2)`` positions to store as ``pos`` (default the rest positions)."""
+    ``muscles``, ``l0``). ``x``: ``(N, 2)`` positions to store as ``pos`` (default the rest positions).
+
+    What is written is checked as :func:`load_algovivo` reads it (a ValueError naming what would not read
+    back: ``x`` of another shape, a batch, non-finite positions, an element inverted in ``x`` relative to its
+    rest shape), so that the file always reads back."""
     body = sim.body
     if body.dim != 2:
         raise ValueError(f"algovivo's format is 2D; this body is {body.dim}D (use diffsoft.creatures.save)")
-    pos = body.rest_positions if x is None else x
+    _one_creature(sim, "save_algovivo", ("Dm_inv", 3), ("muscle_rest_length", 1))
+    if x is None:
+        pos = body.rest_positions
+    else:
+        pos = torch.as_tensor(x.detach() if isinstance(x, torch.Tensor) else x, dtype=torch.float64).cpu()
+        if tuple(pos.shape) != (body.num_vertices, 2):
+            raise ValueError(f"save_algovivo: x must be the body's positions ({body.num_vertices}, 2), one creature, got "
+                             f"shape {tuple(pos.shape)} (save each creature of a batch on its own)")
+        if not bool(torch.isfinite(pos).all()):
+            raise ValueError("save_algovivo: x has non-finite (NaN or infinite) positions, which JSON cannot hold")
     data = {
         "pos": _list(pos), "triangles": _list(body.elements), "rsi": _list(body.Dm_inv),
         "muscles": _list(body.muscles), "l0": _list(body.muscle_rest_length),
     }
-    with open(path, "w") as f:
-        json.dump(data, f)
+    _write_readable(path, data, lambda d, where: _from_algovivo(d, where, body.dtype), "save_algovivo")
 
 
 def save(sim, path):
     """Writes ``sim`` (body and simulator constants, 2D or 3D) in diffsoft's JSON format: one creature, so
-    fields and constants that hold one value per creature of a batch are refused."""
+    fields and constants that hold one value per creature of a batch are refused. What is written is checked as
+    :func:`load` reads it, so that the file always reads back."""
     b = sim.body
-    for name, t, dims in (("mass", b.mass, 1), ("Dm_inv", b.Dm_inv, 3), ("mu", b.mu, 1), ("lam", b.lam, 1),
-                          ("muscle_rest_length", b.muscle_rest_length, 1),
-                          ("muscle_stiffness", b.muscle_stiffness, 1)):
-        if t.dim() > dims:
-            raise ValueError(f"creatures.save writes one creature, but body.{name} has shape {tuple(t.shape)} "
-                             f"(one per creature of a batch); save each creature's own")
+    _one_creature(sim, "creatures.save", ("mass", 1), ("Dm_inv", 3), ("mu", 1), ("lam", 1), ("muscle_rest_length", 1),
+                  ("muscle_stiffness", 1))
     data = {
         "format": FORMAT, "version": 1, "dim": b.dim, "material": b.material,
         "vertices": _list(b.rest_positions), "elements": _list(b.elements), "Dm_inv": _list(b.Dm_inv),
@@ -117,13 +131,16 @@ def save(sim, path):
         "simulator": {k: _number(k, getattr(sim, k)) for k in ("dt", "gravity", "ground", "contact_stiffness",
                                                                   "friction", "friction_eps")},
     }
-    with open(path, "w") as f:
-        json.dump(data, f)
+    _write_readable(path, data, lambda d, where: _from_diffsoft(d, where, b.dtype), "creatures.save")
 
 
 def load(path, dtype=None):
     """Reads a creature written by :func:`save`; a malformed file raises ValueError naming the key."""
-    data = read_json(path)
+    return _from_diffsoft(read_json(path), path, dtype)
+
+
+def _from_diffsoft(data, path, dtype):
+    """The simulator of diffsoft's creature JSON ``data`` (read from ``path``, which errors name)."""
     if data.get("format") != FORMAT or data.get("version") != 1:
         raise ValueError(f"{path}: key 'format' must be {FORMAT!r} with 'version' 1, got "
                          f"{data.get('format')!r} version {data.get('version')!r}")
@@ -153,6 +170,24 @@ def load(path, dtype=None):
         return Simulator(body, **{k: s[k] for k in keys})
     except (ValueError, TypeError) as e:
         raise ValueError(f"{path}: {e}") from None
+
+
+def _one_creature(sim, writer, *fields):
+    """A ValueError naming ``writer`` and the first of the body's ``(field, dims)`` with more dims (one value per
+    creature of a batch): a creature file holds one creature."""
+    for name, dims in fields:
+        t = getattr(sim.body, name)
+        if t.dim() > dims:
+            raise ValueError(f"{writer} writes one creature, but body.{name} has shape {tuple(t.shape)} (one per "
+                             f"creature of a batch); save each creature's own")
+
+
+def _write_readable(path, data, read, writer):
+    """Writes ``data`` as JSON to ``path`` once ``read(data, where)`` (the reader's checks, on the data in memory)
+    accepts it: a file diffsoft writes always reads back."""
+    read(data, f"{writer}: the file would not read back")
+    with open(path, "w") as f:
+        json.dump(data, f, allow_nan=False)
 
 
 def biped(cell=0.3, dtype=None):
@@ -208,6 +243,29 @@ def tetrapod(cell=0.1, density=1000.0, youngs_modulus=5e4, poisson_ratio=0.3, ma
 CREATURES = {"biped": biped, "quadruped": quadruped, "worm": worm,
              "tetrapod": tetrapod}
 """Procedural creatures by name; any other ``creature`` is read as a file (algovivo's or diffsoft's JSON)."""
+
+
+def fingerprint(sim):
+    """What a creature is, as ``{field: SHA-256 hex digest}`` of its content: each of the body's fields (rest
+    positions, elements, rest shapes, masses, Lame parameters, muscles, their rest lengths and stiffnesses, fixed
+    vertices, material) and each of the simulator's constants, as float64 values (int64 for indices). Two
+    creatures with equal fingerprints are the same creature, whatever their names or files (a training
+    checkpoint records it; ``--resume`` compares it)."""
+    body = sim.body
+    fields = {name: getattr(body, name) for name in ("rest_positions", "elements", "Dm_inv", "mass", "mu", "lam",
+                                                     "muscles", "muscle_rest_length", "muscle_stiffness", "fixed")}
+    fields.update({name: getattr(sim, name) for name in ("dt", "gravity", "ground", "contact_stiffness", "friction",
+                                                         "friction_eps")})
+    out = {"material": hashlib.sha256(body.material.encode()).hexdigest()}
+    for name, value in fields.items():
+        if value is None:
+            data = b"None"
+        else:
+            t = value.detach().cpu() if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float64)
+            t = t.to(torch.int64 if not t.is_floating_point() else torch.float64).contiguous()
+            data = repr(tuple(t.shape)).encode() + t.numpy().tobytes()
+        out[name] = hashlib.sha256(data).hexdigest()
+    return out
 
 
 def check_device(device, name="device"):

@@ -210,7 +210,7 @@ def write(path, vertices, elements, point_data=None):
     """
     meshio = require("meshio", "io")
 
-    points, cells, data = _meshio_arrays(vertices, elements, point_data)
+    points, cells, data = _meshio_arrays(vertices, elements, point_data, "vertices")
     meshio.write(path, meshio.Mesh(points, cells, point_data=data))
 
 
@@ -240,7 +240,7 @@ def write_vtk_series(directory, positions, elements, name="frame", dt=1.0, point
     entries = []
     for t, x in enumerate(positions):
         fname = f"{name}_{t:05d}.vtu"
-        points, cells, data = _meshio_arrays(x, elements, {k: v[t] for k, v in point_data.items()})
+        points, cells, data = _meshio_arrays(x, elements, {k: v[t] for k, v in point_data.items()}, f"positions[{t}]")
         meshio.write(os.path.join(directory, fname), meshio.Mesh(points, cells, point_data=data))
         entries.append(f'    <DataSet timestep="{t * dt!r}" group="" part="0" file="{escape(fname)}"/>')
     pvd = os.path.join(directory, f"{name}.pvd")
@@ -251,19 +251,32 @@ def write_vtk_series(directory, positions, elements, name="frame", dt=1.0, point
     return pvd
 
 
-def _meshio_arrays(vertices, elements, point_data):
+def _meshio_arrays(vertices, elements, point_data, name):
+    """meshio's points, cells and point data, checked as :func:`read` reads them back (``name`` names the
+    vertices in errors)."""
     points = _numpy(vertices).astype(np.float64)
-    cells = _numpy(elements).astype(np.int64)
+    elements = _numpy(elements)
     if points.ndim != 2 or points.shape[1] not in (2, 3):
-        raise ValueError(f"vertices must be (N, 2) or (N, 3), got shape {points.shape}")
-    if cells.ndim != 2 or cells.shape[1] != points.shape[1] + 1:
-        raise ValueError(f"elements must be (E, {points.shape[1] + 1}) for {points.shape[1]}D vertices, got {cells.shape}")
+        raise ValueError(f"{name} must be (N, 2) or (N, 3), got shape {points.shape}")
+    if not np.isfinite(points).all():
+        raise ValueError(f"{name} has non-finite (NaN or infinite) coordinates: the file would not read back")
+    if elements.dtype.kind not in "iu":
+        raise ValueError(f"elements must hold integer vertex indices, got dtype {elements.dtype}")
+    cells = elements.astype(np.int64)
+    if cells.ndim != 2 or cells.shape[1] != points.shape[1] + 1 or len(cells) == 0:
+        raise ValueError(f"elements must be (E, {points.shape[1] + 1}) for {points.shape[1]}D vertices, E >= 1, got "
+                         f"{cells.shape}")
+    if cells.min() < 0 or cells.max() >= len(points):
+        raise ValueError(f"elements has vertex index {cells.max() if cells.max() >= len(points) else cells.min()}, out "
+                         f"of range for the {len(points)} vertices")
     kind = "triangle" if points.shape[1] == 2 else "tetra"
     if points.shape[1] == 2:
         points = np.concatenate([points, np.zeros((len(points), 1))], axis=1)
     data = {}
     for k, v in (point_data or {}).items():
         v = _numpy(v).astype(np.float64)
+        if v.shape[:1] != (len(points),):
+            raise ValueError(f"point_data[{k!r}] must have one row per vertex ({len(points)}, ...), got {v.shape}")
         if v.ndim == 2 and v.shape[1] == 2:  # ParaView expects 3-component vectors
             v = np.concatenate([v, np.zeros((len(v), 1))], axis=1)
         data[k] = v

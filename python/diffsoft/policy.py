@@ -109,6 +109,13 @@ class FramePolicy(nn.Module):
 
     def forward(self, x, v):
         """The raw activation change ``tanh(...)``: ``(B, M)`` from x, v ``(B, N, d)``."""
+        for name, t in (("x", x), ("v", v)):
+            if t.dim() != 3 or t.shape[1:] != (self.num_vertices, self.dim):
+                raise ValueError(f"{name} has shape {tuple(t.shape)}, but this policy observes (B, "
+                                 f"{self.num_vertices}, {self.dim}): {self.num_vertices} vertices in {self.dim}D "
+                                 f"(fc1 takes 2 * {self.dim} * {self.num_vertices} = {self.fc1.in_features} values). A "
+                                 f"policy belongs to the creature it was made for (FramePolicy.for_simulator): "
+                                 f"load or train one for this creature, and give a batch (B, N, d)")
         obs = observe(x, v, self.center_vertex_id, self.forward_vertex_id)
         return torch.tanh(self.fc2(torch.relu(self.fc1(obs))))
 
@@ -122,6 +129,9 @@ class FramePolicy(nn.Module):
 
         ``straight_through``: the same values, but the clamps pass gradients as if they were not there (see
         :class:`TrainConfig`)."""
+        if a.shape[-1:] != (self.num_muscles,):
+            raise ValueError(f"a has shape {tuple(a.shape)}, but this policy drives {self.num_muscles} muscles: give "
+                             f"(B, {self.num_muscles}) activations of the creature it was made for")
         if noise is not None:
             da = da + noise
         clamp = _straight_through_clamp if straight_through else torch.clamp
@@ -136,20 +146,28 @@ def _straight_through_clamp(x, lo, hi):
 def save_algovivo_policy(policy, path):
     """Writes ``policy`` in algovivo's policy JSON: ``fc1`` and ``fc2`` as ``{"weight": [[...]] (out, in),
     "bias": [...]}``, ``min_a``, ``max_abs_da``, ``center_vertex_id``, ``forward_vertex_id``; and
-    ``space_dim`` (algovivo ignores it; 3 marks a 3D policy, which algovivo cannot run)."""
+    ``space_dim`` (algovivo ignores it; 3 marks a 3D policy, which algovivo cannot run). Checked as
+    :func:`load_algovivo_policy` reads it (a ValueError naming what would not read back, e.g. non-finite
+    weights), so that the file always reads back."""
     data = {name: {"weight": getattr(policy, name).weight.detach().cpu().double().tolist(),
                    "bias": getattr(policy, name).bias.detach().cpu().double().tolist()} for name in ("fc1", "fc2")}
     data.update(min_a=policy.min_a, max_abs_da=policy.max_abs_da, center_vertex_id=policy.center_vertex_id,
                 forward_vertex_id=policy.forward_vertex_id, space_dim=policy.dim)
+    # Checked as load_algovivo_policy reads it (non-finite weights: JSON holds no NaN), so that it reads back.
+    _policy_from(data, "save_algovivo_policy: the file would not read back", policy.fc1.weight.dtype)
     with open(path, "w") as f:
-        json.dump(data, f)
+        json.dump(data, f, allow_nan=False)
 
 
 def load_algovivo_policy(path, dtype=torch.float32):
     """Reads a policy in algovivo's JSON (see :func:`save_algovivo_policy`) into a :class:`FramePolicy`.
     Sizes come from the weights: ``fc1.weight`` is ``(hidden, 2 d N)``, ``fc2.weight`` ``(M, hidden)``; a
     malformed file raises ValueError naming the key."""
-    data = read_json(path)
+    return _policy_from(read_json(path), path, dtype)
+
+
+def _policy_from(data, path, dtype):
+    """The :class:`FramePolicy` of algovivo's policy JSON ``data`` (read from ``path``, which errors name)."""
     missing = [k for k in POLICY_KEYS if not isinstance(data, dict) or k not in data]
     if missing:
         raise ValueError(f"{path}: missing key '{missing[0]}' (an algovivo policy has {', '.join(POLICY_KEYS)})")
@@ -212,6 +230,11 @@ def run_policy(sim, policy, steps, batch=None, a0=None, noise=None):
     Returns:
         ``xs (T + 1, B, N, d)``, ``activations (T, B, M)``.
     """
+    body = sim.body
+    if (policy.num_vertices, policy.num_muscles, policy.dim) != (body.num_vertices, body.num_muscles, body.dim):
+        raise ValueError(f"the policy was made for a creature of {policy.num_vertices} vertices and "
+                         f"{policy.num_muscles} muscles in {policy.dim}D, but this one has {body.num_vertices} "
+                         f"vertices and {body.num_muscles} muscles in {body.dim}D: load or train a policy for it")
     b = 1 if batch is None else batch
     x, v = sim.rest_state
     x, v = x.expand(b, -1, -1).clone(), v.expand(b, -1, -1).clone()

@@ -40,6 +40,9 @@ def render_frame(sim, x, activation=None, size=(480, 360), bounds=None, yaw=-35.
         a PIL RGB image.
     """
     _check_view(size, bounds, yaw, pitch)
+    if activation is not None and _numpy(activation).size != sim.body.num_muscles:
+        raise ValueError(f"activation must have one value per muscle: got {_numpy(activation).size} for the body's "
+                         f"{sim.body.num_muscles} muscles")
     p, depth = _project(_positions("x", x, sim.body), yaw, pitch)
     if bounds is None:
         bounds = _bounds(p[None], sim)

@@ -19,9 +19,10 @@ import torch
 from ._checks import is_finite_real
 from ._compat import eager_under_compile
 from ._extension import _C
-from ._minimize import minimize
-from .energies import (determinant, elastic_energy, gravity_energy, ground_contact_energy, muscle_energy,
-                       reference_step_energy)
+from ._minimize import minimize, refuse_transforms
+from .body import SoftBody, stamp
+from .energies import (deformation_gradient, determinant, elastic_energy, gravity_energy, ground_contact_energy,
+                       muscle_energy, reference_step_energy)
 from .fused import analytic_energy, step_energy, with_kernel_model
 from .step import Material, StepParams, StepTopology
 from . import torch_backend
@@ -36,10 +37,25 @@ _FRICTION_PER_MASS = 300.0 / ALGOVIVO_VERTEX_MASS
 _MIN_ACTIVATION = 1e-6
 
 
-@functools.lru_cache(maxsize=64)
 def _constant(value, dtype, device):
-    """A number as a 0-dim tensor, made once (a step's constants given as numbers, read at every step)."""
-    return torch.tensor(value, dtype=dtype, device=device)
+    """A number as a 0-dim tensor, made once (a step's constants given as numbers, read at every step), and
+    outside inference mode: a tensor made inside it could not enter autograd after the block. The step's
+    parameters (:meth:`Simulator.step_problem`) hand it out: one changed in place is made anew."""
+    t = _cached_constant(value, dtype, device)
+    if t._version:
+        _cached_constant.cache_clear()
+        t = _cached_constant(value, dtype, device)
+    return t
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_constant(value, dtype, device):
+    with torch.inference_mode(False):
+        return torch.tensor(value, dtype=dtype, device=device)
+
+
+CONSTANTS = ("dt", "gravity", "ground", "contact_stiffness", "friction", "friction_eps")
+"""The simulator's differentiable constants (``docs/parameters.md``)."""
 
 
 class Simulator:
@@ -60,7 +76,10 @@ class Simulator:
             where ``grad E`` is the force residual (see the module docstring). ``rtol=None``: the solver's
             default (1e-8 in float64, 1e-4 in float32); ``atol=None``: 1e-8 (float64) or 1e-5 (float32)
             times the body's force scale (its weight plus the elastic force that stretches every element by
-            100%). Round-off bounds what is reachable: the line search needs energy decreases it can resolve,
+            100%), kept in ``solver_options["atol"]`` and computed again at the first step after the body's
+            masses, Lame parameters, rest shapes or material, or gravity, changed (unless
+            ``solver_options["atol"]`` was set to another value; set it to None for the default again). Round-off
+            bounds what is reachable: the line search needs energy decreases it can resolve,
             which for stiff bodies stops near ``sqrt(eps * stiffness * |energy terms|)``, well above ``eps``.
         fused: use the fused step energy (:mod:`diffsoft.fused`: closed-form gradient, Hessian-vector products
             from per-element blocks) instead of double backward through the plain-torch energy; the same
@@ -106,11 +125,14 @@ class Simulator:
     a ``(B,)`` tensor with one value per creature of a batched state ``x0`` of shape ``(B, N, d)`` (domain
     randomisation); a tensor that requires grad keeps its graph, and every step's outputs are differentiable
     with respect to it (on every path: the fused kernels have its closed-form derivatives). They may also be
-    assigned after construction (``sim.friction = ...``). ``gravity``, ``contact_stiffness`` and ``friction``
-    are kept as tensors of the body's dtype; ``dt``, ``ground`` and ``friction_eps`` as given (a number stays
-    a number). Left at their defaults (None), ``contact_stiffness`` and ``friction`` follow the body's masses
-    (and carry their gradients). Every floating field of ``body`` may likewise require grad, and take a
-    leading batch dimension (see :meth:`step`). Whether there is a ground at all (``ground=None``) is not
+    assigned after construction (``sim.friction = ...``), and are checked when assigned. A tensor is kept as
+    given, not copied (an optimizer stepping it in place changes the simulator's constant), converted to the
+    body's dtype and device at each step (differentiably), and checked again at the first step after an
+    in-place change: one stepped out of its range raises there. A number stays a number for ``dt``,
+    ``ground`` and ``friction_eps``, and becomes a 0-dim tensor of the body's dtype for ``gravity``,
+    ``contact_stiffness`` and ``friction``. Left at their defaults (None), ``contact_stiffness`` and
+    ``friction`` follow the body's masses (and carry their gradients). Every floating field of ``body`` may
+    likewise require grad, and take a leading batch dimension (see :meth:`step`). Whether there is a ground at all (``ground=None``) is not
     differentiable.
     """
 
@@ -118,23 +140,24 @@ class Simulator:
                  friction_eps=0.01, rtol=None, atol=None, max_iter=100, cg_rtol=0.5, cg_max_iter=None,
                  backward_rtol=1e-10, backward_max_iter=None, on_failure="warn", fused=True, solver="auto",
                  keep_factors=False, reuse_factor=None, backend="auto"):
-        self.body = body
+        if not isinstance(body, SoftBody):
+            raise TypeError(f"body must be a diffsoft.SoftBody, got {type(body).__name__}")
+        self._body = body
+        self._checked, self._copied_from = {}, {}
         self.dt, self.ground, self.friction_eps = dt, ground, friction_eps  # checked by their setters
-        self.fused = bool(fused)
-        if solver not in ("auto", "direct", "cg"):
-            raise ValueError(f"solver must be 'auto', 'direct' or 'cg', got {solver!r}")
+        self.fused = fused
         self.solver = solver
         self.backend = backend
         if reuse_factor not in (None, True, False):
             raise ValueError(f"reuse_factor must be None (default), True or False, got {reuse_factor!r}")
-        self.gravity = self._scalar("gravity", gravity, allow_zero=True)
+        self.gravity = gravity
         self.contact_stiffness, self.friction = contact_stiffness, friction
-        if atol is None:
-            atol = (1e-8 if body.dtype == torch.float64 else 1e-5) * self._force_scale()
+        self._default_atol = None  # (value, what it was computed from) while atol is the default
         self.solver_options = dict(rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol,
                                    cg_max_iter=cg_max_iter, backward_rtol=backward_rtol,
                                    backward_max_iter=backward_max_iter, on_failure=on_failure,
                                    keep_factor=keep_factors, reuse_factor=reuse_factor)
+        self._refresh_default_atol()
         self._topology = None
 
     @property
@@ -149,8 +172,9 @@ class Simulator:
 
     def _build_topology(self):
         body = self.body
-        free_index = torch.full((body.num_vertices,), -1, dtype=torch.long, device=body.device)
-        free_index[body.free] = torch.arange(len(body.free), device=body.device)
+        with torch.inference_mode(False):  # a cache that outlives an inference_mode block
+            free_index = torch.full((body.num_vertices,), -1, dtype=torch.long, device=body.device)
+            free_index[body.free] = torch.arange(len(body.free), device=body.device)
         return StepTopology(
             elements=body.elements, muscles=body.muscles if body.num_muscles else None, free=body.free,
             free_index=free_index, all_free=len(body.fixed) == 0, material=Material(body.material),
@@ -164,6 +188,21 @@ class Simulator:
             return self.solver == "direct"
         return _HAS_CHOLMOD or self.body.dim == 2 or len(self.body.free) * self.body.dim <= 5000
 
+    def _refresh_default_atol(self):
+        """The default atol (``solver_options["atol"]`` None, or still the default it was given) follows the body:
+        computed again when what it was computed from (the masses, Lame parameters, rest shapes, material,
+        gravity, the dtype) changed. A value the user set is kept."""
+        atol, default = self.solver_options["atol"], self._default_atol
+        if atol is not None and (default is None or atol != default[0]):
+            self._default_atol = None  # the user's own
+            return
+        b = self.body
+        source = (b.material,) + tuple((id(t), stamp(t)) for t in (b.mass, b.mu, b.Dm_inv, self._gravity))
+        if atol is not None and default[1] == source:
+            return
+        atol = (1e-8 if b.dtype == torch.float64 else 1e-5) * self._force_scale()
+        self.solver_options["atol"], self._default_atol = atol, (atol, source)
+
     def _force_scale(self):
         """The body's weight plus the elastic force that would stretch every element by 100%: round-off in
         the step's force residual is relative to forces of this size."""
@@ -174,65 +213,117 @@ class Simulator:
         gravity = self.gravity.detach().abs().max().item()
         return b.mass.detach().sum(-1).max().item() * max(gravity, 1.0) + elastic
 
+    def __setstate__(self, state):
+        """A copy (``copy.deepcopy``, pickle): its constant tensors are its own, checked again at its first step."""
+        self.__dict__.update(state)
+        self._checked, self._copied_from = {}, {}
+
+    @property
+    def body(self):
+        """The :class:`~diffsoft.body.SoftBody` stepped. Read-only: the default ``atol`` was set from it; for
+        another body build another simulator (``Simulator.to`` converts this one)."""
+        return self._body
+
+    @body.setter
+    def body(self, value):
+        raise AttributeError("Simulator.body cannot be reassigned: the default atol (and the constants' dtype) were "
+                             "set from the body; build a new Simulator(body, ...) for another body, or edit this "
+                             "body's fields")
+
+    @property
+    def fused(self):
+        """Whether the step uses the fused kernels (see the class docstring); assignable, and checked."""
+        return self._fused
+
+    @fused.setter
+    def fused(self, value):
+        if value not in (True, False):
+            raise TypeError(f"fused must be True or False, got {value!r}")
+        if not value and getattr(self, "_backend", "auto") != "auto":
+            raise ValueError(f"fused=False needs backend='auto' (it always solves with diffsoft.minimize), but "
+                             f"backend is {self._backend!r}: set sim.backend = 'auto' first")
+        self._fused = bool(value)
+
+    @property
+    def solver(self):
+        """``"auto"``, ``"direct"`` or ``"cg"`` (see the class docstring); assignable, and checked."""
+        return self._solver
+
+    @solver.setter
+    def solver(self, value):
+        if value not in ("auto", "direct", "cg"):
+            raise ValueError(f"solver must be 'auto', 'direct' or 'cg', got {value!r}")
+        self._solver = value
+
     def to(self, dtype=None, device=None):
-        """A copy on ``device`` in ``dtype`` (body included); solver options, the backend and the default atol
-        are kept (with ``backend="auto"`` the copy's steps take the torch backend off the CPU). As
-        ``torch.Tensor.to``, a device may come first: ``sim.to("cuda")``."""
+        """The simulator with its body and constants in ``dtype`` on ``device``, with ``torch.Tensor.to``'s
+        semantics: this simulator itself when it is already there (nothing is copied); else a new one whose
+        body (:meth:`SoftBody.to <diffsoft.body.SoftBody.to>`) and constant tensors are ``t.to(...)`` of this
+        one's: differentiable functions of them, so that gradients flow back to this simulator's tensors, with
+        storage of their own. The copy does not follow later in-place changes of this one's tensors: its next
+        step raises, naming them (call ``to`` again). Solver options and the backend are kept (with
+        ``backend="auto"`` the copy's steps take the torch backend off the CPU); a default atol is the new
+        dtype's default. As ``torch.Tensor.to``, a
+        device may come first: ``sim.to("cuda")``."""
         if isinstance(dtype, (str, torch.device)):
             dtype, device = device, dtype
+        body = self.body.to(dtype=dtype, device=device)
+        if body is self.body:
+            return self
         out = object.__new__(Simulator)
         out.__dict__.update(self.__dict__)
-        out.body = self.body.to(dtype=dtype, device=device)
-        for name in ("gravity", "_contact_stiffness", "_friction", "_dt", "_ground", "_friction_eps"):
-            value = getattr(self, name)
+        out._body, out._checked, out._copied_from = body, {}, {}
+        for name in CONSTANTS:
+            value = getattr(self, "_" + name)
             if isinstance(value, torch.Tensor):
-                setattr(out, name, value.detach().to(device=device, dtype=dtype))
+                copy = value.to(device=body.device, dtype=body.dtype)
+                setattr(out, "_" + name, copy)
+                if copy is not value:
+                    out._copied_from[name] = (value, stamp(value), copy)
         out.solver_options = dict(self.solver_options)
         out._topology = None
+        out._check_constants()  # what the new dtype cannot hold (1e300 in float32) is refused here
         return out
 
     @property
     def dt(self):
-        """The time step ``h`` (s): a number, or a 0-dim or ``(B,)`` tensor of the body's dtype (see the class
-        docstring). Assignable."""
+        """The time step ``h`` (s): a number, or a 0-dim or ``(B,)`` tensor (see the class docstring).
+        Assignable."""
         return self._dt
 
     @dt.setter
     def dt(self, value):
-        # The step divides by dt^2, and its kernels compute in the body's dtype.
-        lo, hi = self._range()
-        self._dt = self._number_or_tensor("dt", value, lambda v: (v >= lo) & (v <= hi),
-                                          f"a positive number in [{lo:.1g}, {hi:.1g}] (seconds; its square must be "
-                                          f"a normal {self.body.dtype})")
+        self._set_constant("dt", value)
 
     @property
     def ground(self):
-        """The ground's height: a number, a 0-dim or ``(B,)`` tensor of the body's dtype, or None (no ground:
-        no contact, no friction). Assignable."""
+        """The ground's height: a number, a 0-dim or ``(B,)`` tensor, or None (no ground: no contact, no
+        friction). Assignable."""
         return self._ground
 
     @ground.setter
     def ground(self, value):
-        _, hi = self._range()
-        rule = f"a number (the ground's height, at most {hi:.1g} in size) or None"
-        self._ground = None if value is None else self._number_or_tensor("ground", value, lambda v: abs(v) <= hi, rule)
+        self._set_constant("ground", value)
 
     @property
     def friction_eps(self):
         """``eps``, the height above the ground under which friction acts: a number, or a 0-dim or ``(B,)``
-        tensor of the body's dtype. Assignable."""
+        tensor. Assignable."""
         return self._friction_eps
 
     @friction_eps.setter
     def friction_eps(self, value):
-        _, hi = self._range()
-        self._friction_eps = self._number_or_tensor("friction_eps", value, lambda v: (v >= 0) & (v <= hi),
-                                                    f"a number in [0, {hi:.1g}]")
+        self._set_constant("friction_eps", value)
 
-    def _range(self):
-        """``(lo, hi)``: the constants' squares stay normal and finite in the body's dtype."""
-        finfo = torch.finfo(self.body.dtype)
-        return math.sqrt(finfo.tiny), math.sqrt(finfo.max)
+    @property
+    def gravity(self):
+        """The gravitational acceleration's magnitude ``g``, pulling along -y: a 0-dim or ``(B,)`` tensor.
+        Assignable (a number becomes a tensor of the body's dtype)."""
+        return self._gravity
+
+    @gravity.setter
+    def gravity(self, value):
+        self._set_constant("gravity", value)
 
     @property
     def contact_stiffness(self):
@@ -246,7 +337,7 @@ class Simulator:
 
     @contact_stiffness.setter
     def contact_stiffness(self, value):
-        self._contact_stiffness = None if value is None else self._scalar("contact_stiffness", value)
+        self._set_constant("contact_stiffness", value)
 
     @property
     def friction(self):
@@ -258,7 +349,75 @@ class Simulator:
 
     @friction.setter
     def friction(self, value):
-        self._friction = None if value is None else self._scalar("friction", value, allow_zero=True)
+        self._set_constant("friction", value)
+
+    def _rule(self, name):
+        """``(ok, words)``: the range of the constant ``name`` in the body's dtype, as a test that takes numbers and
+        tensors alike, and its words. Squares of ``dt``, ``ground`` and ``friction_eps`` stay normal and finite."""
+        dtype = self.body.dtype
+        finfo = torch.finfo(dtype)
+        lo, hi = math.sqrt(finfo.tiny), math.sqrt(finfo.max)
+        return {
+            "dt": (lambda v: (v >= lo) & (v <= hi),
+                   f"a positive number in [{lo:.1g}, {hi:.1g}] (seconds; its square must be a normal {dtype})"),
+            "ground": (lambda v: abs(v) <= hi, f"a number (the ground's height, at most {hi:.1g} in size) or None"),
+            "friction_eps": (lambda v: (v >= 0) & (v <= hi), f"a number in [0, {hi:.1g}]"),
+            "gravity": (lambda v: v >= 0, f"a non-negative number, finite in {dtype}"),
+            "contact_stiffness": (lambda v: v >= finfo.tiny, f"a positive number, finite in {dtype}"),
+            "friction": (lambda v: v >= 0, f"a non-negative number, finite in {dtype}"),
+        }[name]
+
+    def _set_constant(self, name, value):
+        """Checks ``value`` for the constant ``name`` (a TypeError for what is not a real number or a 0-dim or
+        ``(B,)`` real tensor, a ValueError for a value out of range) and keeps it: a tensor as given, a number as
+        a float (or a 0-dim tensor of the body's dtype for gravity and the stiffnesses), None where allowed."""
+        if value is None and name in ("ground", "contact_stiffness", "friction"):
+            setattr(self, "_" + name, None)
+            return
+        ok, rule = self._rule(name)
+        _check_constant_kind(name, value, rule)
+        refuse_transforms(f"sim.{name}", (value,))
+        if isinstance(value, torch.Tensor):
+            if not self._in_range(value, ok):
+                raise ValueError(f"{name} must be {rule}, or a 0-dim or (B,) tensor (one per creature) of them, "
+                                 f"got {value!r}")
+            self._checked[name] = (value, stamp(value))
+        else:
+            body = self.body
+            t = _constant(float(value), body.dtype, body.device) if is_finite_real(value) else None
+            if t is None or not self._in_range(t, ok):
+                raise ValueError(f"{name} must be {rule}, got {value!r}")
+            value = float(value) if name in ("dt", "ground", "friction_eps") else t.clone()
+        self._copied_from.pop(name, None)
+        setattr(self, "_" + name, value)
+
+    def _in_range(self, t, ok):
+        v = t.detach().to(self.body.dtype)
+        return bool((torch.isfinite(v) & ok(v)).all())
+
+    def _check_constants(self):
+        """Each constant tensor changed in place since it was checked (an optimizer's step) is checked again; a
+        ValueError for one out of range, or for a copy (:meth:`to`) whose original was changed in place."""
+        for name in CONSTANTS:
+            value = getattr(self, "_" + name)
+            if not isinstance(value, torch.Tensor):
+                continue
+            copied = self._copied_from.get(name)
+            if copied is not None and copied[2] is value and stamp(copied[0]) != copied[1]:
+                raise ValueError(f"sim.{name} is a copy made by Simulator.to of a tensor that was changed in place "
+                                 f"since, and does not follow it: call to() again (or assign sim.{name})")
+            seen = self._checked.get(name)
+            if seen is not None and seen[0] is value and seen[1] == stamp(value):
+                continue
+            ok, rule = self._rule(name)
+            if not self._in_range(value, ok):
+                if seen is None:  # never checked here: a copy's (Simulator.to), converted to this body's dtype
+                    raise ValueError(f"sim.{name} is {value.detach()!r} in {self.body.dtype}, out of its range: it "
+                                     f"must be {rule}")
+                raise ValueError(f"{name} was changed in place (by an optimizer's step?) to {value.detach()!r}, out of "
+                                 f"its range: it must be {rule}. Keep it in range (e.g. optimize its logarithm and "
+                                 f"assign sim.{name} = log_{name}.exp() before each step), or assign a valid value")
+            self._checked[name] = (value, stamp(value))
 
     @property
     def rest_state(self):
@@ -286,8 +445,10 @@ class Simulator:
         each constant (``(B,)``) may carry one value per creature (domain randomisation), on every path, with
         gradients; the others are shared by the batch. A batch dimension that is not ``B`` is refused by name.
         """
+        refuse_transforms("Simulator.step", (x0, v0, activation))
         batched = self._check_state(x0, v0)
         params, top = self.step_problem(x0, v0, self._check_activation(activation, x0))
+        refuse_transforms("Simulator.step", params)
         backend = self._backend_for(x0)
         try:
             if backend == "torch":
@@ -302,12 +463,27 @@ class Simulator:
         except ValueError as e:
             if "not finite at x0" not in str(e):
                 raise
-            raise ValueError(f"Simulator.step: {e}. The step's energy overflows at the start state: check x0, v0 "
-                             f"and the constants (dt, gravity, ground, contact_stiffness, friction, and the body's "
-                             f"masses, moduli and muscles)") from None
+            raise ValueError(f"Simulator.step: {e}. {self._why_not_finite(x0)}") from None
         x1 = top.full_positions(y, x0)
         v1 = (x1 - x0) / params.h[..., None, None]  # h: () or (B,), one per creature
         return (x1, v1, info) if return_info else (x1, v1)
+
+    def _why_not_finite(self, x0):
+        """Why the step's energy is not finite at the state ``x0``: an element inverted there (the neo-Hookean
+        energy's barrier), or else an overflow."""
+        body = self.body
+        if body.material == Material.NEO_HOOKEAN:
+            J = determinant(deformation_gradient(x0.detach(), body.elements, body.Dm_inv.detach()))
+            bad = torch.nonzero(~(J > 0))
+            if len(bad):
+                where = tuple(bad[0].tolist())
+                creature = f" of creature {where[0]}" if len(where) == 2 else ""
+                return (f"Element {where[-1]} {body.elements[where[-1]].tolist()}{creature} is inverted or degenerate "
+                        f"in x0 relative to its rest shape (det F = {J[where].item():.3g}; {len(bad)} such): the "
+                        f"neo-Hookean energy is infinite there. Start from a state without inverted elements (e.g. "
+                        f"the rest state), or check the rest shapes body.Dm_inv")
+        return ("The step's energy overflows at the start state: check x0, v0 and the constants (dt, gravity, ground, "
+                "contact_stiffness, friction, and the body's masses, moduli and muscles)")
 
     @property
     def backend(self):
@@ -366,11 +542,16 @@ class Simulator:
         those is shared by the batch or has one value per creature of ``x0``'s batch (ValueError naming it);
         the state's checks are :meth:`step`'s, which calls this with a checked state (``activation`` None when
         the body has no muscles)."""
-        body, top = self.body, self.topology
-        self._check_parameters(x0.shape[0] if x0.dim() == 3 else None)
-        h, gravity, contact_stiffness, friction, ground, friction_eps = (
-            c if isinstance(c, torch.Tensor) else _constant(0.0 if c is None else c, body.dtype, body.device)
-            for c in (self.dt, self.gravity, self.contact_stiffness, self.friction, self.ground, self.friction_eps))
+        body = self.body
+        body.check()
+        self._check_constants()
+        self._refresh_default_atol()
+        top = self.topology
+        constants = {name: c.to(dtype=body.dtype, device=body.device) if isinstance(c, torch.Tensor) else
+                     _constant(0.0 if c is None else c, body.dtype, body.device)
+                     for name, c in ((name, getattr(self, name)) for name in CONSTANTS)}
+        self._check_parameters(x0.shape[0] if x0.dim() == 3 else None, constants)
+        h = constants["dt"]
         x0_free = x0 if top.all_free else x0[..., top.free, :]
         v0_free = v0 if top.all_free else v0[..., top.free, :]
         mu, lam = body.mu, body.lam
@@ -381,14 +562,15 @@ class Simulator:
             x_hat=x0_free + h[..., None, None] * v0_free, x0=x0, x0_free=x0_free,
             mass=body.mass if top.all_free else body.mass[..., top.free], Dm_inv=body.Dm_inv, mu=mu, lam=lam,
             activation=activation, muscle_rest_length=body.muscle_rest_length,
-            muscle_stiffness=body.muscle_stiffness, gravity=gravity, contact_stiffness=contact_stiffness,
-            friction=friction, h=h, ground=ground, friction_eps=friction_eps)
+            muscle_stiffness=body.muscle_stiffness, gravity=constants["gravity"],
+            contact_stiffness=constants["contact_stiffness"], friction=constants["friction"], h=h,
+            ground=constants["ground"], friction_eps=constants["friction_eps"])
         return params, top
 
-    def _check_parameters(self, batch):
-        """Each of the body's fields and each constant is shared (its own shape) or has one value per creature
-        of a batch of ``batch`` (None: x0 is one creature), in the body's dtype and device; else a ValueError
-        or TypeError naming it."""
+    def _check_parameters(self, batch, constants):
+        """Each of the body's fields and each constant (``constants``, by name, as the step reads them) is shared
+        (its own shape) or has one value per creature of a batch of ``batch`` (None: x0 is one creature), in the
+        body's dtype and device; else a ValueError or TypeError naming it."""
         body = self.body
         dtype, device = body.dtype, body.device
         e, m, d = len(body.elements), len(body.muscles), body.dim
@@ -396,11 +578,9 @@ class Simulator:
                   ("body.mu", body.mu, [(e,), ()]), ("body.lam", body.lam, [(e,), ()]),
                   ("body.muscle_rest_length", body.muscle_rest_length, [(m,)]),
                   ("body.muscle_stiffness", body.muscle_stiffness, [(m,), ()])]
-        for name, value in (("dt", self._dt), ("gravity", self.gravity), ("ground", self._ground),
-                            ("friction_eps", self._friction_eps), ("contact_stiffness", self._contact_stiffness),
-                            ("friction", self._friction)):
-            if isinstance(value, torch.Tensor):
-                fields.append((name, value, [()]))
+        for name in CONSTANTS:
+            if isinstance(getattr(self, "_" + name), torch.Tensor):
+                fields.append((name, constants[name], [()]))
         for name, t, shapes in fields:
             if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device != device:
                 self._check_tensor(name, t)  # raises, naming what differs
@@ -474,33 +654,6 @@ class Simulator:
         return (f"Simulator({self.body!r}, dt={show(self.dt)}, gravity={show(self.gravity)}, "
                 f"ground={show(self.ground)}, contact_stiffness={show(self.contact_stiffness)}, "
                 f"friction={show(self.friction)}, friction_eps={show(self.friction_eps)})")
-
-    def _scalar(self, name, value, allow_zero=False):
-        """A constant as a 0-dim tensor of the body's dtype, or a ``(B,)`` tensor given (one per creature); a
-        tensor given keeps its graph."""
-        kind = "non-negative" if allow_zero else "positive"
-        _check_constant_kind(name, value, f"a {kind} number")
-        t = torch.as_tensor(value, dtype=self.body.dtype, device=self.body.device)
-        v = t.detach()
-        if not bool((torch.isfinite(v) & (v >= 0) & (allow_zero | (v >= torch.finfo(t.dtype).tiny))).all()):
-            raise ValueError(f"{name} must be a {kind} number, finite in {self.body.dtype}, got {value!r}")
-        return t
-
-    def _number_or_tensor(self, name, value, ok, rule):
-        """A number in range (``ok(value)``), kept as a float, or a 0-dim or ``(B,)`` real tensor of them (one per
-        creature), as the body's dtype and device with its graph kept. As :meth:`_scalar`: a TypeError naming
-        ``name`` for what is not a real number or such a tensor, a ValueError for a value out of range."""
-        _check_constant_kind(name, value, rule)
-        if isinstance(value, torch.Tensor):
-            t = torch.as_tensor(value, dtype=self.body.dtype, device=self.body.device)
-            v = t.detach()
-            if not bool((torch.isfinite(v) & ok(v)).all()):
-                raise ValueError(f"{name} must be {rule}, or a 0-dim or (B,) tensor (one per creature) of them, "
-                                 f"got {value!r}")
-            return t
-        if not (is_finite_real(value) and ok(float(value))):
-            raise ValueError(f"{name} must be {rule}, got {value!r}")
-        return float(value)
 
     def _check_tensor(self, name, t):
         """A tensor of the body's dtype and device, or a TypeError/ValueError naming what differs."""

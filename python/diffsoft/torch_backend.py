@@ -38,7 +38,7 @@ import weakref
 import torch
 
 from ._extension import ConvergenceError, SolveInfo
-from ._minimize import _options
+from ._minimize import _options, check_backward_mode, refuse_transforms, unsolved_message
 from .energies import reference_step_energy
 from .fused import _gradient_and_hessian
 from .step import StepParams
@@ -139,6 +139,7 @@ def solve_step(params, top, linear_solver, rtol=None, atol=0.0, max_iter=100, cg
                       cg_rtol=float(cg_rtol), cg_max_iter=cg_max_iter, backward_rtol=float(backward_rtol),
                       backward_max_iter=backward_max_iter, on_failure=on_failure, keep_factor=bool(keep_factor),
                       check_every=int(check_every))
+    refuse_transforms("diffsoft.torch_backend.solve_step", params)
     squeeze = params.x_hat.dim() == 2
     if squeeze:  # one batch layout inside; the unsqueezes are differentiable, outside the Function
         act = params.activation
@@ -159,7 +160,7 @@ class ImplicitStep(torch.autograd.Function):
         y, kept = _newton(p, top, options, info)
         ctx.save_for_backward(y, *tensors)
         ctx.options, ctx.info, ctx.top, ctx.kept = options, info, top, kept
-        return y
+        return y.clone()  # the caller's to change in place (x1 += 1): not the y* the backward keeps
 
     # Derivation. At the solution g(y*, theta) = grad_y E(y*, theta) = 0 for every theta nearby, so
     # H dy*/dtheta + dg/dtheta = 0 with H = d2E/dy2 at y*. For a loss L, dL/dtheta = dL/dy* . dy*/dtheta
@@ -167,8 +168,8 @@ class ImplicitStep(torch.autograd.Function):
     # solve, then one first-order vector-Jacobian product of the closed-form gradient g with respect to theta
     # (autograd through _gradient_and_hessian's torch ops), with lambda as the vector.
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dl_dy):
+        check_backward_mode(dl_dy)  # first order only: grad mode is off from here on
         y, *tensors = ctx.saved_tensors
         top, options, info = ctx.top, ctx.options, ctx.info
         wanted = [i for i in range(len(tensors)) if ctx.needs_input_grad[3 + i]]
@@ -357,7 +358,8 @@ def _adjoint(y, top, hess, dl_dy, o, info, kept):
     rhs = dl_dy.reshape(b, n)
     # Solved for b / ||b||: the residual is then the relative one (rows with b = 0 get lambda = 0).
     scale = _row_norm(rhs)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))[:, None]
+    asked = scale > 0  # a creature a loss leaves out gets no gradient to doubt (see the unconverged check below)
+    scale = torch.where(asked, scale, torch.ones_like(scale))[:, None]
     rhs = rhs / scale
     info.backward_ran = True
     if o.linear_solver == "cholesky":
@@ -378,11 +380,12 @@ def _adjoint(y, top, hess, dl_dy, o, info, kept):
         info.backward_cg_iterations = cg.iterations
         what = ("the Hessian at y* is not positive definite (non-positive curvature met by CG) for problem(s) "
                 "{who}; the implicit gradient is unreliable")
-    host_residual, host_problem = residual.tolist(), problem.tolist()
+    host_residual, host_problem, host_asked = residual.tolist(), problem.tolist(), asked.tolist()
     info.backward_residual = max(host_residual)
     bad = [i for i, v in enumerate(host_problem) if v]
     slow = [i for i, r in enumerate(host_residual) if not r <= o.backward_rtol]
-    info.backward_converged = not bad and not slow
+    unsolved = [i for i, ok in enumerate(info.problem_converged) if not ok and host_asked[i]]
+    info.backward_converged = not bad and not slow and not unsolved
     if bad:
         info.backward_message = what.format(who=_names(bad))
     elif slow:
@@ -394,12 +397,17 @@ def _adjoint(y, top, hess, dl_dy, o, info, kept):
                                  f"backward_rtol = {o.backward_rtol:g} after {how} for problem(s) {_names(slow)}")
     else:
         info.backward_message = "converged"
+    failure = "adjoint solve failed"
+    if unsolved:  # the adjoint's own outcome follows, as the C++ backward words it
+        failure = "implicit gradient at an unconverged solve"
+        info.backward_message = f"{unsolved_message(_names(unsolved), info.message)}; the adjoint solve: " \
+                                f"{info.backward_message}"
     if not info.backward_converged:
         if o.on_failure == "raise":
-            error = ConvergenceError(f"adjoint solve failed: {info.backward_message}")
+            error = ConvergenceError(f"{failure}: {info.backward_message}")
             error.info = info
             raise error
-        warnings.warn(f"diffsoft (torch backend): adjoint solve failed: {info.backward_message}", RuntimeWarning)
+        warnings.warn(f"diffsoft (torch backend): {failure}: {info.backward_message}", RuntimeWarning)
     return (lam.to(y.dtype) * scale).view(b, f, d)
 
 

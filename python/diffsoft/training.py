@@ -62,7 +62,7 @@ from torch import nn
 from ._checks import check_fields
 from ._compat import load_checkpoint
 from ._optional import require
-from .creatures import check_device, make_creature
+from .creatures import check_device, fingerprint, make_creature
 from .policy import FramePolicy, center_of_mass_x, distance_walked, observe, save_algovivo_policy
 
 
@@ -529,20 +529,29 @@ def _gathered_pool(pool, world):
     return {f.name: _all_gather(getattr(pool, f.name), world, 0) for f in dataclasses.fields(pool)}
 
 
-def _save_checkpoint(path, cfg, learners, pool_state, iteration, history, train_seconds, best):
+def _save_checkpoint(path, cfg, sim, learners, pool_state, iteration, history, train_seconds, best):
     """learners: the networks and optimizers by name (each stored as its ``state_dict``); pool_state: the
-    whole batch's pool (:func:`_gathered_pool`); best: the best evaluated policy (:class:`_Best`)."""
+    whole batch's pool (:func:`_gathered_pool`); best: the best evaluated policy (:class:`_Best`). The
+    checkpoint records the creature trained on by its content (:func:`~diffsoft.creatures.fingerprint`)."""
     tmp = path + ".tmp"
-    torch.save({"version": 2, "config": dataclasses.asdict(cfg), "iteration": iteration,
+    torch.save({"version": 2, "config": dataclasses.asdict(cfg), "creature": fingerprint(sim), "iteration": iteration,
                 **{name: m.state_dict() for name, m in learners.items()}, "pool": pool_state,
                 "history": history, "train_seconds": train_seconds, "best": dataclasses.asdict(best),
                 "frame": [learners["policy"].center_vertex_id, learners["policy"].forward_vertex_id]}, tmp)
     os.replace(tmp, path)  # an interrupted write never leaves a truncated checkpoint
 
 
-def _load_checkpoint(path, cfg):
+_CHECKPOINT_KEYS = ("config", "iteration", "policy", "critic", "target_critic", "optimizer", "critic_optimizer", "pool",
+                    "history", "train_seconds")
+_POOL_KEYS = ("x", "v", "a", "age")
+
+
+def _load_checkpoint(path, cfg, sim):
     """The checkpoint at ``path``, its tensors on the CPU whichever device wrote it (so that a checkpoint
-    written on a GPU loads on a machine without one); :func:`train` moves them to ``cfg.device``."""
+    written on a GPU loads on a machine without one); :func:`train` moves them to ``cfg.device``. A ValueError
+    naming the file and what is wrong: unreadable, a key missing (a checkpoint edited by hand), trained with
+    other settings, or on another creature (``sim``'s content differs from the one recorded, whatever its
+    name or path)."""
     try:
         ckpt = load_checkpoint(path)
     except Exception as e:  # noqa: BLE001 - truncated, garbage or foreign files fail in many ways
@@ -558,13 +567,32 @@ def _load_checkpoint(path, cfg):
     if ckpt.get("version") != 2:
         raise ValueError(f"{path} is a version {ckpt.get('version')} checkpoint (before the critic); this "
                          f"trainer resumes version 2 only")
+    missing = [k for k in _CHECKPOINT_KEYS if k not in ckpt]
+    pool = ckpt.get("pool")
+    if not missing and not isinstance(pool, dict):
+        missing = ["pool"]
+    missing += [f"pool.{k}" for k in _POOL_KEYS if not missing and k not in pool]
+    if missing or not isinstance(ckpt["config"], dict):
+        raise ValueError(f"{path} lacks key {(missing or ['config'])[0]!r}: an incomplete or hand-edited checkpoint "
+                         f"(diffsoft writes {', '.join(_CHECKPOINT_KEYS)}); delete it to start over, or resume from "
+                         f"a copy of the run")
     # a field that the checkpoint's config lacks (added since) had its default there
     wanted = dataclasses.asdict(cfg)
     stored = {k: ckpt["config"].get(k, getattr(TrainConfig, k)) for k in wanted}
-    differ = [k for k, v in wanted.items() if k not in TrainConfig.RESUMABLE and stored[k] != v]
+    # A checkpoint that records its creature's content may resume under another name or path for it.
+    may_change = TrainConfig.RESUMABLE + (("creature",) if "creature" in ckpt else ())
+    differ = [k for k, v in wanted.items() if k not in may_change and stored[k] != v]
     if differ:
         raise ValueError(f"{path} was trained with other settings ({', '.join(f'{k}={stored[k]!r}' for k in differ)}"
                          f"); resume with the same ones (only {', '.join(TrainConfig.RESUMABLE)} may change)")
+    if "creature" in ckpt:
+        now = fingerprint(sim)
+        changed = [k for k in sorted(set(now) | set(ckpt["creature"])) if ckpt["creature"].get(k) != now.get(k)]
+        if changed:
+            raise ValueError(f"{path} was trained on another creature than {cfg.creature!r} is now: its "
+                             f"{', '.join(changed)} differ (the checkpoint records the creature's content, not its "
+                             f"name or path); resume with the creature it was trained on, or start a new run in "
+                             f"another out_dir")
     return ckpt
 
 
@@ -616,10 +644,20 @@ def train(cfg, resume=False, progress=True, log=print):
     ckpt_path = os.path.join(cfg.out_dir, "checkpoint.pt")
     history, start, train_seconds, best = [], 0, 0.0, _Best()
     if resume and os.path.exists(ckpt_path):
-        ckpt = _load_checkpoint(ckpt_path, cfg)
+        ckpt = _load_checkpoint(ckpt_path, cfg, sim)
         for name, m in learners.items():
-            m.load_state_dict(ckpt[name])
+            try:
+                m.load_state_dict(ckpt[name])
+            except (RuntimeError, KeyError, ValueError, TypeError) as e:
+                raise ValueError(f"{ckpt_path}: key {name!r} does not fit this run's {name} ({type(e).__name__}: "
+                                 f"{e}); delete the checkpoint to start over, or resume from a copy of the run") from None
         state = {"scale": torch.ones(cfg.batch, 3, dtype=pool.x.dtype), **ckpt["pool"]}  # scale: since randomize
+        for k, t in state.items():
+            want = (cfg.batch,) + tuple(getattr(pool, k).shape[1:])
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want:
+                raise ValueError(f"{ckpt_path}: key 'pool.{k}' must be a tensor of shape {want}, got "
+                                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}; delete the "
+                                 f"checkpoint to start over, or resume from a copy of the run")
         pool = Pool(**{k: t[rank * b:(rank + 1) * b].clone() for k, t in state.items()}).to(sim.body.device)
         history, start, train_seconds = ckpt["history"], ckpt["iteration"], ckpt["train_seconds"]
         if "best" in ckpt:  # checkpoints written before keep_best lack it
@@ -652,7 +690,7 @@ def train(cfg, resume=False, progress=True, log=print):
         except SimulationFailure as e:  # stop, keeping every finished iteration (the pool is as it was)
             pool_state = _gathered_pool(pool, world)
             if rank == 0:
-                _save_checkpoint(ckpt_path, cfg, learners, pool_state, it, history, train_seconds, best)
+                _save_checkpoint(ckpt_path, cfg, sim, learners, pool_state, it, history, train_seconds, best)
             raise SimulationFailure(f"{e}; the checkpoint {ckpt_path} holds the {it} finished iterations "
                                     f"(resume with --resume)") from e
         if failures:
@@ -669,7 +707,7 @@ def train(cfg, resume=False, progress=True, log=print):
         if (it + 1) % cfg.checkpoint_every == 0 or it + 1 == cfg.iterations:
             pool_state = _gathered_pool(pool, world)
             if rank == 0:
-                _save_checkpoint(ckpt_path, cfg, learners, pool_state, it + 1, history, train_seconds, best)
+                _save_checkpoint(ckpt_path, cfg, sim, learners, pool_state, it + 1, history, train_seconds, best)
     if cfg.keep_best:
         last = distance_walked(sim, policy, cfg.eval_horizon)
         best.offer(last, cfg.iterations, policy)

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include <torch/version.h>
+
 #include "core/solver.h"
 
 using diffsoft::EnergyFn;
@@ -201,6 +203,80 @@ TEST_F(Core, NonConvergenceIsReportedOrThrown) {
   opt.raise_on_failure = true;
   EXPECT_THROW(diffsoft::newton_minimize(quartic, torch::full({4}, 5.0, f64), p, opt, info),
                diffsoft::ConvergenceError);
+}
+
+namespace {
+
+// Collects the warnings raised on this thread (the autograd engine replays a backward's warnings here). The
+// handler's interface moved in torch 2.
+struct CapturedWarnings : c10::WarningHandler {
+  std::vector<std::string> messages;
+#if TORCH_VERSION_MAJOR >= 2
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+  using Guard = c10::WarningUtils::WarningHandlerGuard;
+#else
+  void process(const c10::SourceLocation&, const std::string& msg, const bool) override { messages.push_back(msg); }
+  using Guard = c10::Warning::WarningHandlerGuard;
+#endif
+};
+
+}  // namespace
+
+TEST_F(Core, GradientAtAnUnconvergedSolveIsReportedByTheBackward) {
+  // Two problems of one batch: the first starts at its minimum (b = 0, x = 0: converged at once), the second far
+  // from it, and Newton gets one iteration: the forward stops short on problem 1. The implicit gradient there is
+  // the derivative of an equation that does not hold; the backward must say so, naming the problem, whatever its
+  // adjoint solve did.
+  const EnergyFn per_problem = [](const Tensor& x, const std::vector<Tensor>& p) {
+    return (0.5 * p[0] * x * x + 0.25 * x.pow(4) - p[1] * x).sum(1);
+  };
+  Tensor k = torch::ones({2, 4}, f64).requires_grad_();
+  Tensor b = torch::zeros({2, 4}, f64);
+  b[1] = 3.0;
+  Tensor x0 = torch::zeros({2, 4}, f64);
+  x0[1] = 50.0;
+  diffsoft::SolverOptions opt;
+  opt.batched = true;
+  opt.max_iter = 1;
+  auto info = std::make_shared<diffsoft::SolveInfo>();
+  CapturedWarnings warnings;
+  CapturedWarnings::Guard guard(&warnings);
+  Tensor x = diffsoft::implicit_minimize(per_problem, x0, {k, b}, opt, info);
+  ASSERT_FALSE(info->converged);
+  ASSERT_EQ(info->problem_converged, (std::vector<bool>{true, false}));
+  torch::autograd::grad({x.sum()}, {k});
+  EXPECT_TRUE(info->backward_ran);
+  EXPECT_FALSE(info->backward_converged);
+  EXPECT_NE(info->backward_message.find("the forward solve did not converge for problem(s) 1 ("), std::string::npos)
+      << info->backward_message;
+  ASSERT_EQ(warnings.messages.size(), 1u);
+  EXPECT_NE(warnings.messages[0].find("implicit gradient at an unconverged solve"), std::string::npos)
+      << warnings.messages[0];
+  // A loss that leaves problem 1 out (a trainer skipping a failed creature) asks nothing of its gradient.
+  x = diffsoft::implicit_minimize(per_problem, x0, {k, b}, opt, info);
+  torch::autograd::grad({x[0].sum()}, {k});
+  EXPECT_TRUE(info->backward_converged) << info->backward_message;
+  EXPECT_EQ(warnings.messages.size(), 1u);
+
+  // A converged forward keeps a converged backward, and no warning.
+  opt.max_iter = 100;
+  x = diffsoft::implicit_minimize(per_problem, x0, {k, b}, opt, info);
+  ASSERT_TRUE(info->converged);
+  torch::autograd::grad({x.sum()}, {k});
+  EXPECT_TRUE(info->backward_converged) << info->backward_message;
+  EXPECT_EQ(warnings.messages.size(), 1u);
+}
+
+TEST_F(Core, BackwardRefusesCreateGraph) {
+  Tensor k = torch::ones({3}, f64).requires_grad_();
+  Tensor x = diffsoft::implicit_minimize(quartic, torch::zeros({3}, f64), {k, torch::ones({3}, f64)},
+                                         diffsoft::SolverOptions());
+  try {
+    torch::autograd::grad({x.sum()}, {k}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+    FAIL() << "create_graph=True was not refused";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("first order only"), std::string::npos) << e.what();
+  }
 }
 
 namespace {

@@ -152,6 +152,76 @@ def _create_graph():
     torch.autograd.grad(x.sum(), k, create_graph=True)
 
 
+def _unconverged_backward():
+    k = torch.tensor(2.0, dtype=F64, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the forward's own warning
+        x = diffsoft.minimize(lambda x, k: (k * x ** 4).sum() - x.sum(), torch.full((3,), 1e3, dtype=F64), k,
+                              max_iter=2)
+    x.sum().backward()
+
+
+def _under_vmap():
+    func = pytest.importorskip("torch.func" if hasattr(torch, "func") else "functorch")
+    func.vmap(lambda x: diffsoft.minimize(_quadratic, x, 2.0))(torch.zeros(2, 3, dtype=F64))
+
+
+def _changed_in_place(what):
+    sim = _sim()
+    if what == "dt":
+        sim.dt = torch.tensor(0.01, dtype=F64)
+        sim.dt.sub_(1.0)
+    elif what == "body.mu":
+        sim.body.mu.mul_(-1.0)
+    elif what == "youngs_modulus":
+        E = torch.full((6,), 1e4, dtype=F64)
+        sim = Simulator(_body(youngs_modulus=E), dt=0.01)
+        E.mul_(2.0)
+    elif what == "rest_positions":
+        sim.body.rest_positions.add_(1.0)
+    elif what == "free":
+        sim.body.free.add_(0)
+    elif what == "copy":
+        sim.dt = torch.tensor(0.01, dtype=F64)
+        sim, original = sim.to(torch.float32), sim
+        original.dt.add_(0.001)
+    elif what == "muscles":
+        sim.body.muscles = [[0, 6], [1, 7]]
+    sim.step(*sim.rest_state)
+
+
+def _checkpoint(tmp, edit=None, creature="biped", **kw):
+    from diffsoft import training
+    cfg = dict(creature=creature, window=2, episode=4, batch=2, iterations=1, critic_iterations=1,
+               critic_minibatches=1, eval_every=100, checkpoint_every=1, dtype="float64", out_dir=str(tmp / "run"))
+    training.train(TrainConfig(**cfg), progress=False)
+    path = tmp / "run" / "checkpoint.pt"
+    if edit is not None:
+        ckpt = torch.load(path)
+        edit(ckpt)
+        torch.save(ckpt, path)
+    training.train(TrainConfig(**{**cfg, "iterations": 2, **kw}), resume=True, progress=False)
+
+
+def _corrupt_checkpoint(tmp):
+    from diffsoft import training
+    (tmp / "run").mkdir()
+    (tmp / "run" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    training.train(TrainConfig(batch=2, window=2, episode=4, iterations=1, critic_minibatches=1,
+                               out_dir=str(tmp / "run")), resume=True, progress=False)
+
+
+def _another_creature_at_the_same_path(tmp):
+    path = str(tmp / "creature.json")
+    creatures.save(creatures.biped(dtype=F64), path)
+
+    def replace(ckpt):
+        other = creatures.biped(dtype=F64)
+        other.body.mass = other.body.mass * 2
+        creatures.save(other, path)
+    _checkpoint(tmp, replace, creature=path)
+
+
 def _mesh_read(tmp, kind):
     if kind == "empty":
         return mesh.read(_json_file(tmp, "", "empty.vtu"))
@@ -186,8 +256,19 @@ TRIGGERS = [
      lambda tmp: _saddle_backward()),
     ("... the adjoint solve's relative residual is r > backward_rtol = t after N CG iterations "
      "(backward_max_iter = M)", lambda tmp: _loose_backward()),
-    ("RuntimeError: diffsoft.minimize's backward is first order only: create_graph=True (and so higher-order "
-     "gradients, gradgradcheck, Hessians) through minimize is not supported", lambda tmp: _create_graph()),
+    ("RuntimeError: diffsoft's implicit backward (diffsoft.minimize, Simulator.step) is first order only: "
+     "create_graph=True (and so higher-order gradients, gradgradcheck, Hessians) is not supported; differentiate "
+     "once, with create_graph=False", lambda tmp: _create_graph()),
+    ("UserWarning: diffsoft: implicit gradient at an unconverged solve: the forward solve did not converge for "
+     "problem(s) ... (...): the implicit gradient assumes grad E(x*) = 0, which does not hold there, and is "
+     "unreliable; the adjoint solve: ...", lambda tmp: _unconverged_backward()),
+    ("RuntimeError: diffsoft's implicit backward takes one gradient at a time: batched gradients "
+     "(torch.autograd.grad(..., is_grads_batched=True), torch.autograd.functional.jacobian(vectorize=True)) are not "
+     "supported; ...", lambda tmp: torch.autograd.functional.jacobian(lambda k: diffsoft.minimize(_quadratic, X3, k),
+                                                                       torch.tensor(2.0, dtype=F64), vectorize=True)),
+    ("RuntimeError: NAME does not run under torch.func transforms (vmap, grad, jacrev, jacfwd, hessian, jvp): for "
+     "many problems at once pass ...; for derivatives use torch.autograd.grad, "
+     "torch.autograd.functional.jacobian(vectorize=False) or loss.backward()", lambda tmp: _under_vmap()),
     ("TypeError: energy must be callable", lambda tmp: diffsoft.minimize(3, X3)),
     ("TypeError: x0 must be a torch.Tensor", lambda tmp: diffsoft.minimize(_quadratic, [0.0], 1.0)),
     ("TypeError: params[i] is a list holding K tensor(s) that require grad: they would get no "
@@ -260,7 +341,10 @@ TRIGGERS = [
      "save each creature's own", lambda tmp: _save_per_creature(tmp)),
     ("ValueError: Simulator.step: energy or its gradient is not finite at x0 ... The step's energy overflows at the "
      "start state: check x0, v0 and the constants ...",
-     lambda tmp: _sim().step(torch.full((8, 2), -1e300, dtype=F64), torch.zeros(8, 2, dtype=F64))),
+     lambda tmp: _sim().step(_sim().rest_state[0], torch.full((8, 2), 1e200, dtype=F64))),
+    ("ValueError: Simulator.step: energy or its gradient is not finite at x0 ... Element i [...] is inverted or "
+     "degenerate in x0 relative to its rest shape (det F = ...): the neo-Hookean energy is infinite there. ...",
+     lambda tmp: _sim().step(_sim().rest_state[0] * torch.tensor([-1.0, 1.0], dtype=F64), torch.zeros(8, 2, dtype=F64))),
     ("TypeError: x0 must be a torch.Tensor", lambda tmp: _sim().step([[0.0]], [[0.0]])),
     ("ValueError: x0 must be (N, d) = ... or (B, N, d), got shape S",
      lambda tmp: _sim().step(torch.zeros(3, 2, dtype=F64), torch.zeros(3, 2, dtype=F64))),
@@ -303,6 +387,47 @@ TRIGGERS = [
     ("ValueError: x0 is on D but the body is on E",
      lambda tmp: _sim().step(*(torch.zeros(8, 2, dtype=F64, device="meta"),) * 2)),
     ("ValueError: NAME must be positive, got v", lambda tmp: TrainConfig(batch=0).check()),
+    ("ValueError: NAME was changed in place (by an optimizer's step?) to T, out of its range: it must be .... Keep it "
+     "in range (e.g. optimize its logarithm ...), or assign a valid value", lambda tmp: _changed_in_place("dt")),
+    ("ValueError: body.mu must be positive: element i has v", lambda tmp: _changed_in_place("body.mu")),
+    ("ValueError: body.NAME has shape S, but the body has K elements: it must be ...",
+     lambda tmp: setattr(_body(), "mu", torch.ones(2, dtype=F64))),
+    ("ValueError: body.elements has R rows, but the body's per-element fields (Dm_inv, mu, lam) have E: elements can "
+     "be reassigned only with as many rows; for another mesh build a new SoftBody",
+     lambda tmp: setattr(_body(), "elements", [[0, 1, 4]])),
+    ("ValueError: body.muscles has M muscles but body.NAME has K values: assign muscle_rest_length and "
+     "muscle_stiffness for the new muscles", lambda tmp: _changed_in_place("muscles")),
+    ("ValueError: NAME was changed in place after the body was made from it, but the body's ... computed or "
+     "converted from it then and ... not follow: ...", lambda tmp: _changed_in_place("youngs_modulus")),
+    ("ValueError: body.rest_positions was changed in place, but the rest shapes (Dm_inv), rest volumes, masses and "
+     "muscle rest lengths were derived from it: ...", lambda tmp: _changed_in_place("rest_positions")),
+    ("ValueError: body.free was changed in place, but it is the complement of body.fixed: assign body.fixed instead",
+     lambda tmp: _changed_in_place("free")),
+    ("ValueError: sim.NAME is a copy made by Simulator.to of a tensor that was changed in place since, and does not "
+     "follow it: call to() again (or assign sim.NAME)", lambda tmp: _changed_in_place("copy")),
+    ("AttributeError: Simulator.body cannot be reassigned", lambda tmp: setattr(_sim(), "body", _body())),
+    ("TypeError: fused must be True or False", lambda tmp: setattr(_sim(), "fused", "no")),
+    ("ValueError: vertices has non-finite (NaN or infinite) coordinates: the file would not read back",
+     lambda tmp: mesh.write(str(tmp / "m.vtu"), torch.full((3, 2), float("nan")), torch.tensor([[0, 1, 2]]))),
+    ("ValueError: save_algovivo: x must be the body's positions (N, 2), one creature, got shape S ...",
+     lambda tmp: creatures.save_algovivo(_sim(), str(tmp / "c.json"), x=torch.zeros(2, 8, 2))),
+    ("ValueError: NAME: the file would not read back: ...",
+     lambda tmp: creatures.save_algovivo(_sim(), str(tmp / "c.json"), x=_sim().rest_state[0] * torch.tensor(
+         [-1.0, 1.0], dtype=F64))),
+    ("ValueError: activation must have one value per muscle: got K for the body's M muscles",
+     lambda tmp: render.render_frame(_sim(), _sim().rest_state[0], torch.ones(5))),
+    ("ValueError: x has shape S, but this policy observes (B, N, d): ... A policy belongs to the creature it was made "
+     "for ...", lambda tmp: policy.FramePolicy(4, 2, 2, 0, 1)(torch.zeros(1, 8, 2), torch.zeros(1, 8, 2))),
+    ("ValueError: PATH is corrupt or not a diffsoft checkpoint...; delete it to start over, or resume from a copy of "
+     "the run", lambda tmp: _corrupt_checkpoint(tmp)),
+    ("ValueError: PATH lacks key 'pool': an incomplete or hand-edited checkpoint (diffsoft writes ...); delete it to "
+     "start over, or resume from a copy of the run", lambda tmp: _checkpoint(tmp, lambda c: c.pop("pool"))),
+    ("ValueError: PATH: key 'pool.x' must be a tensor of shape S, got T ...",
+     lambda tmp: _checkpoint(tmp, lambda c: c["pool"].update(x=c["pool"]["x"][:1]))),
+    ("ValueError: PATH was trained with other settings (NAME=v); resume with the same ones (only iterations, "
+     "out_dir, ... may change)", lambda tmp: _checkpoint(tmp, lr=0.1)),
+    ("ValueError: PATH was trained on another creature than 'C' is now: its ... differ (the checkpoint records the "
+     "creature's content, not its name or path); ...", lambda tmp: _another_creature_at_the_same_path(tmp)),
     ("ValueError: episode (E) must be a multiple of window (W)",
      lambda tmp: TrainConfig(window=30, episode=256).check()),
 ]

@@ -244,7 +244,6 @@ def test_mismatched_batches_are_refused_by_name():
     body = sim.body
     cases = [("body.mu", lambda: setattr(body, "mu", body.mu.expand(4, -1))),
              ("body.mass", lambda: setattr(body, "mass", body.mass.expand(2, -1))),
-             ("body.Dm_inv", lambda: setattr(body, "Dm_inv", body.Dm_inv[:-1])),
              ("body.muscle_stiffness", lambda: setattr(body, "muscle_stiffness", body.muscle_stiffness.expand(2, -1))),
              ("gravity", lambda: setattr(sim, "gravity", torch.full((2,), 9.8, dtype=F64))),
              ("friction_eps", lambda: setattr(sim, "friction_eps", torch.full((4,), 0.01, dtype=F64))),
@@ -258,9 +257,11 @@ def test_mismatched_batches_are_refused_by_name():
     body.mass = body.mass.expand(3, -1)  # per creature, but x0 is one creature
     with pytest.raises(ValueError, match=r"body.mass has shape \(3, 26\).*x0 is \(N, d\)"):
         sim.step(x[0], v[0])
-    body.mass = body.mass[0].float()
+    # A field of the wrong size, or dtype, is refused when assigned, naming what the body has (not the batch).
+    with pytest.raises(ValueError, match=r"body.Dm_inv has shape \(27, 2, 2\), but the body has 28 elements"):
+        body.Dm_inv = body.Dm_inv[:-1]
     with pytest.raises(TypeError, match="body.mass has dtype torch.float32"):
-        sim.step(x, v)
+        body.mass = body.mass[0].float()
 
 
 @pytest.mark.parametrize("name, value, error, match", [
@@ -279,8 +280,11 @@ def test_bad_constant_tensors_are_refused_by_name(name, value, error, match):
 
 def test_constants_keep_their_kind_and_follow_to():
     body = biped(dtype=F64).body
-    sim = Simulator(body, dt=0.02, ground=torch.tensor(0.1, requires_grad=True), friction_eps=torch.tensor(0.02))
-    assert isinstance(sim.dt, float) and sim.ground.dtype == F64 and sim.ground.requires_grad
+    ground = torch.tensor(0.1, requires_grad=True)  # float32: kept as given, converted (differentiably) at each step
+    sim = Simulator(body, dt=0.02, ground=ground, friction_eps=torch.tensor(0.02))
+    assert isinstance(sim.dt, float) and sim.ground is ground
+    x1, _ = sim.step(*sim.rest_state)
+    assert x1.dtype == F64 and torch.autograd.grad(x1[:, 1].sum(), ground)[0].dtype == torch.float32
     assert sim.topology.has_ground
     sim.ground = None  # whether there is a ground is topology: the next step's is rebuilt
     assert not sim.topology.has_ground

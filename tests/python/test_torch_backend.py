@@ -225,10 +225,12 @@ def test_adjoint_failure_is_reported_and_raised():
 
 
 def test_not_positive_definite_rows_take_gradient_steps_and_are_counted():
-    # An energy made non-convex on purpose: negative stiffness muscles pull the biped's Hessian indefinite.
+    # An energy made non-convex on purpose: stiff muscles three times longer at rest than the biped's are
+    # compressed, and a compressed spring's transverse stiffness is negative: the Hessian is indefinite.
     sim, x0, v0, acts = _biped_batch(4)
     sim.backend = "torch"
-    sim.body.muscle_stiffness = torch.full_like(sim.body.muscle_stiffness, -3e3)
+    sim.body.muscle_rest_length = sim.body.muscle_rest_length * 3
+    sim.body.muscle_stiffness = torch.full_like(sim.body.muscle_stiffness, 3e4)
     sim.solver_options.update(max_iter=3, on_failure="warn")
     with pytest.warns(RuntimeWarning):
         _, _, info = sim.step(x0, v0, acts[0] * 0.5, return_info=True)

@@ -1,0 +1,162 @@
+"""Files diffsoft writes read back, and its writers refuse what its readers would (creatures in both formats,
+policies, meshes; rendering's activations); a training checkpoint remembers what it was trained on, and
+``--resume`` refuses another creature or a hand-edited file by name."""
+import json
+import os
+
+import pytest
+import torch
+
+from diffsoft import creatures, mesh, training
+from diffsoft.policy import FramePolicy, distance_walked, load_algovivo_policy, run_policy, save_algovivo_policy
+
+from conftest import F64
+
+# --- creatures -----------------------------------------------------------------------------------------------
+
+
+def test_save_algovivo_writes_what_load_algovivo_reads_back(tmp_path):
+    sim = creatures.biped(dtype=F64)
+    x, v = sim.rest_state
+    x1, _ = sim.step(x, v + torch.tensor([0.3, 0.0], dtype=F64))
+    path = str(tmp_path / "biped.json")
+    creatures.save_algovivo(sim, path, x=x1)
+    back = creatures.load_algovivo(path, dtype=F64)
+    torch.testing.assert_close(back.body.rest_positions, x1, rtol=0, atol=0)
+    for name in ("elements", "Dm_inv", "muscles", "muscle_rest_length"):
+        torch.testing.assert_close(getattr(back.body, name), getattr(sim.body, name), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("x, match", [
+    (lambda x: x[:5], r"save_algovivo: x must be the body's positions \(26, 2\), one creature, got shape \(5, 2\)"),
+    (lambda x: x.expand(3, -1, -1), r"got shape \(3, 26, 2\) \(save each creature of a batch on its own\)"),
+    (lambda x: x * float("nan"), "save_algovivo: x has non-finite .*JSON"),
+    (lambda x: x * torch.tensor([-1.0, 1.0], dtype=F64),  # mirrored: every element inverted w.r.t. its rest shape
+     "save_algovivo: the file would not read back: element 0 .* is inverted or degenerate"),
+])
+def test_save_algovivo_refuses_what_would_not_read_back(tmp_path, x, match):
+    sim = creatures.biped(dtype=F64)
+    path = tmp_path / "biped.json"
+    with pytest.raises(ValueError, match=match):
+        creatures.save_algovivo(sim, str(path), x=x(sim.rest_state[0]))
+    assert not path.exists()
+
+
+def test_save_refuses_a_batch_and_round_trips(tmp_path):
+    sim = creatures.biped(dtype=F64)
+    sim.body.mu = sim.body.mu * 1.5
+    sim.friction = torch.tensor(12.0, dtype=F64)
+    path = str(tmp_path / "c.json")
+    creatures.save(sim, path)
+    back = creatures.load(path, dtype=F64)
+    assert creatures.fingerprint(back) == creatures.fingerprint(sim)
+    for writer in (creatures.save, creatures.save_algovivo):
+        batch = creatures.biped(dtype=F64)
+        batch.body.Dm_inv = batch.body.Dm_inv.expand(2, -1, -1, -1).clone()
+        with pytest.raises(ValueError, match=r"writes one creature, but body.Dm_inv has shape \(2, 28, 2, 2\)"):
+            writer(batch, str(tmp_path / "batch.json"))
+
+
+# --- policies, meshes, rendering ---------------------------------------------------------------------------------
+
+def test_policy_writer_refuses_non_finite_weights_and_round_trips(tmp_path):
+    policy = FramePolicy(4, 2, 2, 0, 1, hidden=8).double()
+    path = tmp_path / "policy.json"
+    save_algovivo_policy(policy, str(path))
+    back = load_algovivo_policy(str(path), dtype=F64)
+    for p, q in zip(policy.parameters(), back.parameters()):
+        assert torch.equal(p, q)
+    with torch.no_grad():
+        policy.fc2.bias[1] = float("nan")
+    path.unlink()
+    with pytest.raises(ValueError, match="save_algovivo_policy: the file would not read back: key 'fc2' has non-finite"):
+        save_algovivo_policy(policy, str(path))
+    assert not path.exists()
+
+
+def test_mesh_writers_refuse_what_read_would_not_read_back(tmp_path):
+    pytest.importorskip("meshio")
+    v, t = mesh.rectangle(1.0, 0.5, 2, 1, dtype=F64)
+    path = str(tmp_path / "m.vtu")
+    mesh.write(path, v, t)
+    v2, t2 = mesh.read(path, dtype=F64)
+    torch.testing.assert_close(v2, v)
+    with pytest.raises(ValueError, match="vertices has non-finite"):
+        mesh.write(path, v * float("nan"), t)
+    with pytest.raises(ValueError, match="elements has vertex index 6, out of range for the 6 vertices"):
+        mesh.write(path, v, t + 1)
+    with pytest.raises(ValueError, match=r"positions\[1\] has non-finite"):
+        mesh.write_vtk_series(str(tmp_path / "series"), torch.stack([v, v * float("inf")]), t)
+
+
+def test_render_refuses_activations_of_another_count():
+    pytest.importorskip("PIL")
+    from diffsoft import render
+    sim = creatures.biped(dtype=F64)
+    x, _ = sim.rest_state
+    with pytest.raises(ValueError, match="activation must have one value per muscle: got 5 for the body's 16 muscles"):
+        render.render_frame(sim, x, torch.full((5,), 0.5, dtype=F64))
+    render.render_frame(sim, x, torch.full((16,), 0.5, dtype=F64))
+
+
+def test_a_policy_meeting_another_creature_names_both_sizes():
+    biped, quadruped = creatures.biped(dtype=F64), creatures.quadruped(dtype=F64)
+    policy = FramePolicy.for_simulator(biped)
+    x, v = quadruped.rest_state
+    with pytest.raises(ValueError, match=r"x has shape \(1, 40, 2\), but this policy observes \(B, 26, 2\).*creature"):
+        policy(x[None], v[None])
+    with pytest.raises(ValueError, match="made for a creature of 26 vertices and 16 muscles.* 40 vertices and 24"):
+        distance_walked(quadruped, policy, 3)
+    with pytest.raises(ValueError, match=r"a has shape \(1, 24\), but this policy drives 16 muscles"):
+        policy.update(torch.ones(1, 24, dtype=F64), torch.zeros(1, 16, dtype=F64))
+    assert run_policy(biped, policy, 2)[0].shape == (3, 1, 26, 2)
+
+
+# --- training checkpoints ------------------------------------------------------------------------------------------
+
+def _tiny(tmp_path, creature, **kw):
+    cfg = dict(creature=creature, window=2, episode=4, batch=2, iterations=1, critic_iterations=1,
+               critic_minibatches=1, eval_every=100, checkpoint_every=1, dtype="float64", out_dir=str(tmp_path / "run"))
+    cfg.update(kw)
+    return training.TrainConfig(**cfg)
+
+
+def test_resume_refuses_another_creature_at_the_same_path_naming_what_changed(tmp_path):
+    path = str(tmp_path / "creature.json")
+    creatures.save(creatures.biped(dtype=F64), path)
+    training.train(_tiny(tmp_path, path), progress=False)
+    other = creatures.biped(dtype=F64)  # as many vertices and muscles: only its content tells them apart
+    other.body.muscle_rest_length = other.body.muscle_rest_length * 0.9
+    creatures.save(other, path)
+    with pytest.raises(ValueError, match="checkpoint.pt was trained on another creature .* its muscle_rest_length "
+                                         "differ.*not its name or path"):
+        training.train(_tiny(tmp_path, path, iterations=2), resume=True, progress=False)
+    # the same creature under another path resumes
+    moved = str(tmp_path / "moved.json")
+    os.replace(path, moved)
+    creatures.save(creatures.biped(dtype=F64), moved)
+    training.train(_tiny(tmp_path, moved, iterations=2), resume=True, progress=False)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda c: c.pop("pool"), "checkpoint.pt lacks key 'pool': an incomplete or hand-edited checkpoint"),
+    (lambda c: c["pool"].pop("age"), "checkpoint.pt lacks key 'pool.age'"),
+    (lambda c: c.update(pool={**c["pool"], "x": c["pool"]["x"][:1]}), r"key 'pool.x' must be a tensor of shape \(2, 26, 2\)"),
+    (lambda c: c.update(policy={"fc1.weight": torch.zeros(1)}), "key 'policy' does not fit this run's policy"),
+])
+def test_a_hand_edited_checkpoint_names_the_file_and_key(tmp_path, edit, match):
+    training.train(_tiny(tmp_path, "biped"), progress=False)
+    ckpt_path = os.path.join(tmp_path, "run", "checkpoint.pt")
+    ckpt = torch.load(ckpt_path)
+    edit(ckpt)
+    torch.save(ckpt, ckpt_path)
+    with pytest.raises(ValueError, match=match):
+        training.train(_tiny(tmp_path, "biped", iterations=2), resume=True, progress=False)
+
+
+def test_a_checkpoint_records_the_creatures_content(tmp_path):
+    training.train(_tiny(tmp_path, "biped"), progress=False)
+    ckpt = torch.load(os.path.join(tmp_path, "run", "checkpoint.pt"))
+    assert ckpt["creature"] == creatures.fingerprint(creatures.make_creature("biped", F64))
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert history["config"]["creature"] == "biped"

@@ -1,0 +1,215 @@
+"""Every autograd mode on every path: ``diffsoft.minimize``, the fused C++ step (``backend="cpp"``), the torch
+backend (``backend="torch"``) and the plain step (``fused=False``). Each pair gives the right answer, or the same
+clear error on every path naming the supported way; none gives a quietly wrong result or breaks what follows."""
+import importlib
+
+import pytest
+import torch
+
+import diffsoft
+from diffsoft._minimize import FIRST_ORDER_ONLY, ONE_GRADIENT_AT_A_TIME
+
+from conftest import F64, small_sim
+
+
+def _func():
+    """torch.func (torch 2.x), or functorch, its name on torch 1.13, or None."""
+    for name in ("torch.func", "functorch"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "vmap") and hasattr(module, "grad"):
+            return module
+    return None
+
+
+FUNC = _func()
+needs_func = pytest.mark.skipif(FUNC is None, reason="neither torch.func (torch 2.x) nor functorch is installed")
+PATHS = ("minimize", "cpp", "torch", "plain")
+SIM_OPTIONS = {"cpp": dict(backend="cpp"), "torch": dict(backend="torch"), "plain": dict(fused=False)}
+
+
+def _quartic(x, k, b):
+    return (0.5 * k * x * x + 0.25 * x ** 4 - b * x).sum()
+
+
+class Problem:
+    """One path's solve as a function of one parameter tensor ``p`` (a body's Lame parameter mu for the
+    simulator's paths, the stiffness k for minimize) and of the start ``x0``: ``solve(p, x0) -> x*``. ``fresh()``
+    builds it anew (a fresh simulator, for modes that must work from the first step)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.fresh()
+
+    def fresh(self):
+        if self.path == "minimize":
+            self.p0 = torch.linspace(1.0, 2.0, 4, dtype=F64)
+            self.x0 = torch.zeros(4, dtype=F64)
+            self.sim = None
+        else:
+            self.sim = small_sim(**SIM_OPTIONS[self.path])
+            x, v = self.sim.rest_state
+            self.x0 = x + 0.01 * torch.sin(3 * x.flip(-1))  # deformed, so that mu matters
+            self.v0 = v
+            self.p0 = self.sim.body.mu.detach().clone()
+        return self
+
+    def solve(self, p, x0=None):
+        x0 = self.x0 if x0 is None else x0
+        if self.sim is None:
+            b = torch.ones(4, dtype=F64)
+            return diffsoft.minimize(_quartic, x0, p, b, rtol=1e-13)
+        self.sim.body.mu = p
+        return self.sim.step(x0, self.v0 if x0.dim() == 2 else self.v0.expand_as(x0))[0]
+
+    def loss(self, p):
+        return (self.solve(p) * torch.arange(self.x0.numel(), dtype=F64).view_as(self.x0)).sum()
+
+    def batch(self, n):
+        """``n`` starts, for a batch along a new leading dimension."""
+        return torch.stack([self.x0 * (1 + 0.01 * i) for i in range(n)])
+
+
+def _grad(problem):
+    p = problem.p0.clone().requires_grad_()
+    (g,) = torch.autograd.grad(problem.loss(p), p)
+    return g
+
+
+def _central_difference(problem, direction, h=1e-6):
+    with torch.no_grad():
+        return (problem.loss(problem.p0 + h * direction) - problem.loss(problem.p0 - h * direction)) / (2 * h)
+
+
+@pytest.fixture(params=PATHS)
+def problem(request):
+    return Problem(request.param)
+
+
+def test_grad_mode_gradient_matches_central_differences(problem):
+    """The reference every other mode is compared with: the implicit gradient against central differences."""
+    d = torch.linspace(-1.0, 1.0, problem.p0.numel(), dtype=F64).view_as(problem.p0)
+    torch.testing.assert_close((_grad(problem) * d).sum(), _central_difference(problem, d), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_no_grad_and_inference_mode_from_the_first_step(problem, mode):
+    """The first solve of a fresh simulator under ``mode`` gives the grad-mode answer, and leaves the simulator
+    working: a later solve in grad mode differentiates as before (inference mode once broke both)."""
+    expected_x, expected_g = problem.solve(problem.p0).detach(), _grad(problem)
+    problem.fresh()
+    with getattr(torch, mode)():
+        x = problem.solve(problem.p0)
+    assert not x.requires_grad
+    torch.testing.assert_close(x, expected_x, rtol=0, atol=1e-12)
+    torch.testing.assert_close(_grad(problem), expected_g, rtol=1e-10, atol=1e-12)
+    with getattr(torch, mode)():  # and again, now that the simulator has made its caches in grad mode
+        torch.testing.assert_close(problem.solve(problem.p0), expected_x, rtol=0, atol=1e-12)
+
+
+def test_enable_grad_inside_no_grad_differentiates(problem):
+    expected = _grad(problem)
+    p = problem.p0.clone().requires_grad_()
+    with torch.no_grad(), torch.enable_grad():
+        loss = problem.loss(p)
+    (g,) = torch.autograd.grad(loss, p)
+    torch.testing.assert_close(g, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_create_graph_is_refused_with_the_same_message(problem):
+    """A second derivative through the first-order backward would be silently wrong (the torch backend once
+    returned a gradient without its graph): every path refuses it, with one message."""
+    p = problem.p0.clone().requires_grad_()
+    loss = problem.loss(p)
+    with pytest.raises(RuntimeError) as caught:
+        torch.autograd.grad(loss, p, create_graph=True)
+    assert FIRST_ORDER_ONLY in str(caught.value)
+    with pytest.raises(RuntimeError, match="first order only"):
+        torch.autograd.functional.hessian(problem.loss, problem.p0)
+
+
+@pytest.mark.parametrize("how", ["is_grads_batched", "jacobian_vectorize"])
+def test_batched_gradients_are_refused_with_the_same_message(problem, how):
+    p = problem.p0.clone().requires_grad_()
+    with pytest.raises(RuntimeError) as caught:
+        if how == "is_grads_batched":
+            x = problem.solve(p)
+            torch.autograd.grad(x, p, torch.eye(x.numel(), dtype=F64).view(-1, *x.shape), is_grads_batched=True)
+        else:
+            torch.autograd.functional.jacobian(problem.solve, problem.p0, vectorize=True)
+    assert ONE_GRADIENT_AT_A_TIME in str(caught.value)
+
+
+def test_jacobian_without_vectorize_is_right(problem):
+    """The supported way to a Jacobian: one backward per output, each against central differences."""
+    jac = torch.autograd.functional.jacobian(problem.solve, problem.p0)
+    d = torch.linspace(-1.0, 1.0, problem.p0.numel(), dtype=F64).view_as(problem.p0)
+    with torch.no_grad():
+        fd = (problem.solve(problem.p0 + 1e-6 * d) - problem.solve(problem.p0 - 1e-6 * d)) / 2e-6
+    jvp = (jac.reshape(problem.x0.numel(), -1) @ d.reshape(-1)).view_as(problem.x0)
+    torch.testing.assert_close(jvp, fd, rtol=1e-5, atol=1e-8)
+
+
+@needs_func
+@pytest.mark.parametrize("transform", ["vmap", "grad", "jacrev"])
+def test_torch_func_transforms_are_refused_naming_the_supported_way(problem, transform):
+    """torch.func's transforms would reach the solver's internals ("the energy does not depend on x", "doesn't have
+    storage"); each is refused before the solve, naming the native batch and torch.autograd."""
+    if transform == "vmap":
+        call = lambda: FUNC.vmap(lambda x0: problem.solve(problem.p0, x0))(problem.batch(2))  # noqa: E731
+    elif transform == "grad":
+        call = lambda: FUNC.grad(problem.loss)(problem.p0)  # noqa: E731
+    else:
+        call = lambda: FUNC.jacrev(problem.solve)(problem.p0)  # noqa: E731
+    expected = _grad(problem)
+    with pytest.raises(RuntimeError, match="does not run under torch.func transforms.*torch.autograd.grad"):
+        call()
+    torch.testing.assert_close(_grad(problem), expected, rtol=1e-10, atol=1e-12)  # and the path still works
+
+
+def test_the_native_batch_is_what_vmap_would_give(problem):
+    """The way the vmap error names: a batch along the leading dimension, each problem's answer its own solve."""
+    starts = problem.batch(3)
+    if problem.sim is not None:
+        problem.sim.solver_options.update(rtol=1e-10, atol=1e-9)  # a batch's round-off is not one creature's
+    if problem.sim is None:
+        b = torch.ones(4, dtype=F64)
+        batch = diffsoft.minimize(lambda x, k, b: (0.5 * k * x * x + 0.25 * x ** 4 - b * x).sum(-1), starts,
+                                  problem.p0, b, batched=True, rtol=1e-13)
+    else:
+        batch = problem.solve(problem.p0, starts)
+    for i in range(len(starts)):
+        torch.testing.assert_close(batch[i], problem.solve(problem.p0, starts[i]), rtol=0, atol=1e-9)
+
+
+def test_a_step_result_can_be_changed_in_place(problem):
+    """``x += 1`` on a result: the solver's output is a tensor of its own, not a view of its internals (autograd
+    refuses in-place changes of views made inside a custom Function)."""
+    p = problem.p0.clone().requires_grad_()
+    x = problem.solve(p)
+    x += 1.0
+    (g,) = torch.autograd.grad((x * x).sum(), p)
+    assert torch.isfinite(g).all()
+
+
+def test_a_gradient_at_an_unconverged_solve_is_reported_by_the_backward(problem):
+    """Newton stopped short (the forward warned): the backward's gradient is the derivative of an equation that
+    does not hold there, and it says so, naming the problem, on every path; a converged solve's does not."""
+    p = problem.p0.clone().requires_grad_()
+    options = dict(max_iter=1, on_failure="warn")
+    if problem.sim is None:
+        x0 = torch.full_like(problem.x0, 30.0)
+        with pytest.warns(RuntimeWarning, match="did not converge"):
+            x, info = diffsoft.minimize(_quartic, x0, p, torch.ones(4, dtype=F64), return_info=True, **options)
+    else:
+        problem.sim.solver_options.update(options)
+        problem.sim.body.mu = p
+        with pytest.warns(RuntimeWarning, match="did not converge"):
+            x, _, info = problem.sim.step(problem.x0, problem.v0 + 3.0, return_info=True)
+    with pytest.warns((UserWarning, RuntimeWarning), match=r"implicit gradient at an unconverged solve: the forward "
+                                                          r"solve did not converge for problem\(s\) 0"):
+        torch.autograd.grad(x.sum(), p)
+    assert info.backward_ran and not info.backward_converged
+    assert "the implicit gradient assumes grad E(x*) = 0" in info.backward_message
