@@ -82,6 +82,7 @@ sources = ["csrc/bindings.cpp"] + sorted(str(p.relative_to(root)) for p in (root
 render = ["pillow"]
 io = ["meshio"]
 train = ["tqdm", "matplotlib", "pillow"]
+rl = ["gymnasium>=1.1"]
 setup(
     name="diffsoft",
     version="0.1.0",
@@ -107,7 +108,8 @@ setup(
         "render": render,  # diffsoft.render: PNG frames and GIFs
         "io": io,  # diffsoft.mesh.read, write, write_vtk_series
         "train": train,  # diffsoft-train: progress bars, the learning curve plot, the GIF of the walk
-        "test": ["pytest", "hypothesis"] + sorted(set(render + io + train)),
+        "rl": rl,  # diffsoft.envs: the locomotion task as Gymnasium environments (AutoresetMode: gymnasium 1.1)
+        "test": ["pytest", "hypothesis"] + sorted(set(render + io + train + rl)),
     },
     entry_points={"console_scripts": ["diffsoft-train = diffsoft.cli:main"]},
 )

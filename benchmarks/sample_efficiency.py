@@ -36,6 +36,7 @@ from diffsoft import ppo, training
 from diffsoft._compat import load_checkpoint
 from diffsoft.creatures import CREATURES, make_creature
 from diffsoft.policy import FramePolicy, distance_walked
+from diffsoft.task import LocomotionTask
 from diffsoft.threads import set_num_threads
 
 
@@ -212,7 +213,8 @@ def speed(args, rounds=6):
     pcfg = ppo.PPOConfig(creature=cfg.creature, horizon=args.horizon, envs=args.ppo_envs, lr=args.ppo_lr,
                          epochs=args.ppo_epochs, minibatch=args.ppo_minibatch, entropy_coef=args.ppo_entropy,
                          clip_ratio=args.ppo_clip)
-    model = ppo.GaussianFramePolicy(sim, pcfg)
+    task = LocomotionTask(sim, pcfg.horizon, pcfg.min_a, pcfg.max_abs_da)
+    model = ppo.GaussianFramePolicy(task, pcfg)
     model.mean_policy.load_state_dict(ckpt["policy"])
     ppo_optimizer = torch.optim.Adam(model.parameters(), lr=pcfg.lr)
     g = torch.Generator().manual_seed(0)
@@ -225,7 +227,7 @@ def speed(args, rounds=6):
         out["differentiable"].append((time.perf_counter() - t) / n)
         out["differentiable_cpu"].append((time.process_time() - c) / n)
         t, c = time.perf_counter(), time.process_time()
-        roll = ppo.collect(sim, model, pcfg, g)
+        roll = ppo.collect(task, model, pcfg, g)
         model.norm.update(roll["obs"].flatten(0, 1))
         adv, ret = ppo.gae(roll["reward"], roll["value"], roll["last_value"], pcfg.gamma, pcfg.lam)
         ppo.ppo_update(model, ppo_optimizer, {"obs": roll["obs"].flatten(0, 1), "u": roll["u"].flatten(0, 1),

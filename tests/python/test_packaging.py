@@ -7,7 +7,7 @@ import textwrap
 
 import diffsoft
 
-OPTIONAL = ["PIL", "matplotlib", "meshio", "tqdm", "scipy"]
+OPTIONAL = ["PIL", "matplotlib", "meshio", "tqdm", "scipy", "gymnasium"]
 
 
 def _run_without_optional(code, tmp_path):
@@ -62,7 +62,8 @@ def test_missing_extras_are_named(tmp_path):
                                                    poisson_ratio=0.3))
         for call, extra in [(lambda: diffsoft.render.render_frame(sim, verts), "render"),
                             (lambda: diffsoft.mesh.read("mesh.vtu"), "io"),
-                            (lambda: diffsoft.mesh.write("mesh.vtu", verts, tris), "io")]:
+                            (lambda: diffsoft.mesh.write("mesh.vtu", verts, tris), "io"),
+                            (lambda: __import__("diffsoft.envs"), "rl")]:
             try:
                 call()
             except ImportError as e:
@@ -72,8 +73,8 @@ def test_missing_extras_are_named(tmp_path):
     """, tmp_path)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
-    assert len(lines) == 3
-    for line, module, extra in zip(lines, ["PIL", "meshio", "meshio"], ["render", "io", "io"]):
+    assert len(lines) == 4
+    for line, module, extra in zip(lines, ["PIL", "meshio", "meshio", "gymnasium"], ["render", "io", "io", "rl"]):
         assert module in line and f"pip install 'diffsoft[{extra}]'" in line, line
 
 
