@@ -6,9 +6,9 @@
 The beam is benchmarks/cantilever.py's (0.32 x 0.08 x 0.08 m, ``4r x r x r`` cubes of 6 tetrahedra each from
 ``diffsoft.mesh.box``, E = 1e6, nu = 0.45, density 1e3 kg/m^3 lumped from the tetrahedra's volumes, the x = 0
 face fixed, gravity 9.81 along -y, no ground), started from its twisted state (90 degrees at the tip) at rest.
-Both simulators get this mesh, these masses and these Lame parameters; neither has damping. The materials
-are close, not identical: diffsoft's ``stable_neo_hookean`` against newton's tetrahedral Neo-Hookean (both
-after Smith et al. 2018). diffsoft runs in float64, newton in float32 (Warp's).
+Both simulators get this mesh, these masses and the same material, neither any damping: diffsoft's
+``stable_neo_hookean`` and newton's tetrahedral Neo-Hookean are both Smith et al.'s 2018 stable Neo-Hookean with
+its log term (:func:`newton_material` maps the parameters). diffsoft runs in float64, newton in float32 (Warp's).
 
 Methods:
 
@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from diffsoft.body import SoftBody
+from diffsoft.energies import gravity_energy
 from diffsoft.mesh import box
 from diffsoft.simulator import Simulator
 from diffsoft.threads import set_num_threads
@@ -74,8 +75,13 @@ def beam(refinement):
     return sim, x0
 
 
-def lame():
-    return E / (2 * (1 + NU)), E * NU / ((1 + NU) * (1 - 2 * NU))
+def newton_material():
+    """newton's ``k_mu, k_lambda`` for the same material: newton takes the stable Neo-Hookean's own parameters
+    (its ``alpha = 1 + 3/4 k_mu / k_lambda``), diffsoft the Lame parameters, mapped as Smith et al. 2018 (3.4) and
+    ``diffsoft.energies.stable_neo_hookean_density`` map them: ``4/3 mu`` and ``lam + 5/6 mu``. With these, the
+    two energies are the same function."""
+    mu, lam = E / (2 * (1 + NU)), E * NU / ((1 + NU) * (1 - 2 * NU))
+    return 4 / 3 * mu, lam + 5 / 6 * mu
 
 
 class Judge:
@@ -129,11 +135,11 @@ def newton_model(sim, x0, solver_name, vbd_iterations):
     import newton
     import warp as wp
     builder = newton.ModelBuilder(up_axis=newton.Axis.Y, gravity=(0.0, -G, 0.0))
-    mu, lam = lame()
+    k_mu, k_lambda = newton_material()
     verts = sim.body.rest_positions.numpy()
     builder.add_soft_mesh(pos=wp.vec3(0.0, 0.0, 0.0), rot=wp.quat_identity(), scale=1.0, vel=wp.vec3(0.0, 0.0, 0.0),
                           vertices=[wp.vec3(*p) for p in verts], indices=sim.body.elements.flatten().tolist(),
-                          density=DENSITY, k_mu=mu, k_lambda=lam, k_damp=0.0)
+                          density=DENSITY, k_mu=k_mu, k_lambda=k_lambda, k_damp=0.0)
     for i in sim.body.fixed.tolist():
         builder.particle_mass[i] = 0.0
     if solver_name == "newton VBD":
@@ -153,6 +159,22 @@ def newton_model(sim, x0, solver_name, vbd_iterations):
     state0, state1 = model.state(), model.state()
     state0.particle_q.assign(x0.numpy().astype(np.float32))
     return model, solver, state0, state1, model.control()
+
+
+def check_same_material(sim, x0):
+    """newton's elastic forces at the twisted state must be minus the gradient of diffsoft's elastic energy
+    (float32's precision): the same model on both sides. Uses newton's semi-implicit force kernel (private)."""
+    import warp as wp
+    from newton._src.solvers.semi_implicit.kernels_particle import eval_tetrahedra_forces
+    model, _, state, _, control = newton_model(sim, x0, "newton semi-implicit", 0)
+    f = wp.zeros(model.particle_count, dtype=wp.vec3, device="cpu")
+    eval_tetrahedra_forces(model, state, control, f)
+    x = x0.clone().requires_grad_()
+    g, = torch.autograd.grad(sim.potential_energy(x) - gravity_energy(x, sim.body.mass, sim.gravity), x)
+    err = ((torch.from_numpy(f.numpy()).double() + g).norm() / g.norm()).item()
+    if err > 1e-4:
+        raise RuntimeError(f"newton's elastic forces differ from diffsoft's by {err:.2g} (relative)")
+    return err
 
 
 def run_newton(name, sim, x0, dt, steps, judge, vbd_iterations):
@@ -214,9 +236,11 @@ def main():
     wp.init()
     sim, x0 = beam(args.refinement)
     judge = Judge(sim, x0)
+    material_error = check_same_material(sim, x0)
     results = {"command": "python benchmarks/step_peers.py " + " ".join(sys.argv[1:]), "versions": versions(),
-               "threads": args.threads, "refinement": args.refinement, "vertices": sim.body.num_vertices,
-               "tetrahedra": len(sim.body.elements), "seconds": args.seconds, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": {}}
+               "material_error": material_error, "threads": args.threads, "refinement": args.refinement,
+               "vertices": sim.body.num_vertices, "tetrahedra": len(sim.body.elements), "seconds": args.seconds,
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": {}}
     largest = {}
     results["initial_elastic_energy"] = judge.slack / ENERGY_SLACK
     for name in args.methods:
@@ -247,7 +271,8 @@ def write(results, out):
     lines = [f"`{results['command']}` at commit {v['diffsoft_commit']}; torch {v['torch']}, newton {v['newton']}, "
              f"warp-lang {v['warp']}; {results['threads']} thread(s); beam of {results['vertices']} vertices, "
              f"{results['tetrahedra']} tetrahedra, initial (twist) elastic energy "
-             f"{results['initial_elastic_energy']:.3g} J; {results['seconds']:g} s simulated per stability run; "
+             f"{results['initial_elastic_energy']:.3g} J; newton's elastic forces = -grad of diffsoft's energy to "
+             f"{results['material_error']:.1e}; {results['seconds']:g} s simulated per stability run; "
              f"{results['date']}.", "",
              f"| method | largest stable dt (s) | ms per step there | wall s per simulated s there | energy change "
              f"over the run there (J) | first unstable dt (s): why | ms per step at dt = {common:g} | vs diffsoft "
