@@ -1,4 +1,5 @@
-"""Sample efficiency: the differentiable simulator (diffsoft.training) against PPO (diffsoft.ppo).
+"""Sample efficiency: the differentiable simulator (diffsoft.training) against PPO (diffsoft.ppo, and
+Stable-Baselines3's through diffsoft.envs: ``--only sb3``).
 
 Both methods train the same policy shape on the same creature, observations, action bounds, reward and
 horizon, from several seeds. Both are measured the same way: the deterministic policy's distance along +x
@@ -18,7 +19,10 @@ training time to reach 0.5, 1.0, 2.0 and PPO's own final distance, and the final
 budget) and ``sample_efficiency.png`` under ``--out``. ``--only`` runs one method; ``--merge`` adds other
 ``results.json`` files to the report (two methods run as two processes; ``--merge-method`` takes one
 method's runs from them, e.g. PPO's from an earlier report), ``--report`` only reports.
-``--tune`` is PPO's settings search (:data:`TUNING`) on seed 0.
+``--tune`` is PPO's settings search (:data:`TUNING`) on seed 0, ``--tune-sb3`` Stable-Baselines3's
+(:data:`SB3_TUNING`; ``--sb3-set NAME=VALUE ...`` sets the settings of ``benchmarks/sb3_ppo.py``'s
+``BASELINE`` for ``--only sb3``). SB3 needs pip's torch 2.x (benchmarks/results/peers/README.md). The tables'
+"best PPO" is the PPO (diffsoft.ppo or SB3) with the larger mean final distance.
 """
 import argparse
 import dataclasses
@@ -103,6 +107,31 @@ def run_ppo(args, seed, budget, **overrides):
             "train_seconds": history[-1]["seconds"], "sim_steps": history[-1]["sim_steps"]}
 
 
+def sb3_settings(pairs):
+    """``--sb3-set``'s ``NAME=VALUE`` pairs as settings of sb3_ppo.BASELINE, of their defaults' types."""
+    from sb3_ppo import BASELINE
+    out = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if name not in BASELINE or not value:
+            raise ValueError(f"--sb3-set takes NAME=VALUE with NAME one of {sorted(BASELINE)}, got {pair!r}")
+        kind = type(BASELINE[name])
+        out[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    return out
+
+
+def run_sb3(args, seed, budget, **overrides):
+    from sb3_ppo import train_sb3
+    t = time.perf_counter()
+    config, history = train_sb3(args.creature, args.horizon, budget, seed, eval_every=args.ppo_eval_every,
+                                device=args.device, **{**sb3_settings(args.sb3_set), **overrides})
+    return {"config": config, "history": history, "wall_seconds": time.perf_counter() - t,
+            "train_seconds": history[-1]["seconds"], "sim_steps": history[-1]["sim_steps"]}
+
+
+PPOS = ("ppo", "sb3")
+
+
 def _median(values):
     """The median of the values, counting None (not reached) as larger than any number; None when at
     least half of them are None."""
@@ -118,10 +147,11 @@ def table(results, targets=(0.5, 1.0, 2.0)):
     finals = {m: {seed: evaluations(r["history"])[-1][2] for seed, r in rs.items()} for m, rs in runs.items()}
     targets = list(targets)
     header = [f"reach {t:g}" for t in targets]
-    if finals.get("ppo"):
-        ppo_final = sum(finals["ppo"].values()) / len(finals["ppo"])
-        targets.append(ppo_final)
-        header.append(f"reach PPO's final ({ppo_final:.2f})")
+    means = {m: sum(finals[m].values()) / len(finals[m]) for m in PPOS if finals.get(m)}
+    best_ppo = max(means, key=means.get) if means else None
+    if best_ppo:
+        targets.append(means[best_ppo])
+        header.append(f"reach the best PPO's final ({best_ppo}: {means[best_ppo]:.2f})")
     lines = ["Cells: creature-steps / training seconds to the first evaluation at or past the distance "
              "(deterministic policy, 100 steps from rest); -: not reached within the budget.", "",
              "| method | seed | " + " | ".join(header) + " | final distance | best | creature-steps | "
@@ -151,13 +181,13 @@ def table(results, targets=(0.5, 1.0, 2.0)):
         summary.append(f"| {method} | median | " + " | ".join(cells) + f" | {fin[len(fin) // 2]:.2f} "
                        f"(mean {sum(fin) / len(fin):.2f}) | | | |")
     lines += summary
-    if {"differentiable", "ppo"} <= set(medians):
+    if best_ppo and "differentiable" in medians:
         ratios = []
-        for (ds, dt), (ps, pt) in zip(medians["differentiable"], medians["ppo"]):
+        for (ds, dt), (ps, pt) in zip(medians["differentiable"], medians[best_ppo]):
             steps = "-" if None in (ds, ps) else f"{ps / ds:.1f}x"
             secs = "-" if None in (dt, pt) or not dt else f"{pt / dt:.1f}x"
             ratios.append(f"{steps} / {secs}")
-        lines.append("| PPO / differentiable | medians' ratio | " + " | ".join(ratios) + " | | | | |")
+        lines.append(f"| {best_ppo} / differentiable | medians' ratio | " + " | ".join(ratios) + " | | | | |")
     lines.append("\nMedian rows: the median over seeds (a seed that did not reach counts as never; "
                  "(n/N): seeds that reached).")
     return "\n".join(lines)
@@ -168,7 +198,7 @@ def plot(results, path, targets=(0.5, 1.0, 2.0)):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    colours = {"differentiable": "tab:blue", "ppo": "tab:orange"}
+    colours = {"differentiable": "tab:blue", "ppo": "tab:orange", "sb3": "tab:green"}
     for method, runs in results["runs"].items():
         for k, (seed, r) in enumerate(sorted(runs.items())):
             s, d = zip(*curve(r["history"]))
@@ -244,29 +274,37 @@ TUNING = [{}, {"lr": 1e-3}, {"minibatch": 1600}, {"entropy_coef": 0.01}, {"clip_
           {"envs": 64, "minibatch": 960}]
 
 
-def tune_ppo(args):
-    """Every :data:`TUNING` variant not yet in ``--out``'s tuning.json (none with ``--report``) on seed 0
-    with ``--steps``; scored by the mean of the last three
+# SB3's search: SB3's defaults (sb3_ppo.BASELINE), then one change at a time over the settings the issue names
+# (learning rate, rollout length, minibatch, epochs, clip range, creatures, VecNormalize, network size) and the
+# initial log std (SB3's 0 against diffsoft.ppo's -1.5: actions are clamped to +-0.3, so a std of 1 saturates).
+SB3_TUNING = [{}, {"lr": 1e-3}, {"n_steps": 200}, {"batch_size": 400}, {"n_epochs": 5}, {"clip_range": 0.1},
+              {"envs": 64}, {"normalize": True}, {"net": "ours"}, {"log_std_init": -1.5}]
+
+
+def tune_ppo(args, method="ppo"):
+    """Every :data:`TUNING` (``method="sb3"``: :data:`SB3_TUNING`) variant not yet in ``--out``'s tuning.json
+    (tuning_sb3.json; none with ``--report``) on seed 0 with ``--steps``; scored by the mean of the last three
     evaluations (the final one included), which is less noisy than the final one alone."""
-    path = os.path.join(args.out, "tuning.json")
+    suffix, variants, run = ("", TUNING, run_ppo) if method == "ppo" else ("_sb3", SB3_TUNING, run_sb3)
+    path = os.path.join(args.out, f"tuning{suffix}.json")
     runs = json.load(open(path)) if os.path.exists(path) else []
     done = [r["overrides"] for r in runs]
-    for overrides in [] if args.report else TUNING:
+    for overrides in [] if args.report else variants:
         if overrides in done:
             continue
-        r = run_ppo(args, 0, args.steps, **overrides)
+        r = run(args, 0, args.steps, **overrides)
         dists = [d for _, d in curve(r["history"])]
         runs.append({"overrides": overrides, "score": sum(dists[-3:]) / 3, "final": dists[-1], "best": max(dists),
                      "wall_seconds": r["wall_seconds"], "sim_steps": r["sim_steps"], "config": r["config"],
                      "history": r["history"]})
         json.dump(runs, open(path, "w"), indent=1)
         print(runs[-1]["overrides"], f"score {runs[-1]['score']:.3f} final {runs[-1]['final']:.3f}", flush=True)
-    lines = ["| PPO settings (changed from the baseline) | mean of the last 3 evaluations | final | best | "
+    lines = [f"| {method} settings (changed from the baseline) | mean of the last 3 evaluations | final | best | "
              "wall time (s) |", "| --- | --- | --- | --- | --- |"]
     for r in sorted(runs, key=lambda r: -r["score"]):
         name = ", ".join(f"{k}={v}" for k, v in r["overrides"].items()) or "baseline"
         lines.append(f"| {name} | {r['score']:.3f} | {r['final']:.3f} | {r['best']:.3f} | {r['wall_seconds']:.0f} |")
-    with open(os.path.join(args.out, "tuning.md"), "w") as f:
+    with open(os.path.join(args.out, f"tuning{suffix}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -294,10 +332,15 @@ def main():
     p.add_argument("--ppo-eval-every", type=int, default=2)
     p.add_argument("--tune", action="store_true",
                    help="PPO's settings search instead (seed 0, --steps each): writes tuning.json and tuning.md")
-    p.add_argument("--only", choices=("differentiable", "ppo"), default=None)
+    p.add_argument("--tune-sb3", action="store_true",
+                   help="Stable-Baselines3's settings search (seed 0, --steps each): tuning_sb3.json and .md")
+    p.add_argument("--sb3-set", nargs="*", default=[], metavar="NAME=VALUE",
+                   help="settings of sb3_ppo.BASELINE for SB3 (e.g. normalize=1 log_std_init=-1.5)")
+    p.add_argument("--only", choices=("differentiable", "ppo", "sb3"), default=None,
+                   help="one method (default: differentiable and ppo; sb3 only when named)")
     p.add_argument("--merge", nargs="*", default=[], metavar="RESULTS_JSON",
                    help="other runs' results.json (e.g. the other method's, run separately) for the report")
-    p.add_argument("--merge-method", choices=("differentiable", "ppo"), default=None,
+    p.add_argument("--merge-method", choices=("differentiable", "ppo", "sb3"), default=None,
                    help="take only this method's runs from --merge's files (e.g. PPO's runs of an earlier report)")
     p.add_argument("--report", action="store_true", help="no training: the report of --out's (and --merge's) runs")
     p.add_argument("--device", default="cpu", help="both methods' torch device")
@@ -310,8 +353,8 @@ def main():
     if args.threads:
         set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
-    if args.tune:
-        return tune_ppo(args)
+    if args.tune or args.tune_sb3:
+        return tune_ppo(args, "ppo" if args.tune else "sb3")
     if args.speed:
         out = speed(args)
         json.dump(out, open(os.path.join(args.out, "speed.json"), "w"), indent=1)
@@ -319,7 +362,9 @@ def main():
             print(f"{k}: median {sorted(v)[len(v) // 2] * 1e6:.0f} us per creature-step ({len(v)} rounds)")
         return
     path = os.path.join(args.out, "results.json")
-    results = json.load(open(path)) if os.path.exists(path) else {"runs": {"differentiable": {}, "ppo": {}}}
+    results = json.load(open(path)) if os.path.exists(path) else {"runs": {}}
+    for method in ("differentiable", "ppo", "sb3"):
+        results["runs"].setdefault(method, {})
     results["args"] = vars(args)
     for seed in [] if args.report else args.seed if args.seed is not None else range(args.seeds):
         if args.only in (None, "differentiable"):
@@ -327,6 +372,9 @@ def main():
             json.dump(results, open(path, "w"))
         if args.only in (None, "ppo"):
             results["runs"]["ppo"][str(seed)] = run_ppo(args, seed, args.steps)
+            json.dump(results, open(path, "w"))
+        if args.only == "sb3":
+            results["runs"]["sb3"][str(seed)] = run_sb3(args, seed, args.steps)
             json.dump(results, open(path, "w"))
     for other in args.merge:
         for method, runs in json.load(open(other))["runs"].items():

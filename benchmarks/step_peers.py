@@ -285,7 +285,8 @@ def write(results, out):
         if dt is None:
             cells = "none | | | "
         else:
-            cells = (f"{dt:g} | {r['ms_per_step']:.2f} | {r['ms_per_step'] / 1e3 / dt:.2f} | "
+            top = " (the grid's largest)" if dt == DTS[0] else ""
+            cells = (f"{dt:g}{top} | {r['ms_per_step']:.2f} | {r['ms_per_step'] / 1e3 / dt:.2f} | "
                      f"{r['energy_change']:.3g}")
         c = at.get(name, {})
         timed = f"{c['ms_per_step']:.2f}" if c.get("stable") else c.get("why", "")
