@@ -106,6 +106,7 @@ sources = ["csrc/bindings.cpp", "csrc/ops.cpp"]
 render = ["pillow"]
 io = ["meshio"]
 train = ["tqdm", "matplotlib", "pillow"]
+rl = ["gymnasium>=1.1"]
 setup(
     name="diffsoft",
     version="0.1.0",
@@ -121,7 +122,8 @@ setup(
         "render": render,  # diffsoft.render: PNG frames and GIFs
         "io": io,  # diffsoft.mesh.read, write, write_vtk_series
         "train": train,  # diffsoft-train: progress bars, the learning curve plot, the GIF of the walk
-        "test": ["pytest", "hypothesis", "sphinx"] + sorted(set(render + io + train)),  # sphinx: the API docs' test
+        "rl": rl,  # diffsoft.envs: the locomotion task as Gymnasium environments (AutoresetMode: gymnasium 1.1)
+        "test": ["pytest", "hypothesis", "sphinx"] + sorted(set(render + io + train + rl)),  # sphinx: the API docs' test
     },
     entry_points={"console_scripts": ["diffsoft-train = diffsoft.cli:main"]},
 )

@@ -1,4 +1,5 @@
-"""Sample efficiency: the differentiable simulator (diffsoft.training) against PPO (diffsoft.ppo).
+"""Sample efficiency: the differentiable simulator (diffsoft.training) against PPO (diffsoft.ppo, and
+Stable-Baselines3's through diffsoft.envs: ``--only sb3``).
 
 Both methods train the same policy shape on the same creature, observations, action bounds, reward and
 horizon, from several seeds. Both are measured the same way: the deterministic policy's distance along +x
@@ -21,7 +22,10 @@ time to reach 0.5, 1.0, 2.0 and PPO's own final distance, and the final distance
 ``results.json`` files to the report (two methods run as two processes; ``--merge-method`` takes one method's
 runs from them, e.g. PPO's from an earlier report), ``--report`` only reports. ``--tune`` is PPO's settings
 search (:data:`TUNING`) on seed 0. ``benchmarks/make_figures.py`` regenerates every committed table and plot
-from the summaries in ``benchmarks/results/``.
+from the summaries in ``benchmarks/results/``. ``--tune-sb3`` is Stable-Baselines3's settings search
+(:data:`SB3_TUNING`; ``--sb3-set NAME=VALUE ...`` sets the settings of ``benchmarks/sb3_ppo.py``'s ``BASELINE``
+for ``--only sb3``). SB3 needs pip's torch 2.x (benchmarks/results/peers/README.md). The tables' "best PPO" is
+the PPO (diffsoft.ppo or SB3) with the larger mean final distance.
 """
 import argparse
 import dataclasses
@@ -43,6 +47,7 @@ from diffsoft import ppo, training
 from diffsoft._compat import load_checkpoint
 from diffsoft.creatures import CREATURES, make_creature
 from diffsoft.policy import FramePolicy, distance_walked
+from diffsoft.task import LocomotionTask
 from diffsoft.threads import set_num_threads
 
 
@@ -138,6 +143,33 @@ def run_ppo(args, seed, budget, **overrides):
             "train_seconds": history[-1]["seconds"], "sim_steps": history[-1]["sim_steps"]}
 
 
+def sb3_settings(pairs):
+    """``--sb3-set``'s ``NAME=VALUE`` pairs as settings of sb3_ppo.BASELINE, of their defaults' types."""
+    from sb3_ppo import BASELINE
+    out = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if name not in BASELINE or not value:
+            raise ValueError(f"--sb3-set takes NAME=VALUE with NAME one of {sorted(BASELINE)}, got {pair!r}")
+        kind = type(BASELINE[name])
+        out[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    return out
+
+
+def run_sb3(args, seed, budget, **overrides):
+    from sb3_ppo import train_sb3
+    t = time.perf_counter()
+    config, history = train_sb3(args.creature, args.horizon, budget, seed, eval_every=args.ppo_eval_every,
+                                device=args.device, **{**sb3_settings(args.sb3_set), **overrides})
+    return {"config": config, "history": history, "wall_seconds": time.perf_counter() - t,
+            "train_seconds": history[-1]["seconds"], "sim_steps": history[-1]["sim_steps"]}
+
+
+PPOS = ("ppo", "sb3")
+PPO_NAMES = {"ppo": "PPO", "sb3": "SB3's PPO"}
+"""The PPOs and their names in the tables, which measure against the one with the larger mean final distance."""
+
+
 def _median(values):
     """The median of the values, a value that is None (not reached) counting as larger than any number
     (with an even count, the mean of the middle two); None when the median is such a value."""
@@ -154,10 +186,11 @@ def table(results, targets=(0.5, 1.0, 2.0)):
     finals = {m: {seed: evaluations(r)[-1][2] for seed, r in rs.items()} for m, rs in runs.items()}
     targets = list(targets)
     header = [f"reach {t:g}" for t in targets]
-    if finals.get("ppo"):
-        ppo_final = sum(finals["ppo"].values()) / len(finals["ppo"])
-        targets.append(ppo_final)
-        header.append(f"reach PPO's final ({ppo_final:.2f})")
+    means = {m: sum(finals[m].values()) / len(finals[m]) for m in PPOS if finals.get(m)}
+    best_ppo = max(means, key=means.get) if means else None
+    if best_ppo:
+        targets.append(means[best_ppo])
+        header.append(f"reach {PPO_NAMES[best_ppo]}'s final ({means[best_ppo]:.2f})")
     lines = [f"Runs: {'; '.join(results['sources'])}.", "",
              "Cells: creature-steps / training seconds to the first evaluation at or past the distance "
              "(deterministic policy, 100 steps from rest); -: not reached within the budget.", "",
@@ -188,13 +221,13 @@ def table(results, targets=(0.5, 1.0, 2.0)):
         summary.append(f"| {method} | median | " + " | ".join(cells) + f" | {_median(fin):.2f} "
                        f"(mean {sum(fin) / len(fin):.2f}) | | | |")
     lines += summary
-    if {"differentiable", "ppo"} <= set(medians):
+    if best_ppo and "differentiable" in medians:
         ratios = []
-        for (ds, dt), (ps, pt) in zip(medians["differentiable"], medians["ppo"]):
+        for (ds, dt), (ps, pt) in zip(medians["differentiable"], medians[best_ppo]):
             steps = "-" if None in (ds, ps) else f"{ps / ds:.1f}x"
             secs = "-" if None in (dt, pt) or not dt else f"{pt / dt:.1f}x"
             ratios.append(f"{steps} / {secs}")
-        lines.append("| PPO / differentiable | medians' ratio | " + " | ".join(ratios) + " | | | | |")
+        lines.append(f"| {PPO_NAMES[best_ppo]} / differentiable | medians' ratio | " + " | ".join(ratios) + " | | | | |")
     lines.append("\nMedian rows: the median over seeds (a seed that did not reach counts as never; with an even "
                  "number of seeds, the mean of the middle two; (n/N): seeds that reached).")
     return "\n".join(lines)
@@ -206,7 +239,7 @@ def plot(results, path, targets=(0.5, 1.0, 2.0)):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    colours = {"differentiable": "tab:blue", "ppo": "tab:orange"}
+    colours = {"differentiable": "tab:blue", "ppo": "tab:orange", "sb3": "tab:green"}
     for method, runs in results["runs"].items():
         for k, (seed, r) in enumerate(sorted(runs.items())):
             s, d = zip(*curve(r))
@@ -251,7 +284,8 @@ def speed(args, rounds=6):
     pcfg = ppo.PPOConfig(creature=cfg.creature, horizon=args.horizon, envs=args.ppo_envs, lr=args.ppo_lr,
                          epochs=args.ppo_epochs, minibatch=args.ppo_minibatch, entropy_coef=args.ppo_entropy,
                          clip_ratio=args.ppo_clip)
-    model = ppo.GaussianFramePolicy(sim, pcfg)
+    task = LocomotionTask(sim, pcfg.horizon, pcfg.min_a, pcfg.max_abs_da)
+    model = ppo.GaussianFramePolicy(task, pcfg)
     model.mean_policy.load_state_dict(ckpt["policy"])
     ppo_optimizer = torch.optim.Adam(model.parameters(), lr=pcfg.lr)
     g = torch.Generator().manual_seed(0)
@@ -264,7 +298,7 @@ def speed(args, rounds=6):
         out["differentiable"].append((time.perf_counter() - t) / n)
         out["differentiable_cpu"].append((time.process_time() - c) / n)
         t, c = time.perf_counter(), time.process_time()
-        roll = ppo.collect(sim, model, pcfg, g)
+        roll = ppo.collect(task, model, pcfg, g)
         model.norm.update(roll["obs"].flatten(0, 1))
         adv, ret = ppo.gae(roll["reward"], roll["value"], roll["last_value"], pcfg.gamma, pcfg.lam)
         ppo.ppo_update(model, ppo_optimizer, {"obs": roll["obs"].flatten(0, 1), "u": roll["u"].flatten(0, 1),
@@ -281,32 +315,40 @@ TUNING = [{}, {"lr": 1e-3}, {"minibatch": 1600}, {"entropy_coef": 0.01}, {"clip_
           {"envs": 64, "minibatch": 960}]
 
 
-def tune_ppo(args):
-    """Every :data:`TUNING` variant not yet in ``--out``'s tuning.json (none with ``--report``) on seed 0
-    with ``--steps``; scored by the mean of the last three
+# SB3's search: SB3's defaults (sb3_ppo.BASELINE), then one change at a time over the settings the issue names
+# (learning rate, rollout length, minibatch, epochs, clip range, creatures, VecNormalize, network size) and the
+# initial log std (SB3's 0 against diffsoft.ppo's -1.5: actions are clamped to +-0.3, so a std of 1 saturates).
+SB3_TUNING = [{}, {"lr": 1e-3}, {"n_steps": 200}, {"batch_size": 400}, {"n_epochs": 5}, {"clip_range": 0.1},
+              {"envs": 64}, {"normalize": True}, {"net": "ours"}, {"log_std_init": -1.5}]
+
+
+def tune_ppo(args, method="ppo"):
+    """Every :data:`TUNING` (``method="sb3"``: :data:`SB3_TUNING`) variant not yet in ``--out``'s tuning.json
+    (tuning_sb3.json; none with ``--report``) on seed 0 with ``--steps``; scored by the mean of the last three
     evaluations (the final one included), which is less noisy than the final one alone."""
-    path = os.path.join(args.out, "tuning.json")
+    suffix, variants, run = ("", TUNING, run_ppo) if method == "ppo" else ("_sb3", SB3_TUNING, run_sb3)
+    path = os.path.join(args.out, f"tuning{suffix}.json")
     runs = json.load(open(path)) if os.path.exists(path) else []
     done = [r["overrides"] for r in runs]
-    for overrides in [] if args.report else TUNING:
+    for overrides in [] if args.report else variants:
         if overrides in done:
             continue
-        r = summarize(run_ppo(args, 0, args.steps, **overrides))
+        r = summarize(run(args, 0, args.steps, **overrides))
         dists = [d for _, d in curve(r)]
         runs.append({"overrides": overrides, "score": sum(dists[-3:]) / 3, "final": dists[-1], "best": max(dists),
                      "source": _source(), **r})
         json.dump(runs, open(path, "w"), indent=1)
         print(runs[-1]["overrides"], f"score {runs[-1]['score']:.3f} final {runs[-1]['final']:.3f}", flush=True)
-    md = tuning_table(runs)
-    with open(os.path.join(args.out, "tuning.md"), "w") as f:
+    md = tuning_table(runs, "PPO" if method == "ppo" else "SB3")
+    with open(os.path.join(args.out, f"tuning{suffix}.md"), "w") as f:
         f.write(md + "\n")
     print(md)
 
 
-def tuning_table(runs):
-    """The Markdown table of PPO's settings search, best score first."""
+def tuning_table(runs, label="PPO"):
+    """The Markdown table of a PPO's settings search (``label``: PPO, diffsoft.ppo's, or SB3), best score first."""
     lines = ["Runs: " + "; ".join(dict.fromkeys(r["source"] for r in runs)) + ".", "",
-             "| PPO settings (changed from the baseline) | mean of the last 3 evaluations | final | best | "
+             f"| {label} settings (changed from the baseline) | mean of the last 3 evaluations | final | best | "
              "wall time (s) |", "| --- | --- | --- | --- | --- |"]
     for r in sorted(runs, key=lambda r: -r["score"]):
         name = ", ".join(f"{k}={v}" for k, v in r["overrides"].items()) or "baseline"
@@ -367,11 +409,16 @@ def main():
     p.add_argument("--ppo-eval-every", type=int, default=2)
     p.add_argument("--tune", action="store_true",
                    help="PPO's settings search instead (seed 0, --steps each): writes tuning.json and tuning.md")
-    p.add_argument("--only", choices=("differentiable", "ppo"), default=None)
+    p.add_argument("--tune-sb3", action="store_true",
+                   help="Stable-Baselines3's settings search (seed 0, --steps each): tuning_sb3.json and .md")
+    p.add_argument("--sb3-set", nargs="*", default=[], metavar="NAME=VALUE",
+                   help="settings of sb3_ppo.BASELINE for SB3 (e.g. normalize=1 log_std_init=-1.5)")
+    p.add_argument("--only", choices=("differentiable", "ppo", "sb3"), default=None,
+                   help="one method (default: differentiable and ppo; sb3 only when named)")
     p.add_argument("--merge", nargs="*", default=[], metavar="JSON",
                    help="other runs' summary.json or results.json (e.g. the other method's, run separately), "
                         "added to --out's summary.json and its report")
-    p.add_argument("--merge-method", choices=("differentiable", "ppo"), default=None,
+    p.add_argument("--merge-method", choices=("differentiable", "ppo", "sb3"), default=None,
                    help="take only this method's runs from --merge's files (e.g. PPO's runs of an earlier report)")
     p.add_argument("--report", action="store_true", help="no training: the report of --out's (and --merge's) runs")
     p.add_argument("--device", default="cpu", help="both methods' torch device")
@@ -385,8 +432,8 @@ def main():
     if args.threads:
         set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
-    if args.tune:
-        return tune_ppo(args)
+    if args.tune or args.tune_sb3:
+        return tune_ppo(args, "ppo" if args.tune else "sb3")
     if args.speed:
         out = speed(args)
         json.dump(out, open(os.path.join(args.out, "speed.json"), "w"), indent=1)
@@ -401,8 +448,8 @@ def main():
         for record in (full, summary):
             record.setdefault("sources", []).append(_source())
     for seed in seeds:
-        for method, run in (("differentiable", run_differentiable), ("ppo", run_ppo)):
-            if args.only in (None, method):
+        for method, run in (("differentiable", run_differentiable), ("ppo", run_ppo), ("sb3", run_sb3)):
+            if args.only == method or (args.only is None and method != "sb3"):
                 r = run(args, seed) if method == "differentiable" else run(args, seed, args.steps)
                 full["runs"].setdefault(method, {})[str(seed)] = r
                 summary["runs"].setdefault(method, {})[str(seed)] = summarize(r)

@@ -81,17 +81,9 @@ class FramePolicy(nn.Module):
     def __init__(self, num_vertices, num_muscles, dim, center_vertex_id, forward_vertex_id, hidden=32,
                  min_a=0.25, max_abs_da=0.3):
         super().__init__()
-        if not (is_finite_real(min_a) and 0 < min_a < 1):
-            raise ValueError(f"min_a must be a number in (0, 1), got {min_a!r}")
-        if not (is_finite_real(max_abs_da) and max_abs_da > 0):
-            raise ValueError(f"max_abs_da must be a positive finite number, got {max_abs_da!r}")
+        check_frame_and_limits(num_vertices, center_vertex_id, forward_vertex_id, min_a, max_abs_da)
         if not (is_integer(hidden) and hidden >= 1):
             raise ValueError(f"hidden must be a positive integer (the hidden layer's width), got {hidden!r}")
-        for name, i in (("center_vertex_id", center_vertex_id), ("forward_vertex_id", forward_vertex_id)):
-            if not (is_integer(i) and 0 <= i < num_vertices):
-                raise ValueError(f"{name} must be a vertex index in [0, {num_vertices}), got {i!r}")
-        if center_vertex_id == forward_vertex_id:
-            raise ValueError("center_vertex_id and forward_vertex_id must differ (they define the frame)")
         self.num_vertices, self.num_muscles, self.dim = num_vertices, num_muscles, dim
         self.center_vertex_id, self.forward_vertex_id = int(center_vertex_id), int(forward_vertex_id)
         self.min_a, self.max_abs_da = float(min_a), float(max_abs_da)
@@ -134,8 +126,30 @@ class FramePolicy(nn.Module):
                              f"(B, {self.num_muscles}) activations of the creature it was made for")
         if noise is not None:
             da = da + noise
-        clamp = _straight_through_clamp if straight_through else torch.clamp
-        return clamp(a + clamp(da, -self.max_abs_da, self.max_abs_da), self.min_a, 1.0)
+        return next_activation(a, da, self.min_a, self.max_abs_da, straight_through)
+
+
+def check_frame_and_limits(num_vertices, center_vertex_id, forward_vertex_id, min_a, max_abs_da):
+    """ValueError naming the first argument at fault: the frame's vertices must be distinct indices in
+    ``[0, num_vertices)``, ``min_a`` in ``(0, 1)``, ``max_abs_da`` positive (shared by :class:`FramePolicy` and
+    :class:`~diffsoft.task.LocomotionTask`)."""
+    if not (is_finite_real(min_a) and 0 < min_a < 1):
+        raise ValueError(f"min_a must be a number in (0, 1), got {min_a!r}")
+    if not (is_finite_real(max_abs_da) and max_abs_da > 0):
+        raise ValueError(f"max_abs_da must be a positive finite number, got {max_abs_da!r}")
+    for name, i in (("center_vertex_id", center_vertex_id), ("forward_vertex_id", forward_vertex_id)):
+        if not (is_integer(i) and 0 <= i < num_vertices):
+            raise ValueError(f"{name} must be a vertex index in [0, {num_vertices}), got {i!r}")
+    if center_vertex_id == forward_vertex_id:
+        raise ValueError("center_vertex_id and forward_vertex_id must differ (they define the frame)")
+
+
+def next_activation(a, da, min_a, max_abs_da, straight_through=False):
+    """The muscles' next activation ``clamp(a + clamp(da, -max_abs_da, max_abs_da), min_a, 1)``: a, da ``(B, M)``.
+
+    ``straight_through``: the same values, but the clamps pass gradients as if they were not there."""
+    clamp = _straight_through_clamp if straight_through else torch.clamp
+    return clamp(a + clamp(da, -max_abs_da, max_abs_da), min_a, 1.0)
 
 
 def _straight_through_clamp(x, lo, hi):

@@ -1,11 +1,11 @@
 """Proximal policy optimisation (PPO) on the same locomotion task, with the simulator as a black box.
 
-The baseline for :mod:`diffsoft.training`: same creature, same observations (:func:`~diffsoft.policy.observe`),
-same action bounds (activation changes clamped to ``max_abs_da``, activations to ``[min_a, 1]``), same
-reward (the centre of mass's progress along +x, per step, so an episode's return is its distance), same
-evaluation (the deterministic policy, from rest). The learning signal differs: sampled returns instead of
-the rollout's gradient (the simulator runs under ``torch.no_grad``); and PPO's episodes are ``horizon``
-steps from rest, while the differentiable trainer's creatures continue across its windows.
+The baseline for :mod:`diffsoft.training`: same creature, same observations, action bounds and reward (the
+centre of mass's progress along +x, per step, so an episode's return is its distance), all from
+:class:`~diffsoft.task.LocomotionTask`, and the same evaluation (the deterministic policy, from rest). The
+learning signal differs: sampled returns instead of the rollout's gradient (the simulator runs under
+``torch.no_grad``); and PPO's episodes are ``horizon`` steps from rest, while the differentiable trainer's
+creatures continue across its windows.
 
 The policy is Gaussian, ``u ~ N(mu(obs), diag(sigma^2))``, with ``mu`` the same MLP as
 :class:`~diffsoft.policy.FramePolicy` (``fc1 -> ReLU -> fc2 -> tanh``) on normalised observations (running
@@ -22,7 +22,8 @@ from torch import nn
 from ._checks import check_fields
 from ._optional import require
 from .creatures import check_device, make_creature
-from .policy import FramePolicy, center_of_mass_x, observe
+from .policy import FramePolicy
+from .task import LocomotionTask
 
 
 @dataclasses.dataclass
@@ -98,21 +99,19 @@ class GaussianFramePolicy(nn.Module):
     """The actor (a :class:`~diffsoft.policy.FramePolicy`-shaped mean on normalised observations, and a
     learned log standard deviation) and the critic (an MLP on the same normalised observations)."""
 
-    def __init__(self, sim, cfg):
+    def __init__(self, task, cfg):
         super().__init__()
-        self.mean_policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a,
-                                                     max_abs_da=cfg.max_abs_da)
+        sim = task.sim
+        self.mean_policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=task.min_a,
+                                                     max_abs_da=task.max_abs_da,
+                                                     center_vertex_id=task.center_vertex_id,
+                                                     forward_vertex_id=task.forward_vertex_id)
         n_obs = self.mean_policy.fc1.in_features
         self.norm = RunningNorm(n_obs)
         self.log_std = nn.Parameter(torch.full((sim.body.num_muscles,), cfg.init_log_std, dtype=sim.body.dtype))
         self.value = nn.Sequential(nn.Linear(n_obs, cfg.value_hidden), nn.Tanh(),
                                    nn.Linear(cfg.value_hidden, cfg.value_hidden), nn.Tanh(),
                                    nn.Linear(cfg.value_hidden, 1)).to(sim.body.dtype)
-
-    def observation(self, x, v):
-        """The mean policy's observation (:func:`~diffsoft.policy.observe`) of positions and velocities."""
-        p = self.mean_policy
-        return observe(x, v, p.center_vertex_id, p.forward_vertex_id)
 
     def distribution(self, obs):
         """``N(mu, sigma)`` over activation changes and the value, from raw observations ``(K, n_obs)``."""
@@ -122,50 +121,40 @@ class GaussianFramePolicy(nn.Module):
         return torch.distributions.Normal(mu, self.log_std.exp().expand_as(mu)), self.value(z).squeeze(-1)
 
 
-def evaluate(sim, model, steps):
-    """Distance along +x of one creature running the mean action from rest (as
+def evaluate(task, model):
+    """Distance along +x of one creature running the mean action from rest for the task's horizon (as
     :func:`~diffsoft.policy.distance_walked`)."""
-    x, v = sim.rest_state
-    x, v = x[None], v[None]
-    a = torch.ones(1, sim.body.num_muscles, dtype=x.dtype, device=x.device)
-    start = center_of_mass_x(sim, x)
+    state = task.reset(1)
     with torch.no_grad():
-        for _ in range(steps):
-            dist, _ = model.distribution(model.observation(x, v))
-            a = model.mean_policy.update(a, dist.mean)
-            x, v = sim.step(x, v, a)
-    return (center_of_mass_x(sim, x) - start).item()
+        while not task.truncated(state).all():
+            dist, _ = model.distribution(task.observe(state))
+            state, _ = task.step(state, dist.mean)
+    return task.distance(state).item()
 
 
-def collect(sim, model, cfg, generator):
-    """One batch of ``cfg.envs`` episodes of ``cfg.horizon`` steps from rest. Returns a dict of
-    ``(T, E, ...)`` tensors: obs, u (sampled actions), logp, value, reward; and the last value (0: episodes
-    end at the horizon, a time limit, so the last value bootstraps the return) and the mean episode
-    distance."""
-    e, m = cfg.envs, sim.body.num_muscles
-    x, v = sim.rest_state
-    x, v = x.expand(e, -1, -1).clone(), v.expand(e, -1, -1).clone()
-    a = torch.ones(e, m, dtype=x.dtype, device=x.device)
+def collect(task, model, cfg, generator):
+    """One batch of ``cfg.envs`` episodes of the task (``horizon`` steps from rest). Returns a dict of
+    ``(T, E, ...)`` tensors: obs, u (sampled actions), logp, value, reward (the task's, times
+    ``cfg.reward_scale``); and the last value (0: episodes end at the horizon, a time limit, so the last value
+    bootstraps the return) and the mean episode distance."""
+    state = task.reset(cfg.envs)
     buf = {k: [] for k in ("obs", "u", "logp", "value", "reward")}
-    start = center_of_mass_x(sim, x)
     with torch.no_grad():
-        for _ in range(cfg.horizon):
-            obs = model.observation(x, v)
+        while not task.truncated(state).all():
+            obs = task.observe(state)
             dist, value = model.distribution(obs)
             u = dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator,
-                                                      dtype=x.dtype).to(x.device)
-            before = center_of_mass_x(sim, x)
-            a = model.mean_policy.update(a, u)
-            x, v = sim.step(x, v, a)
+                                                      dtype=obs.dtype).to(obs.device)
+            state, progress = task.step(state, u)
             buf["obs"].append(obs)
             buf["u"].append(u)
             buf["logp"].append(dist.log_prob(u).sum(-1))
             buf["value"].append(value)
-            buf["reward"].append(cfg.reward_scale * (center_of_mass_x(sim, x) - before))
-        _, last_value = model.distribution(model.observation(x, v))
+            buf["reward"].append(cfg.reward_scale * progress)
+        _, last_value = model.distribution(task.observe(state))
     out = {k: torch.stack(t) for k, t in buf.items()}
     out["last_value"] = last_value
-    out["distance"] = (center_of_mass_x(sim, x) - start).mean().item()
+    out["distance"] = task.distance(state).mean().item()
     return out
 
 
@@ -220,8 +209,9 @@ def train_ppo(cfg, progress=True):
     cfg.check()
     torch.manual_seed(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
-    sim = make_creature(cfg.creature, getattr(torch, cfg.dtype), cfg.device)
-    model = GaussianFramePolicy(sim, cfg).to(cfg.device)
+    task = LocomotionTask(make_creature(cfg.creature, getattr(torch, cfg.dtype), cfg.device), cfg.horizon,
+                          cfg.min_a, cfg.max_abs_da)
+    model = GaussianFramePolicy(task, cfg).to(cfg.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     per_update = cfg.envs * cfg.horizon
     updates = max(cfg.steps // per_update, 1)
@@ -233,10 +223,10 @@ def train_ppo(cfg, progress=True):
     for u in bar:
         record = {"update": u}
         if u % cfg.eval_every == 0:
-            record["eval_distance"] = evaluate(sim, model, cfg.horizon)
+            record["eval_distance"] = evaluate(task, model)
             record["eval_sim_steps"] = u * per_update
         t = time.perf_counter()
-        roll = collect(sim, model, cfg, generator)
+        roll = collect(task, model, cfg, generator)
         model.norm.update(roll["obs"].flatten(0, 1))
         adv, ret = gae(roll["reward"], roll["value"], roll["last_value"], cfg.gamma, cfg.lam)
         batch = {"obs": roll["obs"].flatten(0, 1), "u": roll["u"].flatten(0, 1), "logp": roll["logp"].flatten(),
@@ -247,6 +237,6 @@ def train_ppo(cfg, progress=True):
         history.append(record)
         if progress:
             bar.set_postfix(distance=f"{roll['distance']:.3f}", std=f"{model.log_std.exp().mean().item():.3f}")
-    history.append({"update": updates, "eval_distance": evaluate(sim, model, cfg.horizon),
+    history.append({"update": updates, "eval_distance": evaluate(task, model),
                     "eval_sim_steps": updates * per_update, "sim_steps": updates * per_update, "seconds": seconds})
     return model, history

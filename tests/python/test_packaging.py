@@ -9,7 +9,7 @@ import textwrap
 
 import diffsoft
 
-OPTIONAL = ["PIL", "matplotlib", "meshio", "tqdm", "scipy", "pytest", "hypothesis"]
+OPTIONAL = ["PIL", "matplotlib", "meshio", "tqdm", "scipy", "pytest", "hypothesis", "gymnasium"]
 """The extras' modules and the test tools: none of them may be needed to import the package."""
 
 
@@ -56,7 +56,8 @@ def test_import_and_step_need_only_torch_and_numpy(tmp_path):
 
 
 def test_every_module_of_the_package_imports_with_only_torch_and_numpy(tmp_path):
-    modules = sorted(m.name for m in pkgutil.walk_packages(diffsoft.__path__, "diffsoft."))
+    # diffsoft.envs is the rl extra's module: a gymnasium.Env needs gymnasium (its ImportError: below)
+    modules = sorted(m.name for m in pkgutil.walk_packages(diffsoft.__path__, "diffsoft.") if m.name != "diffsoft.envs")
     assert {"diffsoft.simulator", "diffsoft.training", "diffsoft.render", "diffsoft.cli"} <= set(modules)
     run = _run_without_optional(f"""
         import importlib
@@ -81,7 +82,8 @@ def test_missing_extras_are_named(tmp_path):
                                                    poisson_ratio=0.3))
         for call, extra in [(lambda: diffsoft.render.render_frame(sim, verts), "render"),
                             (lambda: diffsoft.mesh.read("mesh.vtu"), "io"),
-                            (lambda: diffsoft.mesh.write("mesh.vtu", verts, tris), "io")]:
+                            (lambda: diffsoft.mesh.write("mesh.vtu", verts, tris), "io"),
+                            (lambda: __import__("diffsoft.envs"), "rl")]:
             try:
                 call()
             except ImportError as e:
@@ -91,8 +93,8 @@ def test_missing_extras_are_named(tmp_path):
     """, tmp_path)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
-    assert len(lines) == 3
-    for line, module, extra in zip(lines, ["PIL", "meshio", "meshio"], ["render", "io", "io"]):
+    assert len(lines) == 4
+    for line, module, extra in zip(lines, ["PIL", "meshio", "meshio", "gymnasium"], ["render", "io", "io", "rl"]):
         assert module in line and f"pip install 'diffsoft[{extra}]'" in line, line
 
 

@@ -6,6 +6,7 @@ import torch
 
 from diffsoft import ppo
 from diffsoft.ppo import PPOConfig
+from diffsoft.task import LocomotionTask
 
 
 def test_gae_matches_the_recursion_written_out():
@@ -33,11 +34,11 @@ def test_running_norm_equals_the_statistics_of_all_data():
 
 def test_ppo_update_raises_the_probability_of_advantaged_actions():
     cfg = PPOConfig(horizon=4, envs=4, steps=16, epochs=4, minibatch=8, lr=1e-2, dtype="float64")
-    sim = ppo.make_creature(cfg.creature, torch.float64)
+    task = LocomotionTask(ppo.make_creature(cfg.creature, torch.float64), cfg.horizon)
     torch.manual_seed(0)
-    model = ppo.GaussianFramePolicy(sim, cfg)
-    roll = ppo.collect(sim, model, cfg, torch.Generator().manual_seed(0))
-    assert roll["obs"].shape == (4, 4, 4 * sim.body.num_vertices) and torch.isfinite(roll["reward"]).all()
+    model = ppo.GaussianFramePolicy(task, cfg)
+    roll = ppo.collect(task, model, cfg, torch.Generator().manual_seed(0))
+    assert roll["obs"].shape == (4, 4, 4 * task.sim.body.num_vertices) and torch.isfinite(roll["reward"]).all()
     # Actions that did better than the mean get positive advantages: the update must make them likelier.
     obs, u = roll["obs"].flatten(0, 1), roll["u"].flatten(0, 1)
     adv = torch.randn(len(obs), generator=torch.Generator().manual_seed(1), dtype=torch.float64)

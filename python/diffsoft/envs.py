@@ -1,0 +1,195 @@
+"""Gymnasium environments of the locomotion task (:class:`~diffsoft.task.LocomotionTask`), so that any RL library
+trains on diffsoft: :class:`LocomotionEnv` (one creature, a ``gymnasium.Env``) and :class:`LocomotionVectorEnv`
+(``num_envs`` creatures stepped as one batched ``sim.step``, a ``gymnasium.vector.VectorEnv``).
+
+* observation: the frame policy's input (:func:`~diffsoft.policy.observe`), ``Box(-inf, inf, (2 N d,))`` in
+  the creature's dtype;
+* action: the activation change before the ``max_abs_da`` clamp, the frame policy's ``tanh`` output,
+  ``Box(-1, 1, (M,))``; actions outside it are accepted and clamped to ``max_abs_da`` as
+  :mod:`diffsoft.ppo` clamps its Gaussian samples;
+* reward: the centre of mass's progress along +x in the step (metres), so that an episode's return is the
+  distance walked (:mod:`diffsoft.ppo` trains on it times ``reward_scale``);
+* episodes: ``horizon`` steps from rest, then ``truncated`` (a time limit); ``terminated`` is always False.
+
+The task has no randomness (every episode starts at rest): ``reset(seed=...)`` seeds ``np_random`` only.
+Needs the extra ``diffsoft[rl]`` (gymnasium). Also registered as ``gymnasium.make("diffsoft/Locomotion-v0",
+creature=...)`` and ``gymnasium.make_vec("diffsoft/Locomotion-v0", num_envs=N,
+vectorization_mode="vector_entry_point")``.
+"""
+import numpy as np
+import torch
+
+from ._optional import require
+from .creatures import make_creature
+from .simulator import Simulator
+from .task import LocomotionTask
+
+gym = require("gymnasium", "rl")
+from gymnasium.vector import AutoresetMode  # noqa: E402  (after the check that names the extra)
+
+
+def _task(creature, horizon, min_a, max_abs_da, dtype, device):
+    """The task on ``creature``: a name that :func:`~diffsoft.creatures.make_creature` knows, a creature JSON
+    file, or a :class:`~diffsoft.simulator.Simulator`."""
+    sim = creature if isinstance(creature, Simulator) else make_creature(creature, dtype, device)
+    return LocomotionTask(sim, horizon, min_a, max_abs_da)
+
+
+def _spaces(task):
+    """The single observation and action spaces."""
+    dtype = np.dtype(str(task.sim.body.dtype).replace("torch.", ""))
+    observation = gym.spaces.Box(-np.inf, np.inf, (task.num_observations,), dtype)
+    action = gym.spaces.Box(-1.0, 1.0, (task.num_actions,), dtype)
+    return observation, action
+
+
+def _metadata(task, metadata):
+    """The class's metadata and the frame rate of real time: one frame per step of ``dt``."""
+    return {**metadata, "render_fps": 1.0 / float(task.sim.dt)}
+
+
+def _actions(task, actions, shape):
+    """``actions`` as a tensor of the creature's dtype and device, or a ValueError naming what is wrong."""
+    a = np.asarray(actions)
+    if a.shape != shape:
+        raise ValueError(f"action must have shape {shape} (the activation changes of {task.num_actions} muscles), "
+                         f"got {a.shape}")
+    if not np.isfinite(a).all():
+        raise ValueError("action has non-finite (NaN or infinite) entries")
+    body = task.sim.body
+    return torch.as_tensor(a, dtype=body.dtype, device=body.device)
+
+
+def _numpy(t):
+    return t.detach().cpu().numpy()
+
+
+def _render(task, state, i):
+    """An RGB array ``(H, W, 3)`` of creature ``i`` (:func:`~diffsoft.render.render_frame`)."""
+    from .render import render_frame
+    return np.asarray(render_frame(task.sim, state.x[i], state.a[i]))
+
+
+class LocomotionEnv(gym.Env):
+    """One creature of the locomotion task (see the module docstring).
+
+    Args:
+        creature: a name of :data:`~diffsoft.creatures.CREATURES`, a creature JSON file (algovivo's or
+            diffsoft's), or a :class:`~diffsoft.simulator.Simulator`.
+        horizon, min_a, max_abs_da: the task's (:class:`~diffsoft.task.LocomotionTask`; :mod:`diffsoft.ppo`'s
+            defaults).
+        dtype, device: the creature's, when it is built here from a name or file.
+        render_mode: None or ``"rgb_array"`` (:func:`~diffsoft.render.render_frame`; needs ``diffsoft[render]``).
+    """
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, creature="biped", horizon=100, min_a=0.25, max_abs_da=0.3, dtype=torch.float32,
+                 device="cpu", render_mode=None):
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+        self.task = _task(creature, horizon, min_a, max_abs_da, dtype, device)
+        self.metadata = _metadata(self.task, self.metadata)
+        self.observation_space, self.action_space = _spaces(self.task)
+        self.render_mode = render_mode
+        self._state = None
+
+    def reset(self, *, seed=None, options=None):
+        """The creature at rest at its start: ``(observation, {})`` (the task's reset is deterministic; ``seed``
+        seeds ``self.np_random`` as Gymnasium's contract asks)."""
+        super().reset(seed=seed)
+        self._state = self.task.reset(1)
+        return self._observation(), {}
+
+    def step(self, action):
+        """One simulator step under ``action`` (the activation changes, clamped to ``max_abs_da``):
+        ``(observation, reward, False, truncated, {})``; the episode is truncated after ``horizon`` steps."""
+        if self._state is None or bool(self.task.truncated(self._state)):
+            raise RuntimeError("step() needs an episode in progress: call reset() first (and after each episode's "
+                               f"{self.task.horizon} steps)")
+        da = _actions(self.task, action, self.action_space.shape)
+        self._state, reward = self.task.step(self._state, da[None])
+        return self._observation(), float(reward), False, bool(self.task.truncated(self._state)), {}
+
+    def render(self):
+        """An RGB frame (``(H, W, 3)`` uint8) of the creature with ``render_mode="rgb_array"``; else None."""
+        if self.render_mode is None or self._state is None:
+            return None
+        return _render(self.task, self._state, 0)
+
+    def _observation(self):
+        return _numpy(self.task.observe(self._state))[0]
+
+
+class LocomotionVectorEnv(gym.vector.VectorEnv):
+    """``num_envs`` creatures of the locomotion task stepped together: one batched ``sim.step`` per step.
+
+    Autoreset is Gymnasium's default, ``AutoresetMode.NEXT_STEP``: the step after the one that returned
+    ``truncated`` for a creature resets it (its action is ignored, its reward is 0, and the observation is its
+    first). ``reset(options={"reset_mask": mask})`` resets only the creatures in ``mask`` (``(num_envs,)``
+    bool). Arguments as :class:`LocomotionEnv`'s; ``render()`` returns one frame per creature.
+    """
+    metadata = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(self, creature="biped", num_envs=1, horizon=100, min_a=0.25, max_abs_da=0.3, dtype=torch.float32,
+                 device="cpu", render_mode=None):
+        if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+            raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+        self.task = _task(creature, horizon, min_a, max_abs_da, dtype, device)
+        self.metadata = _metadata(self.task, self.metadata)
+        self.num_envs = int(num_envs)
+        self.single_observation_space, self.single_action_space = _spaces(self.task)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        self.render_mode = render_mode
+        self._state = None
+        self._autoreset = np.zeros(self.num_envs, dtype=np.bool_)
+
+    def reset(self, *, seed=None, options=None):
+        """Every creature at rest at its start, or those of ``options["reset_mask"]``: ``(observations, {})``."""
+        super().reset(seed=seed)
+        mask = (options or {}).get("reset_mask")
+        if mask is None or self._state is None:
+            self._state = self.task.reset(self.num_envs)
+            self._autoreset[:] = False
+        else:
+            if not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.shape == (self.num_envs,)):
+                raise ValueError(f"options['reset_mask'] must be a numpy bool array of shape ({self.num_envs},), "
+                                 f"got {mask!r}")
+            self._state = self.task.reset_where(self._state, torch.as_tensor(mask))
+            self._autoreset[mask] = False
+        return self._observation(), {}
+
+    def step(self, actions):
+        """One batched step under ``actions`` (``(num_envs, n_muscles)``), with next-step autoreset:
+        ``(observations, rewards, terminated (all False), truncated, {})``."""
+        if self._state is None:
+            raise RuntimeError("step() needs reset() first")
+        da = _actions(self.task, actions, self.action_space.shape)
+        resetting = self._autoreset
+        if resetting.all():  # the common case: every episode lasts `horizon` steps from the same reset
+            self._state = self.task.reset(self.num_envs)
+            reward = np.zeros(self.num_envs)
+        else:
+            state, reward = self.task.step(self._state, da)
+            reward = _numpy(reward).astype(np.float64)
+            if resetting.any():
+                state = self.task.reset_where(state, torch.as_tensor(resetting))
+                reward[resetting] = 0.0
+            self._state = state
+        truncated = _numpy(self.task.truncated(self._state))
+        self._autoreset = truncated.copy()
+        return self._observation(), reward, np.zeros(self.num_envs, dtype=np.bool_), truncated, {}
+
+    def render(self):
+        """One RGB frame per creature with ``render_mode="rgb_array"``; else None."""
+        if self.render_mode is None or self._state is None:
+            return None
+        return tuple(_render(self.task, self._state, i) for i in range(self.num_envs))
+
+    def _observation(self):
+        return _numpy(self.task.observe(self._state))
+
+
+gym.register("diffsoft/Locomotion-v0", entry_point=LocomotionEnv, vector_entry_point=LocomotionVectorEnv)

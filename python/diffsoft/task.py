@@ -1,0 +1,104 @@
+"""The locomotion task: one definition of what a creature observes, how an action moves its muscles, what it is
+rewarded for and when its episode ends, shared by :mod:`diffsoft.ppo` and the Gymnasium environments of
+:mod:`diffsoft.envs`.
+
+* reset: every creature at rest (``sim.rest_state``) with relaxed muscles (activation 1);
+* observation: :func:`~diffsoft.policy.observe`, the frame policy's input ``(B, 2 N d)``;
+* action: an activation change ``da (B, M)``, the frame policy's ``tanh`` output in ``[-1, 1]``; the muscles
+  take ``a_t = clamp(a_{t-1} + clamp(da, -max_abs_da, max_abs_da), min_a, 1)``
+  (:func:`~diffsoft.policy.next_activation`), then the simulator steps once;
+* reward: the progress of the centre of mass along +x in that step, so that an episode's return is the
+  distance walked;
+* end: a time limit of ``horizon`` steps (a truncation: nothing terminates an episode early).
+"""
+import dataclasses
+
+import torch
+
+from ._checks import is_integer
+from .policy import center_of_mass_x, check_frame_and_limits, frame_vertices, next_activation, observe
+
+
+@dataclasses.dataclass
+class LocomotionState:
+    """A batch of B creatures of one task: positions ``x (B, N, d)``, velocities ``v (B, N, d)``, activations
+    ``a (B, M)``, the steps taken since each creature's reset ``steps (B,)`` int64, and the centre of mass's x
+    at that reset ``start (B,)``."""
+    x: torch.Tensor
+    v: torch.Tensor
+    a: torch.Tensor
+    steps: torch.Tensor
+    start: torch.Tensor
+
+
+class LocomotionTask:
+    """The task on ``sim``'s creature (see the module docstring).
+
+    Args:
+        sim: the :class:`~diffsoft.simulator.Simulator` of one creature (its dtype and device are the task's).
+        horizon: the episode length in steps.
+        min_a, max_abs_da: activations stay in ``[min_a, 1]`` and change by at most ``max_abs_da`` per step.
+        center_vertex_id, forward_vertex_id: the body frame of the observation (default
+            :func:`~diffsoft.policy.frame_vertices`).
+    """
+
+    def __init__(self, sim, horizon=100, min_a=0.25, max_abs_da=0.3, center_vertex_id=None, forward_vertex_id=None):
+        if not (is_integer(horizon) and horizon >= 1):
+            raise ValueError(f"horizon must be a positive integer (the episode length in steps), got {horizon!r}")
+        if center_vertex_id is None or forward_vertex_id is None:
+            center_vertex_id, forward_vertex_id = frame_vertices(sim)
+        check_frame_and_limits(sim.body.num_vertices, center_vertex_id, forward_vertex_id, min_a, max_abs_da)
+        self.sim, self.horizon = sim, int(horizon)
+        self.min_a, self.max_abs_da = float(min_a), float(max_abs_da)
+        self.center_vertex_id, self.forward_vertex_id = int(center_vertex_id), int(forward_vertex_id)
+
+    @property
+    def num_observations(self):
+        """The observation's length ``2 N d``."""
+        return 2 * self.sim.body.num_vertices * self.sim.body.dim
+
+    @property
+    def num_actions(self):
+        """The action's length: the number of muscles ``M``."""
+        return self.sim.body.num_muscles
+
+    def reset(self, batch):
+        """``batch`` creatures at rest with relaxed muscles."""
+        x, v = self.sim.rest_state
+        x, v = x.expand(batch, -1, -1).clone(), v.expand(batch, -1, -1).clone()
+        a = torch.ones(batch, self.num_actions, dtype=x.dtype, device=x.device)
+        steps = torch.zeros(batch, dtype=torch.int64, device=x.device)
+        return LocomotionState(x, v, a, steps, center_of_mass_x(self.sim, x))
+
+    def reset_where(self, state, mask):
+        """``state`` with the creatures where ``mask (B,)`` (bool) is True reset (the others unchanged)."""
+        fresh = self.reset(len(mask))
+        mask = mask.to(state.x.device)
+
+        def pick(new, old):
+            return torch.where(mask.view(-1, *[1] * (old.dim() - 1)), new, old)
+        return LocomotionState(*(pick(getattr(fresh, f.name), getattr(state, f.name))
+                                 for f in dataclasses.fields(LocomotionState)))
+
+    def observe(self, state):
+        """The frame policy's input, ``(B, 2 N d)``."""
+        return observe(state.x, state.v, self.center_vertex_id, self.forward_vertex_id)
+
+    def step(self, state, da):
+        """Applies the activation changes ``da (B, M)`` (clamped to ``max_abs_da``) and steps the simulator
+        once, without gradients. Returns the next state and the reward ``(B,)``: each centre of mass's
+        progress along +x."""
+        with torch.no_grad():
+            before = center_of_mass_x(self.sim, state.x)
+            a = next_activation(state.a, da, self.min_a, self.max_abs_da)
+            x, v = self.sim.step(state.x, state.v, a)
+            reward = center_of_mass_x(self.sim, x) - before
+        return LocomotionState(x, v, a, state.steps + 1, state.start), reward
+
+    def truncated(self, state):
+        """Whether each creature's episode has reached the time limit ``horizon``: ``(B,)`` bool."""
+        return state.steps >= self.horizon
+
+    def distance(self, state):
+        """How far each centre of mass has moved along +x since the reset, ``(B,)``."""
+        return center_of_mass_x(self.sim, state.x) - state.start

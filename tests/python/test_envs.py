@@ -1,0 +1,207 @@
+"""diffsoft.envs: the locomotion task as Gymnasium environments (skipped where gymnasium is not installed;
+test_packaging checks that importing diffsoft.envs without it names the extra)."""
+import numpy as np
+import pytest
+import torch
+
+gym = pytest.importorskip("gymnasium")
+from gymnasium.utils.env_checker import check_env  # noqa: E402
+from gymnasium.vector import AutoresetMode  # noqa: E402
+
+from diffsoft import creatures  # noqa: E402
+from diffsoft.envs import LocomotionEnv, LocomotionVectorEnv  # noqa: E402
+from diffsoft.ppo import PPOConfig, collect, GaussianFramePolicy  # noqa: E402
+from diffsoft.task import LocomotionTask  # noqa: E402
+
+HORIZON = 4
+
+
+def actions(n, m, steps, seed=0):
+    """``(steps, n, m)`` activation changes in [-1, 1], some outside [-max_abs_da, max_abs_da]."""
+    return np.random.default_rng(seed).uniform(-1, 1, (steps, n, m)).astype(np.float32)
+
+
+# The observation (positions and velocities in the body frame) has no bounds: check_env's warnings about them
+# say nothing wrong.
+UNBOUNDED = pytest.mark.filterwarnings("ignore:.*Box observation space (minimum|maximum) value is:UserWarning")
+
+
+@UNBOUNDED
+def test_check_env_passes():
+    check_env(LocomotionEnv(horizon=HORIZON), skip_render_check=True)
+
+
+@UNBOUNDED
+def test_check_env_passes_with_rendering():
+    pytest.importorskip("PIL")
+    env = gym.make("diffsoft/Locomotion-v0", horizon=HORIZON, render_mode="rgb_array").unwrapped
+    check_env(env)
+    env.reset()
+    frame = env.render()
+    assert frame.ndim == 3 and frame.shape[2] == 3 and frame.dtype == np.uint8
+
+
+def test_spaces_are_the_policys_input_and_output():
+    env = LocomotionEnv(horizon=HORIZON)
+    body = env.task.sim.body
+    assert env.observation_space.shape == (2 * body.dim * body.num_vertices,)
+    assert env.observation_space.dtype == np.float32
+    assert env.action_space.shape == (body.num_muscles,)
+    assert (env.action_space.low == -1).all() and (env.action_space.high == 1).all()
+    env64 = LocomotionEnv(horizon=HORIZON, dtype=torch.float64)
+    obs, _ = env64.reset()
+    assert obs.dtype == np.float64 and env64.action_space.dtype == np.float64
+
+
+def test_an_episode_returns_the_distance_walked_and_truncates_at_the_horizon():
+    env = LocomotionEnv(horizon=HORIZON, dtype=torch.float64)
+    env.reset(seed=0)
+    task, total = env.task, 0.0
+    for t, da in enumerate(actions(1, env.action_space.shape[0], HORIZON)[:, 0]):
+        _, reward, terminated, truncated, _ = env.step(da)
+        total += reward
+        assert not terminated and truncated == (t == HORIZON - 1)
+    assert total == pytest.approx(task.distance(env._state).item(), abs=1e-12)
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step(np.zeros(env.action_space.shape))
+
+
+def test_the_single_env_steps_as_ppos_collection_does():
+    """The same activation changes give the same observations and rewards as diffsoft.ppo's collection (one
+    definition of the task): PPO's sampled actions, replayed through the environment."""
+    cfg = PPOConfig(horizon=HORIZON, envs=1, dtype="float64")
+    task = LocomotionTask(creatures.make_creature("biped", torch.float64), HORIZON)
+    roll = collect(task, GaussianFramePolicy(task, cfg), cfg, torch.Generator().manual_seed(0))
+    env = LocomotionEnv(horizon=HORIZON, dtype=torch.float64)
+    obs, _ = env.reset()
+    for t in range(HORIZON):
+        np.testing.assert_array_equal(obs, roll["obs"][t, 0].numpy())
+        obs, reward, _, _, _ = env.step(roll["u"][t, 0].numpy())
+        assert reward * cfg.reward_scale == roll["reward"][t, 0].item()
+
+
+def test_bad_actions_are_refused():
+    env = LocomotionEnv(horizon=HORIZON)
+    env.reset()
+    m = env.action_space.shape[0]
+    with pytest.raises(ValueError, match=rf"action must have shape \({m},\)"):
+        env.step(np.zeros(m + 1))
+    bad = np.zeros(m)
+    bad[1] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        env.step(bad)
+
+
+def test_vector_env_spaces_and_dtypes():
+    env = LocomotionVectorEnv(num_envs=3, horizon=HORIZON)
+    assert env.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
+    single = LocomotionEnv(horizon=HORIZON)
+    assert env.single_observation_space == single.observation_space
+    assert env.single_action_space == single.action_space
+    obs, info = env.reset(seed=1)
+    assert obs.shape == (3,) + single.observation_space.shape and obs.dtype == np.float32 and info == {}
+    obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+    assert obs.shape == (3,) + single.observation_space.shape and obs.dtype == np.float32
+    assert reward.shape == (3,) and reward.dtype == np.float64
+    assert terminated.dtype == truncated.dtype == np.bool_ and terminated.shape == truncated.shape == (3,)
+    assert env.observation_space.contains(obs)
+
+
+def test_vector_env_equals_single_envs_stepped_with_the_same_actions():
+    """Creature i of the batch (one batched sim.step) sees exactly what a single environment sees, through two
+    episodes and the autoresets after them (on the CPU each creature of a batch gets its own Newton solve)."""
+    n = 3
+    vec = LocomotionVectorEnv(num_envs=n, horizon=HORIZON, dtype=torch.float64)
+    singles = [LocomotionEnv(horizon=HORIZON, dtype=torch.float64) for _ in range(n)]
+    m = vec.single_action_space.shape[0]
+    obs, _ = vec.reset(seed=0)
+    single_obs = [e.reset(seed=0)[0] for e in singles]
+    np.testing.assert_array_equal(obs, np.stack(single_obs))
+    done = np.zeros(n, dtype=bool)
+    for t, da in enumerate(actions(n, m, 2 * HORIZON + 2, seed=3)):
+        obs, reward, terminated, truncated, _ = vec.step(da)
+        for i, e in enumerate(singles):
+            if done[i]:  # next-step autoreset: the reset's observation, reward 0
+                o, r, te, tr = e.reset()[0], 0.0, False, False
+            else:
+                o, r, te, tr, _ = e.step(da[i])
+            np.testing.assert_array_equal(obs[i], o)
+            assert reward[i] == r and terminated[i] == te and truncated[i] == tr
+        done = terminated | truncated
+    assert t == 2 * HORIZON + 1 and not done.any()  # the last step was the second autoreset
+
+
+def test_vector_env_autoreset_is_next_step():
+    env = LocomotionVectorEnv(num_envs=2, horizon=2)
+    first, _ = env.reset()
+    da = np.ones((2, env.single_action_space.shape[0]), dtype=np.float32)
+    _, _, _, truncated, _ = env.step(da)
+    assert not truncated.any()
+    last, reward, _, truncated, _ = env.step(da)
+    assert truncated.all() and (reward != 0).all()
+    obs, reward, terminated, truncated, _ = env.step(da)  # ignored: this step resets
+    np.testing.assert_array_equal(obs, first)
+    assert (reward == 0).all() and not terminated.any() and not truncated.any()
+
+
+def test_vector_env_partial_reset_by_mask():
+    env = LocomotionVectorEnv(num_envs=3, horizon=HORIZON)
+    first, _ = env.reset()
+    moved, _, _, _, _ = env.step(np.full((3, env.single_action_space.shape[0]), -1.0, dtype=np.float32))
+    obs, _ = env.reset(options={"reset_mask": np.array([True, False, True])})
+    np.testing.assert_array_equal(obs[[0, 2]], first[[0, 2]])
+    np.testing.assert_array_equal(obs[1], moved[1])
+    assert env.task.truncated(env._state).tolist() == [False, False, False]
+    assert env._state.steps.tolist() == [0, 1, 0]
+    with pytest.raises(ValueError, match="reset_mask"):
+        env.reset(options={"reset_mask": [True, False, True]})
+
+
+def test_vector_env_seeding_is_reproducible():
+    def run(seed):
+        env = LocomotionVectorEnv(num_envs=2, horizon=HORIZON)
+        out = [env.reset(seed=seed)[0]]
+        env.action_space.seed(seed)
+        for _ in range(HORIZON + 1):
+            out.append(env.step(env.action_space.sample())[0])
+        return np.stack(out), env.np_random.random()
+    (a, ra), (b, rb) = run(7), run(7)
+    np.testing.assert_array_equal(a, b)
+    assert ra == rb
+
+
+def test_every_creature_and_creature_files_work(tmp_path):
+    names = sorted(creatures.CREATURES)
+    path = tmp_path / "biped_algovivo.json"
+    creatures.save_algovivo(creatures.biped(), path)
+    ours = tmp_path / "worm.json"
+    creatures.save(creatures.worm(), ours)
+    for creature in names + [str(path), str(ours)]:
+        env = LocomotionVectorEnv(creature, num_envs=2, horizon=2)
+        obs, _ = env.reset()
+        obs, reward, _, _, _ = env.step(env.action_space.sample())
+        assert np.isfinite(obs).all() and np.isfinite(reward).all(), creature
+
+
+def test_gymnasium_make_and_make_vec():
+    env = gym.make("diffsoft/Locomotion-v0", creature="worm", horizon=HORIZON)
+    assert isinstance(env.unwrapped, LocomotionEnv)
+    env.reset(seed=0)
+    env.step(env.action_space.sample())
+    vec = gym.make_vec("diffsoft/Locomotion-v0", num_envs=2, vectorization_mode="vector_entry_point",
+                       creature="worm", horizon=HORIZON)
+    assert isinstance(vec.unwrapped, LocomotionVectorEnv) and vec.num_envs == 2
+
+
+def test_bad_arguments_name_themselves():
+    with pytest.raises(ValueError, match="num_envs must be a positive integer"):
+        LocomotionVectorEnv(num_envs=0)
+    with pytest.raises(ValueError, match="horizon must be a positive integer"):
+        LocomotionEnv(horizon=0)
+    with pytest.raises(ValueError, match="max_abs_da must be a positive"):
+        LocomotionEnv(max_abs_da=-1.0)
+    with pytest.raises(ValueError, match="render_mode"):
+        LocomotionEnv(render_mode="human")
+    with pytest.raises(ValueError, match="creature must be one of"):
+        LocomotionEnv("no_such_creature")
+

@@ -1,0 +1,66 @@
+"""diffsoft.task: the locomotion task that diffsoft.ppo and the Gymnasium environments share (no gymnasium
+needed here)."""
+import pytest
+import torch
+
+from diffsoft import creatures
+from diffsoft.policy import FramePolicy, distance_walked
+from diffsoft.task import LocomotionTask
+
+F64 = torch.float64
+
+
+@pytest.fixture(scope="module")
+def task():
+    return LocomotionTask(creatures.make_creature("biped", F64), horizon=3)
+
+
+def test_an_episode_is_the_frame_policys_rollout(task):
+    """Stepping the task with a frame policy's output gives the rollout of policy.distance_walked: the
+    returns add up to its distance."""
+    policy = FramePolicy.for_simulator(task.sim, center_vertex_id=task.center_vertex_id,
+                                       forward_vertex_id=task.forward_vertex_id)
+    state, total = task.reset(1), 0.0
+    while not task.truncated(state).all():
+        state, reward = task.step(state, policy(state.x, state.v))
+        total += reward.item()
+    assert state.steps.tolist() == [3]
+    assert total == pytest.approx(task.distance(state).item(), abs=1e-12)
+    assert task.distance(state).item() == pytest.approx(distance_walked(task.sim, policy, 3), abs=1e-12)
+
+
+def test_actions_are_clamped_to_max_abs_da_and_activations_to_min_a(task):
+    state = task.reset(2)
+    da = torch.tensor([5.0, -5.0], dtype=F64)[:, None].expand(2, task.num_actions)
+    state, _ = task.step(state, da)
+    assert (state.a[0] == 1.0).all() and torch.allclose(state.a[1], torch.full_like(state.a[1], 1 - task.max_abs_da))
+    for _ in range(3):
+        state, _ = task.step(state, da)
+    assert (state.a[1] == task.min_a).all()
+
+
+def test_reset_where_resets_only_the_masked_creatures(task):
+    state = task.reset(3)
+    state, _ = task.step(state, torch.full((3, task.num_actions), -1.0, dtype=F64))
+    fresh = task.reset(3)
+    mixed = task.reset_where(state, torch.tensor([True, False, True]))
+    for name in ("x", "v", "a", "steps", "start"):
+        got, moved, rest = getattr(mixed, name), getattr(state, name), getattr(fresh, name)
+        assert torch.equal(got[[0, 2]], rest[[0, 2]]) and torch.equal(got[1], moved[1]), name
+    assert not torch.equal(state.x[1], fresh.x[1])  # the kept creature had moved
+
+
+def test_observation_and_action_sizes(task):
+    body = task.sim.body
+    assert task.observe(task.reset(2)).shape == (2, task.num_observations) == (2, 2 * body.dim * body.num_vertices)
+    assert task.num_actions == body.num_muscles
+
+
+def test_bad_arguments_name_themselves():
+    sim = creatures.worm()
+    with pytest.raises(ValueError, match="horizon must be a positive integer"):
+        LocomotionTask(sim, horizon=2.5)
+    with pytest.raises(ValueError, match="min_a must be a number in"):
+        LocomotionTask(sim, min_a=1.0)
+    with pytest.raises(ValueError, match="center_vertex_id and forward_vertex_id must differ"):
+        LocomotionTask(sim, center_vertex_id=1, forward_vertex_id=1)
