@@ -14,9 +14,9 @@ trainer calls, and the simulator's C++ Newton loop and adjoint solve by diffsoft
 - ``step forward: C++ Newton`` / ``Python`` : ``Simulator.step`` (the C++ solve / the rest of the call);
 - ``step backward: C++ adjoint`` / ``rest of the actor's backward``: the actor loss's ``backward`` (the
   adjoint solves in C++ / the policy's and the step's autograd around them);
-- ``policy``: ``FramePolicy.forward`` (its observation included) and ``.update``;
-- ``observation``, ``reward``: the critic's copy of the observation (``observe``), the centre of mass and the
-  uprightness;
+- ``policy``: ``FramePolicy.head`` (or ``.forward``, its observation included, where the trainer calls it)
+  and ``.update``;
+- ``observation``, ``reward``: ``observe`` where the trainer calls it, the centre of mass and the uprightness;
 - ``critic fit``, ``critic targets``: ``fit_critic`` (16 passes x 4 minibatches by default) and the target
   critic's values with the TD(lambda) targets;
 - ``actor update``: gradient clipping and Adam;
@@ -25,7 +25,7 @@ trainer calls, and the simulator's C++ Newton loop and adjoint solve by diffsoft
   penalty, returns, terminations, stacking).
 
 Prints, per setting, each part's share of the measured time and its microseconds per creature-step, and the
-Newton iterations per step (trained gaits cost more than standing).
+whole's wall-clock and process CPU time per creature-step (on a loaded machine the CPU time varies less).
 """
 import argparse
 import contextlib
@@ -61,6 +61,7 @@ class Clock:
 
     def __init__(self):
         self.seconds = dict.fromkeys(PARTS + ("iteration",), 0.0)
+        self.cpu_seconds = 0.0  # the process's CPU time in the outermost parts: less sensitive to the load
         self.counting = True
         self._stack = []  # [part, seconds of wrapped calls inside it]
 
@@ -70,7 +71,7 @@ class Clock:
             yield
             return
         self._stack.append([None if opaque else name, 0.0])
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
@@ -78,6 +79,8 @@ class Clock:
             inner = self._stack.pop()[1]
             if self._stack:
                 self._stack[-1][1] += spent
+            elif self.counting:
+                self.cpu_seconds += time.process_time() - cpu
             if self.counting:
                 self.seconds[name] += spent - inner
 
@@ -87,6 +90,7 @@ def instrumented(clock):
     """The trainer's functions wrapped to charge their time to ``clock`` (restored on exit)."""
     patches = [(Simulator, "step", "step forward: Python", False),
                (policy_module.FramePolicy, "forward", "policy", False),
+               (policy_module.FramePolicy, "head", "policy", False),
                (policy_module.FramePolicy, "update", "policy", False),
                (training, "observe", "observation", False),
                (training, "center_of_mass_x", "reward", False),
@@ -101,6 +105,7 @@ def instrumented(clock):
                (training, "distance_walked", "evaluation", True),
                (training, "train_iteration", "iteration", False),
                (torch.autograd, "backward", "rest of the actor's backward", False)]
+    patches = [p for p in patches if hasattr(p[0], p[1])]  # (code before FramePolicy.head: profiles of old commits)
     saved = [(owner, name, getattr(owner, name)) for owner, name, _, _ in patches]
 
     def timed(fn, part, opaque):
@@ -184,7 +189,8 @@ def main():
         text, total = report(clock, cpp, steps)
         newton_calls = cpp["newton"][1]
         print(f"\n{' '.join(s)}: {steps:,} creature-steps in {total:.1f} s "
-              f"({1e6 * total / steps:.0f} us per creature-step); {newton_calls} C++ Newton solves")
+              f"({1e6 * total / steps:.0f} us per creature-step; CPU time {1e6 * clock.cpu_seconds / steps:.0f} us); "
+              f"{newton_calls} C++ Newton solves")
         print(text)
 
 

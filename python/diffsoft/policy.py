@@ -109,7 +109,11 @@ class FramePolicy(nn.Module):
 
     def forward(self, x, v):
         """The raw activation change ``tanh(...)``: ``(B, M)`` from x, v ``(B, N, d)``."""
-        obs = observe(x, v, self.center_vertex_id, self.forward_vertex_id)
+        return self.head(observe(x, v, self.center_vertex_id, self.forward_vertex_id))
+
+    def head(self, obs):
+        """The raw activation change ``(B, M)`` from the observation ``(B, 2 N d)`` (:func:`observe`), for a
+        caller that needs the observation too."""
         return torch.tanh(self.fc2(torch.relu(self.fc1(obs))))
 
     def act(self, x, v, a, noise=None):

@@ -72,6 +72,23 @@ def test_td_lambda_targets_stop_at_a_terminal_step():
                                torch.tensor([g0, g1, g2]))
 
 
+def test_segment_discounts_match_the_return_accumulated_step_by_step():
+    # The trainer's loop before the window was vectorised: discount = gamma^t, reset to 1 after a terminal step.
+    g = torch.Generator().manual_seed(0)
+    done = torch.rand(9, 6, generator=g) < 0.25
+    done[:, 0], done[:, 1], done[-1, 2] = False, True, True  # never; always; at the last step only
+    gamma = 0.9
+    discount, end_discount, began = training.segment_discounts(done, gamma, F64)
+    expected, d, start = [], torch.ones(6, dtype=F64), torch.zeros(6, dtype=torch.long)
+    for t in range(9):
+        expected.append(d.clone())
+        d = torch.where(done[t], torch.ones_like(d), d * gamma)
+        start = torch.where(done[t], torch.full_like(start, t + 1), start)
+    torch.testing.assert_close(discount, torch.stack(expected), rtol=1e-14, atol=0)
+    torch.testing.assert_close(end_discount, d, rtol=1e-14, atol=0)
+    assert began.tolist() == start.tolist() and began[0] == 0 and began[1] == began[2] == 9
+
+
 def test_early_termination_restarts_fallen_creatures_at_rest(tmp_path):
     # terminate_upright = 1: every step tilts the body a little, so every creature is terminated after every
     # step and restarts at rest: the pool is at rest after the run, every step is counted, the critic's
