@@ -613,8 +613,9 @@ def train(cfg, resume=False, progress=True, log=print):
         list of per-iteration records: ``iteration``, ``distance``,
         ``grad_norm``, ``critic_loss``, ``value`` (see :func:`train_iteration`), ``terminated`` (with
         ``terminate_upright``: the creatures restarted after a fall in that iteration), ``sim_steps`` (creature-steps
-        simulated so far, all processes, evaluation excluded), ``seconds`` (training wall time so far) and,
-        every ``eval_every`` iterations, ``eval_distance`` (:func:`~diffsoft.policy.distance_walked` over
+        simulated so far, all processes, evaluation excluded), ``seconds`` (training wall time so far, evaluations
+        excluded), ``cpu_seconds`` (this process's CPU time over the same spans, all its threads: on a loaded
+        machine nearer the time an idle one would take) and, every ``eval_every`` iterations, ``eval_distance`` (:func:`~diffsoft.policy.distance_walked` over
         ``eval_horizon`` steps, before the update) at ``eval_sim_steps``.
     """
     cfg.check()
@@ -653,6 +654,7 @@ def train(cfg, resume=False, progress=True, log=print):
         for m in (policy, critic, target_critic):
             for p in m.parameters():
                 dist.broadcast(p.data, 0)
+    cpu_seconds = history[-1].get("cpu_seconds", 0.0) if history else 0.0  # absent: histories before it
     if rank == 0:
         os.makedirs(cfg.out_dir, exist_ok=True)
     bar = range(start, cfg.iterations)
@@ -666,7 +668,7 @@ def train(cfg, resume=False, progress=True, log=print):
             record["eval_distance"] = distance_walked(sim, policy, cfg.eval_horizon)
             record["eval_sim_steps"] = it * per_iteration
             best.offer(record["eval_distance"], it, policy)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         failures = []
         try:
             record.update(train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer,
@@ -682,8 +684,9 @@ def train(cfg, resume=False, progress=True, log=print):
             if rank == 0:
                 log(f"skipped non-converged steps: {'; '.join(failures)}")
         train_seconds += time.perf_counter() - t
+        cpu_seconds += time.process_time() - cpu
         record["sim_steps"] = (it + 1) * per_iteration
-        record["seconds"] = train_seconds
+        record["seconds"], record["cpu_seconds"] = train_seconds, cpu_seconds
         history.append(record)
         if progress and rank == 0:
             bar.set_postfix(distance=f"{record['distance']:.3f}", grad=f"{record['grad_norm']:.2g}",

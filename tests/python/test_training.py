@@ -151,6 +151,8 @@ def test_resume_continues_to_the_same_state(tmp_path):
     for p, q in zip(straight.parameters(), resumed.parameters()):
         assert torch.equal(p, q)
     assert [(r["distance"], r["critic_loss"]) for r in h1] == [(r["distance"], r["critic_loss"]) for r in h2]
+    cpu = [r["cpu_seconds"] for r in h2]  # the training's CPU time, counted on from the checkpoint's history
+    assert 0 < cpu[0] < cpu[1] < cpu[2] < cpu[3]
     ckpt = torch.load(os.path.join(tmp_path / "b", "checkpoint.pt"))
     assert ckpt["iteration"] == 4 and len(ckpt["history"]) == 4
     assert {"critic", "target_critic", "critic_optimizer", "pool"} <= set(ckpt)
