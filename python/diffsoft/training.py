@@ -312,7 +312,7 @@ def fit_critic(cfg, critic, target_critic, optimizer, obs, a, targets, valid, ge
         loss_sum = 0.0
         for idx in order.split(size):
             loss = (critic(obs[idx], a[idx]) - targets[idx]).square().mean()
-            optimizer.zero_grad()
+            optimizer.zero_grad(set_to_none=False)  # in place: the gradients may be views (flat_parameters)
             loss.backward()
             optimizer.step()
             loss_sum += loss.item() * len(idx)
@@ -320,6 +320,37 @@ def fit_critic(cfg, critic, target_critic, optimizer, obs, a, targets, valid, ge
         for pt, pc in zip(target_critic.parameters(), critic.parameters()):
             pt.mul_(cfg.target_alpha).add_(pc, alpha=1 - cfg.target_alpha)
     return loss_sum / max(k, 1)
+
+
+def flat_parameters(module):
+    """One parameter holding all of ``module``'s: the module's parameters and their gradients become views of
+    its data and its gradient, so that an optimizer given it alone updates the module. The critic's Adam then
+    takes one tensor's operations per step instead of six's, the same arithmetic element by element (an Adam
+    step on the critic's small layers costs mostly per-tensor overhead: its fit took 20-25% less time, to the
+    same bits; docs/training.md, "Where an iteration's time goes"). Zero its gradient in place
+    (``zero_grad(set_to_none=False)``): autograd then accumulates into the views."""
+    params = list(module.parameters())
+    flat = nn.Parameter(torch.cat([p.detach().flatten() for p in params]))
+    flat.grad = torch.zeros_like(flat)
+    offset = 0
+    for p in params:
+        p.data = flat.data[offset:offset + p.numel()].view_as(p)
+        p.grad = flat.grad[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
+
+
+def _flat_adam_state(state):
+    """An Adam ``state_dict`` over one parameter group of several tensors (the critic's before
+    :func:`flat_parameters`) as the same state over their concatenation, in order; others are returned as
+    they are."""
+    group, = state["param_groups"]
+    if len(group["params"]) == 1:
+        return state
+    per = [state["state"][k] for k in group["params"] if k in state["state"]]
+    flat = {} if not per else {0: {"step": per[0]["step"], **{k: torch.cat([p[k].flatten() for p in per])
+                                                              for k in ("exp_avg", "exp_avg_sq")}}}
+    return {"state": flat, "param_groups": [dict(group, params=[0])]}
 
 
 def distributed_world():
@@ -631,7 +662,7 @@ def train(cfg, resume=False, progress=True, log=print):
                                                                                           dtype=dtype)
     target_critic = copy.deepcopy(critic).requires_grad_(False)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
-    critic_optimizer = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
+    critic_optimizer = torch.optim.Adam([flat_parameters(critic)], lr=cfg.critic_lr)
     learners = {"policy": policy, "critic": critic, "target_critic": target_critic, "optimizer": optimizer,
                "critic_optimizer": critic_optimizer}
     b = cfg.batch // world
@@ -640,6 +671,7 @@ def train(cfg, resume=False, progress=True, log=print):
     history, start, train_seconds, best = [], 0, 0.0, _Best()
     if resume and os.path.exists(ckpt_path):
         ckpt = _load_checkpoint(ckpt_path, cfg)
+        ckpt["critic_optimizer"] = _flat_adam_state(ckpt["critic_optimizer"])
         for name, m in learners.items():
             m.load_state_dict(ckpt[name])
         state = {"scale": torch.ones(cfg.batch, 3, dtype=pool.x.dtype), **ckpt["pool"]}  # scale: since randomize

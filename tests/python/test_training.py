@@ -135,6 +135,46 @@ def test_the_critic_learns_its_targets():
     assert sum((p - q).norm() for p, q in zip(critic.parameters(), target.parameters())) < gap
 
 
+def test_an_adam_over_the_flat_parameters_fits_the_critic_to_the_same_bits():
+    cfg = TrainConfig(critic_iterations=5, critic_minibatches=3)
+    torch.manual_seed(0)
+    obs, a, targets = torch.randn(40, 10, dtype=F64), torch.rand(40, 3, dtype=F64), torch.randn(40, dtype=F64)
+    valid = torch.rand(40) < 0.8
+    fitted = []
+    for flat in (False, True):
+        torch.manual_seed(1)
+        critic, target = training.Critic(10, 3, 16).double(), training.Critic(10, 3, 16).double()
+        params = [training.flat_parameters(critic)] if flat else critic.parameters()
+        optimizer = torch.optim.Adam(params, lr=1e-2)
+        for k in range(3):
+            loss = training.fit_critic(cfg, critic, target, optimizer, obs, a, targets, valid,
+                                       torch.Generator().manual_seed(k))
+        fitted.append((loss, [p.detach().clone() for p in critic.parameters()], optimizer))
+    assert fitted[0][0] == fitted[1][0]
+    assert all(torch.equal(p, q) for p, q in zip(fitted[0][1], fitted[1][1]))
+    assert training._flat_adam_state(fitted[0][2].state_dict())["state"][0]["exp_avg"].equal(
+        fitted[1][2].state_dict()["state"][0]["exp_avg"])
+
+
+def test_a_checkpoint_with_the_critics_adam_over_each_tensor_resumes_exactly(tmp_path):
+    # Checkpoints written before flat_parameters hold the critic's Adam state per tensor.
+    straight, _ = training.train(_tiny(tmp_path / "a", iterations=4), progress=False)
+    training.train(_tiny(tmp_path / "b", iterations=2), progress=False)
+    path = os.path.join(tmp_path / "b", "checkpoint.pt")
+    ckpt = torch.load(path)
+    state, = ckpt["critic_optimizer"]["state"].values()
+    sizes = [p.numel() for p in ckpt["critic"].values()]
+    per = [dict(step=state["step"], exp_avg=m.reshape(p.shape), exp_avg_sq=v.reshape(p.shape))
+           for m, v, p in zip(state["exp_avg"].split(sizes), state["exp_avg_sq"].split(sizes), ckpt["critic"].values())]
+    ckpt["critic_optimizer"] = {"state": dict(enumerate(per)),
+                                "param_groups": [dict(ckpt["critic_optimizer"]["param_groups"][0],
+                                                      params=list(range(len(per))))]}
+    torch.save(ckpt, path)
+    resumed, _ = training.train(_tiny(tmp_path / "b", iterations=4), resume=True, progress=False)
+    for p, q in zip(straight.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+
+
 @pytest.mark.parametrize("name", ["biped", "tetrapod"])
 def test_uprightness_is_one_at_rest_and_minus_one_upside_down(name):
     sim = creatures.make_creature(name, F64)
