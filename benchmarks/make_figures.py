@@ -44,22 +44,33 @@ def with_more_ppo_seeds(summary, path):
 
 
 def headline_rows(creature, summary):
-    """One row of the headline: PPO's mean final distance over its seeds, the creature-steps each method needs
-    to reach it (medians over seeds), their ratio, and both methods' final distances (medians)."""
+    """One row of the headline: PPO's mean final distance over its seeds, the creature-steps and the training
+    seconds (wall-clock, evaluations excluded) each method needs to reach it (medians over seeds), their
+    ratios, and both methods' final distances (medians)."""
     finals = {m: [evaluations(r)[-1][2] for r in rs.values()] for m, rs in summary["runs"].items()}
     target = sum(finals["ppo"]) / len(finals["ppo"])
     hits = {m: [first_reaching(r, target) for r in rs.values()] for m, rs in summary["runs"].items()}
-    steps = {m: _median([h and h[0] for h in hs]) for m, hs in hits.items()}
-    reached = {m: [h[0] for h in hs if h] for m, hs in hits.items()}
+
+    def medians(k):
+        """Each method's median of ``hit[k]`` (``None``: never) and the values of the seeds that reached."""
+        return ({m: _median([h and h[k] for h in hs]) for m, hs in hits.items()},
+                {m: [h[k] for h in hs if h] for m, hs in hits.items()})
+
+    def ratio(mid, reached):
+        if mid["ppo"] is not None:
+            return f"**{mid['ppo'] / mid['differentiable']:.1f}x**"
+        # PPO's median is never: the median of the PPO seeds that reached bounds it from below
+        return f"**> {_median(reached['ppo']) / mid['differentiable']:.1f}x**"
+
+    steps, reached = medians(0)
+    secs, reached_secs = medians(1)
     cells = {m: f"{'never' if steps[m] is None else f'{steps[m]:,.0f}'} ({len(reached[m])} of {len(hits[m])})"
              for m in hits}
-    if steps["ppo"] is not None:
-        ratio = f"**{steps['ppo'] / steps['differentiable']:.1f}x**"
-    else:  # PPO's median is never: the median of the PPO seeds that reached bounds it from below
-        ratio = f"**> {_median(reached['ppo']) / steps['differentiable']:.1f}x**"
+    seconds = {m: "never" if secs[m] is None else f"{secs[m]:.0f}" for m in hits}
     ppo_seeds = sorted(summary["runs"]["ppo"], key=int)
     return (f"| {creature} | {ppo_seeds[0]}-{ppo_seeds[-1]} | {target:.2f} | {cells['differentiable']} | "
-            f"{cells['ppo']} | {ratio} | {_median(finals['differentiable']):.2f} / {_median(finals['ppo']):.2f} |")
+            f"{cells['ppo']} | {ratio(steps, reached)} | {seconds['differentiable']} / {seconds['ppo']} | "
+            f"{ratio(secs, reached_secs)} | {_median(finals['differentiable']):.2f} / {_median(finals['ppo']):.2f} |")
 
 
 def headline(results):
@@ -73,9 +84,10 @@ def headline(results):
             sources += [s for s in summary["sources"] if s not in sources]
     return "\n".join([
         "| creature | PPO's seeds | PPO's final distance (mean over its seeds) | creature-steps to reach it: "
-        "differentiable (median, 3 seeds) | PPO (median) | PPO / differentiable | distance at 409,600: "
-        "differentiable / PPO (medians) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |", *rows, "",
+        "differentiable (median, 3 seeds) | PPO (median) | PPO / differentiable | training seconds to reach it "
+        "(wall-clock, evaluations excluded): differentiable / PPO (medians) | PPO / differentiable | distance at "
+        "409,600: differentiable / PPO (medians) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |", *rows, "",
         "Runs: " + "; ".join(sources) + "."])
 
 

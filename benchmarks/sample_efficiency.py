@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 import json
 import os
+import platform
 import re
 import shlex
 import subprocess
@@ -52,13 +53,15 @@ from diffsoft.threads import set_num_threads
 
 
 def _history_evaluations(history):
-    """``[(creature-steps, training seconds, distance)]`` of every evaluation in a full ``history``: the steps
-    and the training time (evaluations excluded) spent before it."""
-    out, seconds = [], 0.0
+    """``[(creature-steps, training seconds, distance, training CPU seconds)]`` of every evaluation in a full
+    ``history``: the steps, the training wall-clock time and the process's CPU time (evaluations excluded) spent
+    before it; the CPU time is None in histories recorded before the trainers kept it."""
+    timed = any("cpu_seconds" in r for r in history)
+    out, seconds, cpu = [], 0.0, 0.0
     for r in history:
         if "eval_distance" in r:
-            out.append((r["eval_sim_steps"], seconds, r["eval_distance"]))
-        seconds = r.get("seconds", seconds)
+            out.append((r["eval_sim_steps"], seconds, r["eval_distance"], cpu if timed else None))
+        seconds, cpu = r.get("seconds", seconds), r.get("cpu_seconds", cpu)
     return out
 
 
@@ -71,36 +74,61 @@ def summarize(run):
     """The compact record of one run (a method and a seed), from its full record (``config``, ``history``,
     ``wall_seconds``, ``train_seconds``, ``sim_steps``); a compact record is returned as it is.
 
-    Keeps the config, every evaluation as ``[creature-steps, training seconds before it, distance]`` (distance
-    to 1e-6, seconds to 1 ms: finer than any table prints), the totals, ``terminated`` (early terminations
-    over the run) and ``not_converged`` (creature-steps whose Newton solve did not converge, left out of their
-    iteration). A 400-iteration run's full history is some 0.3 MB; this is some 10 kB.
+    Keeps the config, every evaluation as ``[creature-steps, training seconds before it, distance, training CPU
+    seconds before it]`` (distance to 1e-6, seconds to 1 ms: finer than any table prints; the CPU seconds
+    only where the history has them), the totals, ``terminated`` (early terminations over the run),
+    ``not_converged`` (creature-steps whose Newton solve did not converge, left out of their iteration) and,
+    where recorded, ``machine`` (:func:`machine`, at the run's start and end). A 400-iteration run's full
+    history is some 0.3 MB; this is some 10 kB.
     """
     if "evaluations" in run:
         return run
     history = run["history"]
-    return {"config": run["config"],
-            "evaluations": [[s, round(t, 3), round(d, 6)] for s, t, d in _history_evaluations(history)],
-            "train_seconds": round(run["train_seconds"], 3), "wall_seconds": round(run["wall_seconds"], 3),
-            "sim_steps": run["sim_steps"], "terminated": sum(r.get("terminated", 0) for r in history),
-            "not_converged": sum(_creature_steps(f) for r in history for f in r.get("failures", ()))}
+    out = {"config": run["config"],
+           "evaluations": [[s, round(t, 3), round(d, 6)] + ([] if c is None else [round(c, 3)])
+                           for s, t, d, c in _history_evaluations(history)],
+           "train_seconds": round(run["train_seconds"], 3), "wall_seconds": round(run["wall_seconds"], 3),
+           "sim_steps": run["sim_steps"], "terminated": sum(r.get("terminated", 0) for r in history),
+           "not_converged": sum(_creature_steps(f) for r in history for f in r.get("failures", ()))}
+    cpu = [r["cpu_seconds"] for r in history if "cpu_seconds" in r]
+    if cpu:
+        out["train_cpu_seconds"] = round(cpu[-1], 3)
+    if "machine" in run:
+        out["machine"] = run["machine"]
+    return out
 
 
 def evaluations(run):
-    """``[(creature-steps, training seconds, distance)]`` of every evaluation of a run (full or compact)."""
-    return [tuple(e) for e in summarize(run)["evaluations"]]
+    """``[(creature-steps, training seconds, distance, training CPU seconds or None)]`` of every evaluation of a
+    run (full or compact)."""
+    return [(e[0], e[1], e[2], e[3] if len(e) > 3 else None) for e in summarize(run)["evaluations"]]
 
 
 def first_reaching(run, target):
-    """``(creature-steps, training seconds)`` of the first evaluation at or past ``target``, or None."""
-    return next(((s, t) for s, t, d in evaluations(run) if d >= target), None)
+    """``(creature-steps, training seconds, training CPU seconds or None)`` of the first evaluation at or past
+    ``target``, or None."""
+    return next(((s, t, c) for s, t, d, c in evaluations(run) if d >= target), None)
 
 
-def curve(run):
-    return [(s, d) for s, _, d in evaluations(run)]
+def curve(run, x="steps"):
+    """``[(creature-steps, distance)]`` of every evaluation, or with ``x="seconds"`` the training seconds."""
+    return [(t if x == "seconds" else s, d) for s, t, d, _ in evaluations(run)]
+
+
+def machine(threads):
+    """Where and under what load a run trains: the processor, torch's thread count (``--threads``; None: torch's
+    default), the 1-minute load average (to which the run's own process adds one) and torch's version."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            processor = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        processor = None
+    return {"processor": processor or platform.processor(), "cores": os.cpu_count(), "threads": threads,
+            "load": round(os.getloadavg()[0], 2), "torch": torch.__version__}
 
 
 def run_differentiable(args, seed):
+    start = machine(args.threads)
     iterations = max(args.steps // (args.batch * args.window), 1)
     cfg = training.TrainConfig(creature=args.creature, eval_horizon=args.horizon, window=args.window,
                                batch=args.batch, iterations=iterations,
@@ -113,7 +141,8 @@ def run_differentiable(args, seed):
     final = distance_walked(make_creature(cfg.creature), policy, cfg.eval_horizon)
     history.append({"eval_distance": final, "eval_sim_steps": history[-1]["sim_steps"]})
     return {"config": dataclasses.asdict(cfg), "history": history, "wall_seconds": wall,
-            "train_seconds": history[-2]["seconds"], "sim_steps": history[-2]["sim_steps"]}
+            "train_seconds": history[-2]["seconds"], "sim_steps": history[-2]["sim_steps"],
+            "machine": {"start": start, "end": machine(args.threads)}}
 
 
 def diff_settings(pairs):
@@ -137,10 +166,11 @@ def run_ppo(args, seed, budget, **overrides):
                     seed=seed, device=args.device)
     settings.update(overrides)
     cfg = ppo.PPOConfig(**settings)
-    t = time.perf_counter()
+    start, t = machine(args.threads), time.perf_counter()
     _, history = ppo.train_ppo(cfg, progress=not args.no_progress)
     return {"config": dataclasses.asdict(cfg), "history": history, "wall_seconds": time.perf_counter() - t,
-            "train_seconds": history[-1]["seconds"], "sim_steps": history[-1]["sim_steps"]}
+            "train_seconds": history[-1]["seconds"], "sim_steps": history[-1]["sim_steps"],
+            "machine": {"start": start, "end": machine(args.threads)}}
 
 
 def sb3_settings(pairs):
@@ -158,11 +188,12 @@ def sb3_settings(pairs):
 
 def run_sb3(args, seed, budget, **overrides):
     from sb3_ppo import train_sb3
-    t = time.perf_counter()
+    start, t = machine(args.threads), time.perf_counter()
     config, history = train_sb3(args.creature, args.horizon, budget, seed, eval_every=args.ppo_eval_every,
                                 device=args.device, **{**sb3_settings(args.sb3_set), **overrides})
     return {"config": config, "history": history, "wall_seconds": time.perf_counter() - t,
-            "train_seconds": history[-1]["seconds"], "sim_steps": history[-1]["sim_steps"]}
+            "train_seconds": history[-1]["seconds"], "sim_steps": history[-1]["sim_steps"],
+            "machine": {"start": start, "end": machine(args.threads)}}
 
 
 PPOS = ("ppo", "sb3")
@@ -179,11 +210,13 @@ def _median(values):
 
 
 def table(results, targets=(0.5, 1.0, 2.0)):
-    """The Markdown table: for each method and seed, the creature-steps and training seconds to reach each
-    of ``targets`` and PPO's own final distance (the mean over its seeds), and the final distance at the
-    common budget; then each method's median over seeds."""
+    """The Markdown table: for each method and seed, the creature-steps and training seconds (wall-clock, and
+    the process's CPU time where recorded; evaluations excluded) to reach each of ``targets`` and PPO's own
+    final distance (the mean over its seeds), and the final distance at the common budget; then each method's
+    median over seeds, the medians' ratios, and where the runs trained (:func:`machine`)."""
     runs = results["runs"]
     finals = {m: {seed: evaluations(r)[-1][2] for seed, r in rs.items()} for m, rs in runs.items()}
+    timed = {m: all(evaluations(r)[-1][3] is not None for r in rs.values()) for m, rs in runs.items()}
     targets = list(targets)
     header = [f"reach {t:g}" for t in targets]
     means = {m: sum(finals[m].values()) / len(finals[m]) for m in PPOS if finals.get(m)}
@@ -193,68 +226,96 @@ def table(results, targets=(0.5, 1.0, 2.0)):
         header.append(f"reach {PPO_NAMES[best_ppo]}'s final ({means[best_ppo]:.2f})")
     lines = [f"Runs: {'; '.join(results['sources'])}.", "",
              "Cells: creature-steps / training seconds to the first evaluation at or past the distance "
-             "(deterministic policy, 100 steps from rest); -: not reached within the budget.", "",
+             "(deterministic policy, 100 steps from rest); -: not reached within the budget. Training seconds are "
+             "wall-clock with every evaluation excluded" + (", then the process's CPU seconds over the same spans"
+                                                            if any(timed.values()) else "") + ".", "",
              "| method | seed | " + " | ".join(header) + " | final distance | best | creature-steps | "
              "training time (s) |", "| --- " * (len(header) + 6) + "|"]
 
+    def seconds(wall, cpu):
+        return ("-" if wall is None else f"{wall:.0f}") + ("" if cpu is None else f" / {cpu:.0f} CPU")
+
     def cell(hit):
-        return "-" if hit is None else f"{hit[0]:,} / {hit[1]:.0f}"
+        return "-" if hit is None else f"{hit[0]:,} / {seconds(hit[1], hit[2])}"
 
     summary, medians = [], {}
     for method, rs in runs.items():
         hits = {seed: [first_reaching(r, t) for t in targets] for seed, r in rs.items()}
         for seed, r in sorted(rs.items()):
-            best = max(d for _, _, d in evaluations(r))
+            best = max(e[2] for e in evaluations(r))
+            total = seconds(r["train_seconds"], r.get("train_cpu_seconds") if timed[method] else None)
             lines.append(f"| {method} | {seed} | " + " | ".join(cell(h) for h in hits[seed]) +
-                         f" | {finals[method][seed]:.2f} | {best:.2f} | {r['sim_steps']:,} | "
-                         f"{r['train_seconds']:.0f} |")
+                         f" | {finals[method][seed]:.2f} | {best:.2f} | {r['sim_steps']:,} | {total} |")
         cells = []
         for k in range(len(targets)):
             column = [hits[seed][k] for seed in rs]
             steps = _median([h and h[0] for h in column])
             secs = _median([h and h[1] for h in column])
+            cpu = _median([h and h[2] for h in column]) if timed[method] else None
             n = sum(h is not None for h in column)
-            medians.setdefault(method, []).append((steps, secs))
-            cells.append(f"{'-' if steps is None else f'{steps:,.0f}'} / {'-' if secs is None else f'{secs:.0f}'}"
-                         f" ({n}/{len(column)})")
+            medians.setdefault(method, []).append((steps, secs, cpu))
+            cells.append(f"{'-' if steps is None else f'{steps:,.0f}'} / {seconds(secs, cpu)} ({n}/{len(column)})")
         fin = list(finals[method].values())
         summary.append(f"| {method} | median | " + " | ".join(cells) + f" | {_median(fin):.2f} "
                        f"(mean {sum(fin) / len(fin):.2f}) | | | |")
     lines += summary
     if best_ppo and "differentiable" in medians:
         ratios = []
-        for (ds, dt), (ps, pt) in zip(medians["differentiable"], medians[best_ppo]):
-            steps = "-" if None in (ds, ps) else f"{ps / ds:.1f}x"
-            secs = "-" if None in (dt, pt) or not dt else f"{pt / dt:.1f}x"
-            ratios.append(f"{steps} / {secs}")
+        for d, p in zip(medians["differentiable"], medians[best_ppo]):
+            parts = ["-" if None in (d[k], p[k]) or not d[k] else f"{p[k] / d[k]:.1f}x" for k in range(3)]
+            ratios.append(" / ".join(parts[:2] + ([f"{parts[2]} CPU"] if timed["differentiable"] and timed[best_ppo]
+                                                   else [])))
         lines.append(f"| {PPO_NAMES[best_ppo]} / differentiable | medians' ratio | " + " | ".join(ratios) + " | | | | |")
     lines.append("\nMedian rows: the median over seeds (a seed that did not reach counts as never; with an even "
                  "number of seeds, the mean of the middle two; (n/N): seeds that reached).")
+    where = machines(results)
+    if where:
+        lines.append("\n" + where)
     return "\n".join(lines)
 
 
+def machines(results):
+    """A sentence per method saying where its runs trained (processor, threads, the load at their starts and
+    ends), from the runs' ``machine`` records; empty where none has one."""
+    out = []
+    for method, rs in results["runs"].items():
+        records = [r["machine"] for r in rs.values() if "machine" in r]
+        if not records:
+            continue
+        loads = [m[k]["load"] for m in records for k in ("start", "end")]
+        kinds = sorted({f"{m['start']['processor']} ({m['start']['cores']} cores), torch {m['start']['torch']}, "
+                        f"threads {m['start']['threads']}" for m in records})
+        out.append(f"{method} ({len(records)} of {len(rs)} runs recorded): {'; '.join(kinds)}; load "
+                   f"{min(loads):.1f}-{max(loads):.1f} at the runs' starts and ends.")
+    return ("Machines: " + " ".join(out)) if out else ""
+
+
 def plot(results, path, targets=(0.5, 1.0, 2.0)):
-    """A small PNG of every run's evaluations against simulated creature-steps."""
+    """A small PNG of every run's evaluations against simulated creature-steps (left) and against training
+    seconds (right: wall-clock, evaluations excluded; a log axis, on which a constant ratio of times is a
+    constant shift, without the evaluations at 0 s)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.4, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     colours = {"differentiable": "tab:blue", "ppo": "tab:orange", "sb3": "tab:green"}
-    for method, runs in results["runs"].items():
-        for k, (seed, r) in enumerate(sorted(runs.items())):
-            s, d = zip(*curve(r))
-            ax.plot(s, d, color=colours[method], alpha=0.8,
-                    label=method if k == 0 else None)
-    for t in targets:
-        ax.axhline(t, color="grey", ls="--", lw=0.8)
-    ax.set_xlabel("simulated creature-steps (training)")
-    ax.set_ylabel("distance in 100 steps (deterministic, from rest)")
+    for ax, x, label in ((axes[0], "steps", "simulated creature-steps (training)"),
+                         (axes[1], "seconds", "training seconds (wall-clock, evaluations excluded)")):
+        for method, runs in results["runs"].items():
+            for k, (seed, r) in enumerate(sorted(runs.items())):
+                s, d = zip(*[(s, d) for s, d in curve(r, x) if x == "steps" or s > 0])
+                ax.plot(s, d, color=colours[method], alpha=0.8, label=method if k == 0 else None)
+        for t in targets:
+            ax.axhline(t, color="grey", ls="--", lw=0.8)
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[1].set_xscale("log")
+    axes[0].set_ylabel("distance in 100 steps (deterministic, from rest)")
+    axes[0].legend()
     name = results["creature"]
     name = name if name in CREATURES else os.path.join(*os.path.normpath(name).split(os.sep)[-3:])
-    ax.set_title(f"{name}: differentiable simulation vs PPO "
+    fig.suptitle(f"{name}: differentiable simulation vs PPO "
                  f"({max(len(r) for r in results['runs'].values())} seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=72)
     plt.close(fig)

@@ -86,26 +86,27 @@ def evaluate(model, norm, task):
 
 
 class Recorder(BaseCallback):
-    """diffsoft.ppo's history: per rollout and the update after it, ``sim_steps`` and ``seconds`` (training wall
-    time so far, evaluations excluded), and every ``eval_every`` rollouts, before it, ``eval_distance`` at
+    """diffsoft.ppo's history: per rollout and the update after it, ``sim_steps``, ``seconds`` and ``cpu_seconds``
+    (training wall-clock and process CPU time so far, evaluations excluded), and every ``eval_every`` rollouts, before it, ``eval_distance`` at
     ``eval_sim_steps``."""
 
     def __init__(self, task, norm, eval_every):
         super().__init__()
         self.task, self.norm, self.eval_every = task, norm, eval_every
-        self.history, self.rollouts, self.eval_seconds = [], 0, 0.0
+        self.history, self.rollouts, self.eval_seconds, self.eval_cpu = [], 0, 0.0, 0.0
 
     def _on_training_start(self):
-        self.start = time.perf_counter()
+        self.start, self.start_cpu = time.perf_counter(), time.process_time()
 
     def _on_rollout_start(self):
         if self.history:  # the previous rollout's update is done
-            self.history[-1]["seconds"] = self.seconds()
+            self.history[-1].update(self.seconds())
         record = {"update": self.rollouts}
         if self.rollouts % self.eval_every == 0:
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             record.update(eval_distance=evaluate(self.model, self.norm, self.task), eval_sim_steps=self.num_timesteps)
             self.eval_seconds += time.perf_counter() - t
+            self.eval_cpu += time.process_time() - cpu
         self.history.append(record)
         self.rollouts += 1
 
@@ -113,7 +114,9 @@ class Recorder(BaseCallback):
         self.history[-1]["sim_steps"] = self.num_timesteps
 
     def seconds(self):
-        return time.perf_counter() - self.start - self.eval_seconds
+        """``{"seconds": wall-clock, "cpu_seconds": CPU time}`` of training so far, evaluations excluded."""
+        return {"seconds": time.perf_counter() - self.start - self.eval_seconds,
+                "cpu_seconds": time.process_time() - self.start_cpu - self.eval_cpu}
 
     def _on_step(self):
         return True
@@ -136,8 +139,8 @@ def train_sb3(creature, horizon, budget, seed, eval_every=2, device="cpu", **set
     recorder = Recorder(venv.task, norm, eval_every)
     model.learn(total_timesteps=budget, callback=recorder)
     history = recorder.history
-    history[-1]["seconds"] = recorder.seconds()
+    history[-1].update(recorder.seconds())
     history.append({"update": len(history), "eval_distance": evaluate(model, norm, venv.task),
                     "eval_sim_steps": model.num_timesteps, "sim_steps": model.num_timesteps,
-                    "seconds": history[-1]["seconds"]})
+                    "seconds": history[-1]["seconds"], "cpu_seconds": history[-1]["cpu_seconds"]})
     return dict(cfg, creature=creature, horizon=horizon, steps=budget, seed=seed), history

@@ -14,7 +14,7 @@ import os
 import sys
 
 # Idle OpenMP threads sleep instead of spinning: read once, when torch loads OpenMP (docs/training.md,
-# "Threads").
+# "Threads"). Set here, before torch is imported, so that main() need not re-execute the process to set it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from diffsoft.cli import main  # noqa: E402

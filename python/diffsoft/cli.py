@@ -98,8 +98,28 @@ def _boolean(text):
     return text.lower() in ("true", "1", "yes")
 
 
+def _with_passive_openmp():
+    """Re-executes this process's own command line with ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets
+    the variable: libgomp, which torch loads on import (before this module runs), reads it once, and without it
+    idle OpenMP threads spin for a while after each parallel region, taking a shared core from the thread with
+    work (``diffsoft-train --threads 2`` took 10x as long as ``examples/locomotion.py``, which sets it before
+    importing torch; docs/training.md, "Threads")."""
+    if "OMP_WAIT_POLICY" in os.environ:
+        return
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    # sys.orig_argv (Python >= 3.10): the interpreter's options and the script or -m module as started
+    args = sys.orig_argv[1:] if hasattr(sys, "orig_argv") else ["-m", "diffsoft.cli", *sys.argv[1:]]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *args])
+
+
 def main(argv=None):
-    """Command line: ``python -m diffsoft.cli --help`` (also ``examples/locomotion.py``)."""
+    """Command line: ``python -m diffsoft.cli --help`` (also ``diffsoft-train`` and ``examples/locomotion.py``).
+    Without ``argv`` (the process's own command line) and without ``OMP_WAIT_POLICY`` in the environment, it
+    first re-executes that command line with ``OMP_WAIT_POLICY=PASSIVE`` (see :func:`_with_passive_openmp`)."""
+    if argv is None:
+        _with_passive_openmp()
     p = argparse.ArgumentParser(description="Train a neural locomotion controller by backpropagation through "
                                             "the implicit simulator.")
     defaults, descriptions = TrainConfig(), field_help(TrainConfig)

@@ -108,7 +108,11 @@ class FramePolicy(nn.Module):
                                  f"(fc1 takes 2 * {self.dim} * {self.num_vertices} = {self.fc1.in_features} values). A "
                                  f"policy belongs to the creature it was made for (FramePolicy.for_simulator): "
                                  f"load or train one for this creature, and give a batch (B, N, d)")
-        obs = observe(x, v, self.center_vertex_id, self.forward_vertex_id)
+        return self.head(observe(x, v, self.center_vertex_id, self.forward_vertex_id))
+
+    def head(self, obs):
+        """The raw activation change ``(B, M)`` from the observation ``(B, 2 N d)`` (:func:`observe`), for a
+        caller that needs the observation too."""
         return torch.tanh(self.fc2(torch.relu(self.fc1(obs))))
 
     def act(self, x, v, a, noise=None):

@@ -202,7 +202,8 @@ def train_ppo(cfg, progress=True):
 
     Returns:
         ``(model, history)``; history records per update: ``update``, ``sim_steps``, ``distance`` (mean
-        distance of the update's sampled episodes), ``seconds`` (wall time, evaluation excluded) and, every
+        distance of the update's sampled episodes), ``seconds`` (wall time, evaluation excluded), ``cpu_seconds``
+        (the process's CPU time over the same spans) and, every
         ``eval_every`` updates, ``eval_distance`` (mean action, from rest, before the update) at
         ``eval_sim_steps``.
     """
@@ -215,7 +216,7 @@ def train_ppo(cfg, progress=True):
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     per_update = cfg.envs * cfg.horizon
     updates = max(cfg.steps // per_update, 1)
-    history, seconds = [], 0.0
+    history, seconds, cpu_seconds = [], 0.0, 0.0
     bar = range(updates)
     if progress:
         tqdm = require("tqdm", "train").tqdm
@@ -225,7 +226,7 @@ def train_ppo(cfg, progress=True):
         if u % cfg.eval_every == 0:
             record["eval_distance"] = evaluate(task, model)
             record["eval_sim_steps"] = u * per_update
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         roll = collect(task, model, cfg, generator)
         model.norm.update(roll["obs"].flatten(0, 1))
         adv, ret = gae(roll["reward"], roll["value"], roll["last_value"], cfg.gamma, cfg.lam)
@@ -233,10 +234,13 @@ def train_ppo(cfg, progress=True):
                  "adv": adv.flatten(), "ret": ret.flatten()}
         ppo_update(model, optimizer, batch, cfg, generator)
         seconds += time.perf_counter() - t
-        record.update(sim_steps=(u + 1) * per_update, distance=roll["distance"], seconds=seconds)
+        cpu_seconds += time.process_time() - cpu
+        record.update(sim_steps=(u + 1) * per_update, distance=roll["distance"], seconds=seconds,
+                      cpu_seconds=cpu_seconds)
         history.append(record)
         if progress:
             bar.set_postfix(distance=f"{roll['distance']:.3f}", std=f"{model.log_std.exp().mean().item():.3f}")
     history.append({"update": updates, "eval_distance": evaluate(task, model),
-                    "eval_sim_steps": updates * per_update, "sim_steps": updates * per_update, "seconds": seconds})
+                    "eval_sim_steps": updates * per_update, "sim_steps": updates * per_update, "seconds": seconds,
+                    "cpu_seconds": cpu_seconds})
     return model, history

@@ -217,14 +217,20 @@ def _linear_decay(start, end, iteration, iterations):
     return start + f * (end - start)
 
 
-def uprightness(sim, x):
+def uprightness(sim, x, ends=None):
     """The cosine of the body's tilt: the world's up (+y) against the unit vector from the mean of the
     lowest fifth of the vertices to the mean of the highest fifth (both chosen in the rest pose); 1 as at
-    rest, -1 upside down. x: ``(B, N, d)`` -> ``(B,)``."""
+    rest, -1 upside down. x: ``(..., N, d)`` -> ``(...)``; ends: :func:`upright_ends`'s, when the caller
+    keeps them."""
+    top, bottom = upright_ends(sim) if ends is None else ends
+    axis = x[..., top, :].mean(-2) - x[..., bottom, :].mean(-2)
+    return axis[..., 1] / axis.norm(dim=-1).clamp_min(1e-12)
+
+
+def upright_ends(sim):
+    """The masks ``(N,)`` of the highest and the lowest fifth of the vertices at rest (:func:`uprightness`)."""
     y = sim.body.rest_positions[:, 1]
-    top, bottom = y >= y.quantile(0.8), y <= y.quantile(0.2)
-    axis = x[:, top].mean(1) - x[:, bottom].mean(1)
-    return axis[:, 1] / axis.norm(dim=-1).clamp_min(1e-12)
+    return y >= y.quantile(0.8), y <= y.quantile(0.2)
 
 
 class Critic(nn.Module):
@@ -271,6 +277,28 @@ def td_lambda_targets(reward, value, last_value, gamma, lam, done=None):
     return targets
 
 
+def segment_discounts(done, gamma, dtype):
+    """The discounts of a window's return when creatures restart after a termination: a creature's return is
+    cut into segments, each from its start (step 0, or the step after a termination) to its end (a
+    termination, or the window's end, where the critic's value bootstraps it).
+
+    Args:
+        done: ``(W, B)`` booleans: step t's state was terminal (the creature restarts after it).
+
+    Returns:
+        ``discount (W, B)``, ``gamma^(t - s_t)`` with ``s_t`` the step at which step t's segment began;
+        ``end_discount (B,)``, ``gamma^(W - s_W)``, the value's at the window's end; and ``s_W (B,)``, the step
+        at which the last segment began (0: no termination in the window). The discounts are computed in
+        float64 and returned in ``dtype``.
+    """
+    w = done.shape[0]
+    steps = torch.arange(1, w + 1, device=done.device)[:, None]
+    began = torch.where(done, steps, torch.zeros_like(steps)).cummax(0).values  # segment start after step t
+    began_before = torch.cat([torch.zeros_like(began[:1]), began[:-1]])
+    gamma = torch.tensor(gamma, dtype=torch.float64, device=done.device)
+    return (gamma ** (steps - 1 - began_before)).to(dtype), (gamma ** (w - began[-1])).to(dtype), began[-1]
+
+
 def fit_critic(cfg, critic, target_critic, optimizer, obs, a, targets, valid, generator):
     """``critic_iterations`` passes of ``critic_minibatches`` Adam steps on the squared error to the targets,
     then the target critic's update. obs ``(K, 2 N d)``, a ``(K, M)``, targets ``(K,)``, valid ``(K,)``
@@ -285,7 +313,7 @@ def fit_critic(cfg, critic, target_critic, optimizer, obs, a, targets, valid, ge
         loss_sum = 0.0
         for idx in order.split(size):
             loss = (critic(obs[idx], a[idx]) - targets[idx]).square().mean()
-            optimizer.zero_grad()
+            optimizer.zero_grad(set_to_none=False)  # in place: the gradients may be views (flat_parameters)
             loss.backward()
             optimizer.step()
             loss_sum += loss.item() * len(idx)
@@ -293,6 +321,37 @@ def fit_critic(cfg, critic, target_critic, optimizer, obs, a, targets, valid, ge
         for pt, pc in zip(target_critic.parameters(), critic.parameters()):
             pt.mul_(cfg.target_alpha).add_(pc, alpha=1 - cfg.target_alpha)
     return loss_sum / max(k, 1)
+
+
+def flat_parameters(module):
+    """One parameter holding all of ``module``'s: the module's parameters and their gradients become views of
+    its data and its gradient, so that an optimizer given it alone updates the module. The critic's Adam then
+    takes one tensor's operations per step instead of six's, the same arithmetic element by element (an Adam
+    step on the critic's small layers costs mostly per-tensor overhead: its fit took 20-25% less time, to the
+    same bits; docs/training.md, "Where an iteration's time goes"). Zero its gradient in place
+    (``zero_grad(set_to_none=False)``): autograd then accumulates into the views."""
+    params = list(module.parameters())
+    flat = nn.Parameter(torch.cat([p.detach().flatten() for p in params]))
+    flat.grad = torch.zeros_like(flat)
+    offset = 0
+    for p in params:
+        p.data = flat.data[offset:offset + p.numel()].view_as(p)
+        p.grad = flat.grad[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
+
+
+def _flat_adam_state(state):
+    """An Adam ``state_dict`` over one parameter group of several tensors (the critic's before
+    :func:`flat_parameters`) as the same state over their concatenation, in order; others are returned as
+    they are."""
+    group, = state["param_groups"]
+    if len(group["params"]) == 1:
+        return state
+    per = [state["state"][k] for k in group["params"] if k in state["state"]]
+    flat = {} if not per else {0: {"step": per[0]["step"], **{k: torch.cat([p[k].flatten() for p in per])
+                                                              for k in ("exp_avg", "exp_avg_sq")}}}
+    return {"state": flat, "param_groups": [dict(group, params=[0])]}
 
 
 def distributed_world():
@@ -442,84 +501,81 @@ def train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_o
 
 def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer, pool, iteration, rank, world,
             failures, g, a0, noise):
-    """:func:`train_iteration` after its resets: the window's rollout, the actor's and the critic's updates."""
+    """:func:`train_iteration` after its resets: the window's rollout, the actor's and the critic's updates.
+
+    The loop over the window's steps does only what the next step needs (the observation, the policy, the
+    activation update, the step, and the early terminations); the rewards, the saturation penalty, the
+    discounts and the return are computed on the stacked window after it (a few tensor operations in place of
+    a few per step: at batch 4 the per-step work cost more than the simulator's Newton solves)."""
     for group in optimizer.param_groups:
         group["lr"] = cfg.actor_lr(iteration)
     x, v, a = pool.x, pool.v, pool.a
-    b = a.shape[0]
+    b, w = a.shape[0], cfg.window
     ok = torch.ones(b, dtype=torch.bool, device=x.device)
-    obs_seen, a_seen, rewards, dones = [], [], [], []
-    ret, saturation, discount = 0.0, 0.0, 1.0  # discount: gamma^t, per creature after a termination
-    since = pool.age.clone()  # steps since each creature's reset
+    terminate = cfg.terminate_upright > -1
+    ends = upright_ends(sim) if terminate or cfg.upright_weight else None
     rest_x, rest_v = sim.rest_state
-    if cfg.terminate_upright > -1:
-        rest_com = center_of_mass_x(sim, rest_x[None])
-    start, offset = center_of_mass_x(sim, x), 0.0  # offset: what terminated creatures had walked
-    for t in range(cfg.window):
-        da = policy(x, v)
-        target = a + da
-        saturation = saturation + ((da.abs() - policy.max_abs_da).clamp_min(0).square()
-                                   + (target - 1).clamp_min(0).square()
-                                   + (policy.min_a - target).clamp_min(0).square()).sum(-1)
-        obs_seen.append(observe(x.detach(), v.detach(), policy.center_vertex_id, policy.forward_vertex_id))
-        a_seen.append(a.detach())
-        before = center_of_mass_x(sim, x)
+    observations, changes, activations, befores, afters, dones = [], [], [], [], [], []
+    for t in range(w):
+        obs = observe(x, v, policy.center_vertex_id, policy.forward_vertex_id)
+        da = policy.head(obs)
+        observations.append(obs)
+        changes.append(da)
+        activations.append(a)
+        befores.append(x)
         a = policy.update(a, da, noise[t], cfg.straight_through)
         x, v = _step(cfg, sim, x, v, a, iteration, t, rank, ok, failures)
-        progress = center_of_mass_x(sim, x) - before
-        if cfg.upright_weight or cfg.terminate_upright > -1:
-            up = uprightness(sim, x)
-        if cfg.upright_weight:
-            progress = progress - cfg.upright_weight * (1 - up)
-        reward = cfg.reward_scale * progress
-        rewards.append(reward.detach())
-        ret = ret + discount * reward
-        discount = discount * cfg.gamma
-        since = since + 1
-        done = torch.zeros(b, dtype=torch.bool, device=x.device)
-        if cfg.terminate_upright > -1:
-            done = (up.detach() < cfg.terminate_upright) & ok
+        afters.append(x)
+        if terminate:
+            done = (uprightness(sim, x.detach(), ends) < cfg.terminate_upright) & ok
+            dones.append(done)
             if done.any():  # terminal (value 0): the creature restarts at rest, a new segment of the return
                 keep = ~done[:, None, None]
-                offset = offset + torch.where(done, center_of_mass_x(sim, x.detach()) - rest_com,
-                                              torch.zeros_like(start))
                 x, v = torch.where(keep, x, rest_x), torch.where(keep, v, rest_v)
                 a = torch.where(done[:, None], a0, a)
-                discount = torch.where(done, torch.ones_like(start), discount * torch.ones_like(start))
-                since = torch.where(done, torch.zeros_like(since), since)
-        dones.append(done)
+    done = torch.stack(dones) if terminate else torch.zeros(w, b, dtype=torch.bool, device=x.device)
+    da, a_seen = torch.stack(changes), torch.stack(activations)  # (W, B, M)
+    target = a_seen + da
+    saturation = ((da.abs() - policy.max_abs_da).clamp_min(0).square() + (target - 1).clamp_min(0).square()
+                  + (policy.min_a - target).clamp_min(0).square()).sum(-1).sum(0)
+    after = torch.stack(afters)
+    progress = center_of_mass_x(sim, after) - center_of_mass_x(sim, torch.stack(befores))  # (W, B)
+    reward = progress if not cfg.upright_weight else progress - cfg.upright_weight * (1 - uprightness(sim, after, ends))
+    reward = cfg.reward_scale * reward
+    discount, end_discount, began = segment_discounts(done, cfg.gamma, reward.dtype)
     obs_end = observe(x, v, policy.center_vertex_id, policy.forward_vertex_id)
     critic.requires_grad_(False)  # the actor's loss differentiates the critic's input, not its weights
-    ret = ret + discount * critic(obs_end, a)
+    ret = (discount * reward).sum(0) + end_discount * critic(obs_end, a)
     critic.requires_grad_(True)
     optimizer.zero_grad()
-    ((cfg.saturation_penalty * saturation - ret) * ok).sum().div(b * cfg.window).backward()
+    ((cfg.saturation_penalty * saturation - ret) * ok).sum().div(b * w).backward()
     params = list(policy.parameters())
-    distance = ((center_of_mass_x(sim, x.detach()) - start + offset) * ok).sum().div(b).reshape(1)
+    distance = (progress.detach().sum(0) * ok).sum().div(b).reshape(1)
     _all_reduce_mean([p.grad for p in params] + [distance], world)
     grad_norm = nn.utils.clip_grad_norm_(params, cfg.clip)
     optimizer.step()
 
     # The critic, on the whole batch's window: (W, B, ...) gathered along the batch.
-    obs_all = _all_gather(torch.stack(obs_seen), world, 1)
-    a_all = _all_gather(torch.stack(a_seen), world, 1)
-    reward_all = _all_gather(torch.stack(rewards), world, 1)
+    obs_all = _all_gather(torch.stack(observations).detach(), world, 1)
+    a_all = _all_gather(a_seen.detach(), world, 1)
+    reward_all = _all_gather(reward.detach(), world, 1)
     obs_end_all = _all_gather(obs_end.detach(), world, 0)
     a_end_all = _all_gather(a.detach(), world, 0)
     ok_all = _all_gather(ok, world, 0)
-    done_all = _all_gather(torch.stack(dones), world, 1)
+    done_all = _all_gather(done, world, 1)
     with torch.no_grad():
         value = target_critic(obs_all.flatten(0, 1), a_all.flatten(0, 1)).reshape(reward_all.shape)
         targets = td_lambda_targets(reward_all, value, target_critic(obs_end_all, a_end_all), cfg.gamma, cfg.lam,
                                     done_all)
     critic_loss = fit_critic(cfg, critic, target_critic, critic_optimizer, obs_all.flatten(0, 1),
-                             a_all.flatten(0, 1), targets.flatten(), ok_all.expand(cfg.window, -1).flatten(), g)
+                             a_all.flatten(0, 1), targets.flatten(), ok_all.expand(w, -1).flatten(), g)
 
     pool.x, pool.v, pool.a = x.detach(), v.detach(), a.detach()
+    since = torch.where(began > 0, w - began, pool.age + w)  # steps since each creature's reset
     pool.age = torch.where(ok, since, torch.full_like(pool.age, cfg.episode))
-    record = {"distance": distance.item() * cfg.eval_horizon / cfg.window, "grad_norm": float(grad_norm),
+    record = {"distance": distance.item() * cfg.eval_horizon / w, "grad_norm": float(grad_norm),
               "critic_loss": critic_loss, "value": targets[:, ok_all].mean().item() if ok_all.any() else 0.0}
-    if cfg.terminate_upright > -1:
+    if terminate:
         record["terminated"] = int(done_all.sum())
     return record
 
@@ -619,8 +675,9 @@ def train(cfg, resume=False, progress=True, log=print):
         list of per-iteration records: ``iteration``, ``distance``,
         ``grad_norm``, ``critic_loss``, ``value`` (see :func:`train_iteration`), ``terminated`` (with
         ``terminate_upright``: the creatures restarted after a fall in that iteration), ``sim_steps`` (creature-steps
-        simulated so far, all processes, evaluation excluded), ``seconds`` (training wall time so far) and,
-        every ``eval_every`` iterations, ``eval_distance`` (:func:`~diffsoft.policy.distance_walked` over
+        simulated so far, all processes, evaluation excluded), ``seconds`` (training wall time so far, evaluations
+        excluded), ``cpu_seconds`` (this process's CPU time over the same spans, all its threads: on a loaded
+        machine nearer the time an idle one would take) and, every ``eval_every`` iterations, ``eval_distance`` (:func:`~diffsoft.policy.distance_walked` over
         ``eval_horizon`` steps, before the update) at ``eval_sim_steps``.
     """
     cfg.check()
@@ -636,7 +693,7 @@ def train(cfg, resume=False, progress=True, log=print):
                                                                                           dtype=dtype)
     target_critic = copy.deepcopy(critic).requires_grad_(False)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
-    critic_optimizer = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
+    critic_optimizer = torch.optim.Adam([flat_parameters(critic)], lr=cfg.critic_lr)
     learners = {"policy": policy, "critic": critic, "target_critic": target_critic, "optimizer": optimizer,
                "critic_optimizer": critic_optimizer}
     b = cfg.batch // world
@@ -645,6 +702,7 @@ def train(cfg, resume=False, progress=True, log=print):
     history, start, train_seconds, best = [], 0, 0.0, _Best()
     if resume and os.path.exists(ckpt_path):
         ckpt = _load_checkpoint(ckpt_path, cfg, sim)
+        ckpt["critic_optimizer"] = _flat_adam_state(ckpt["critic_optimizer"])
         for name, m in learners.items():
             try:
                 m.load_state_dict(ckpt[name])
@@ -669,6 +727,7 @@ def train(cfg, resume=False, progress=True, log=print):
         for m in (policy, critic, target_critic):
             for p in m.parameters():
                 dist.broadcast(p.data, 0)
+    cpu_seconds = history[-1].get("cpu_seconds", 0.0) if history else 0.0  # absent: histories before it
     if rank == 0:
         os.makedirs(cfg.out_dir, exist_ok=True)
     bar = range(start, cfg.iterations)
@@ -682,7 +741,7 @@ def train(cfg, resume=False, progress=True, log=print):
             record["eval_distance"] = distance_walked(sim, policy, cfg.eval_horizon)
             record["eval_sim_steps"] = it * per_iteration
             best.offer(record["eval_distance"], it, policy)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         failures = []
         try:
             record.update(train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer,
@@ -698,8 +757,9 @@ def train(cfg, resume=False, progress=True, log=print):
             if rank == 0:
                 log(f"skipped non-converged steps: {'; '.join(failures)}")
         train_seconds += time.perf_counter() - t
+        cpu_seconds += time.process_time() - cpu
         record["sim_steps"] = (it + 1) * per_iteration
-        record["seconds"] = train_seconds
+        record["seconds"], record["cpu_seconds"] = train_seconds, cpu_seconds
         history.append(record)
         if progress and rank == 0:
             bar.set_postfix(distance=f"{record['distance']:.3f}", grad=f"{record['grad_norm']:.2g}",

@@ -32,6 +32,35 @@ def test_make_figures_regenerates_every_committed_table_and_the_plots(tmp_path):
     assert start < 600
 
 
+def test_time_to_a_distance_is_wall_clock_and_cpu_seconds_with_evaluations_excluded(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import sample_efficiency as se
+
+    def run(wall, cpu, distances):
+        # A trainer's history: an evaluation before each update (not timed), then the update's cumulative times;
+        # then the final evaluation, after the last update.
+        history = [{"eval_distance": d, "eval_sim_steps": 100 * k, "sim_steps": 100 * (k + 1),
+                    "seconds": wall * (k + 1), "cpu_seconds": cpu * (k + 1)} for k, d in enumerate(distances[:-1])]
+        history.append({"eval_distance": distances[-1], "eval_sim_steps": 100 * (len(distances) - 1)})
+        return {"config": {}, "history": history, "wall_seconds": 1e3, "train_seconds": history[-2]["seconds"],
+                "sim_steps": history[-2]["sim_steps"], "machine": {"start": se.machine(1), "end": se.machine(1)}}
+
+    results = {"creature": "biped", "sources": ["test"],
+               "runs": {"differentiable": {"0": se.summarize(run(3.0, 2.0, [0.0, 1.0, 3.0, 3.5]))},
+                        "ppo": {"0": se.summarize(run(1.0, 0.5, [0.0, 0.6, 1.2, 2.5, 3.0]))}}}
+    diff = results["runs"]["differentiable"]["0"]
+    assert diff["evaluations"][2] == [200, 6.0, 3.0, 4.0] and diff["train_cpu_seconds"] == 6.0
+    assert se.first_reaching(diff, 2.0) == (200, 6.0, 4.0)  # the seconds before the evaluation that reached
+    text = se.table(results, targets=(2.0,))
+    assert "| differentiable | 0 | 200 / 6 / 4 CPU | 200 / 6 / 4 CPU | 3.50 |" in text  # PPO's final: 3.0
+    assert "| ppo | 0 | 300 / 3 / 2 CPU | 400 / 4 / 2 CPU | 3.00 |" in text
+    assert "| PPO / differentiable | medians' ratio | 1.5x / 0.5x / 0.4x CPU | 2.0x / 0.7x / 0.5x CPU |" in text
+    assert "every evaluation excluded" in text and "Machines: differentiable (1 of 1 runs recorded)" in text
+    pytest.importorskip("matplotlib")
+    se.plot(results, str(tmp_path / "plot.png"))
+    assert (tmp_path / "plot.png").stat().st_size > 10_000
+
+
 def _committed(*paths):
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")

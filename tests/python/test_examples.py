@@ -5,6 +5,8 @@ import dataclasses
 import importlib.util
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -50,6 +52,35 @@ def test_locomotion_example_help_gives_every_option_a_sentence(capsys):
     flat = " ".join(text.split())
     assert "The actor's learning rate at the start" in flat  # from TrainConfig's docstring
     assert "(default 300, 120 with --quick)" in flat  # --iterations
+
+
+def _spin_counts(command, env):
+    """The ``GOMP_SPINCOUNT`` that each libgomp started by ``command`` reports (``OMP_DISPLAY_ENV=VERBOSE``), in
+    order: 0 when ``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep), 300000 when it is unset (they spin first)."""
+    out = subprocess.run(command, env=dict(env, OMP_DISPLAY_ENV="VERBOSE"), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    counts = re.findall(r"GOMP_SPINCOUNT = '(\d+)'", out.stderr)
+    if not counts:
+        pytest.skip("torch's OpenMP runtime is not libgomp (no OMP_DISPLAY_ENV report)")
+    return counts
+
+
+@pytest.mark.parametrize("entry", ["diffsoft-train", "-m diffsoft.cli"])
+def test_the_training_command_lets_idle_openmp_threads_sleep(entry):
+    # Issue 26: the installed command was 10x slower than examples/locomotion.py at --threads 2, because only the
+    # example set OMP_WAIT_POLICY, which libgomp reads once, when torch is imported.
+    if entry == "diffsoft-train":
+        script = os.path.join(os.path.dirname(sys.executable), "diffsoft-train")
+        if not os.path.exists(script):
+            pytest.skip(f"no {script}: diffsoft is not installed with its console script in this interpreter")
+        command = [sys.executable, script]
+    else:
+        command = [sys.executable, "-m", "diffsoft.cli"]
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    assert _spin_counts(command + ["--help"], env)[-1] == "0"
+    if entry != "diffsoft-train":  # a setting of the user's own is kept, without re-executing
+        assert _spin_counts(command + ["--help"], dict(env, OMP_WAIT_POLICY="ACTIVE")) == ["30000000000"]
 
 
 def test_every_trainconfig_field_is_described_once_in_its_docstring():

@@ -55,6 +55,7 @@ def test_train_ppo_smoke():
     cfg = PPOConfig(horizon=3, envs=2, steps=12, epochs=2, minibatch=4, eval_every=1, dtype="float64")
     model, history = ppo.train_ppo(cfg, progress=False)
     assert [r["sim_steps"] for r in history] == [6, 12, 12]
+    assert 0 < history[0]["cpu_seconds"] < history[1]["cpu_seconds"] == history[2]["cpu_seconds"]
     assert all(math.isfinite(r["eval_distance"]) for r in history)
 
 

@@ -72,6 +72,23 @@ def test_td_lambda_targets_stop_at_a_terminal_step():
                                torch.tensor([g0, g1, g2]))
 
 
+def test_segment_discounts_match_the_return_accumulated_step_by_step():
+    # The trainer's loop before the window was vectorised: discount = gamma^t, reset to 1 after a terminal step.
+    g = torch.Generator().manual_seed(0)
+    done = torch.rand(9, 6, generator=g) < 0.25
+    done[:, 0], done[:, 1], done[-1, 2] = False, True, True  # never; always; at the last step only
+    gamma = 0.9
+    discount, end_discount, began = training.segment_discounts(done, gamma, F64)
+    expected, d, start = [], torch.ones(6, dtype=F64), torch.zeros(6, dtype=torch.long)
+    for t in range(9):
+        expected.append(d.clone())
+        d = torch.where(done[t], torch.ones_like(d), d * gamma)
+        start = torch.where(done[t], torch.full_like(start, t + 1), start)
+    torch.testing.assert_close(discount, torch.stack(expected), rtol=1e-14, atol=0)
+    torch.testing.assert_close(end_discount, d, rtol=1e-14, atol=0)
+    assert began.tolist() == start.tolist() and began[0] == 0 and began[1] == began[2] == 9
+
+
 def test_early_termination_restarts_fallen_creatures_at_rest(tmp_path):
     # terminate_upright = 1: every step tilts the body a little, so every creature is terminated after every
     # step and restarts at rest: the pool is at rest after the run, every step is counted, the critic's
@@ -118,6 +135,46 @@ def test_the_critic_learns_its_targets():
     assert sum((p - q).norm() for p, q in zip(critic.parameters(), target.parameters())) < gap
 
 
+def test_an_adam_over_the_flat_parameters_fits_the_critic_to_the_same_bits():
+    cfg = TrainConfig(critic_iterations=5, critic_minibatches=3)
+    torch.manual_seed(0)
+    obs, a, targets = torch.randn(40, 10, dtype=F64), torch.rand(40, 3, dtype=F64), torch.randn(40, dtype=F64)
+    valid = torch.rand(40) < 0.8
+    fitted = []
+    for flat in (False, True):
+        torch.manual_seed(1)
+        critic, target = training.Critic(10, 3, 16).double(), training.Critic(10, 3, 16).double()
+        params = [training.flat_parameters(critic)] if flat else critic.parameters()
+        optimizer = torch.optim.Adam(params, lr=1e-2)
+        for k in range(3):
+            loss = training.fit_critic(cfg, critic, target, optimizer, obs, a, targets, valid,
+                                       torch.Generator().manual_seed(k))
+        fitted.append((loss, [p.detach().clone() for p in critic.parameters()], optimizer))
+    assert fitted[0][0] == fitted[1][0]
+    assert all(torch.equal(p, q) for p, q in zip(fitted[0][1], fitted[1][1]))
+    assert training._flat_adam_state(fitted[0][2].state_dict())["state"][0]["exp_avg"].equal(
+        fitted[1][2].state_dict()["state"][0]["exp_avg"])
+
+
+def test_a_checkpoint_with_the_critics_adam_over_each_tensor_resumes_exactly(tmp_path):
+    # Checkpoints written before flat_parameters hold the critic's Adam state per tensor.
+    straight, _ = training.train(_tiny(tmp_path / "a", iterations=4), progress=False)
+    training.train(_tiny(tmp_path / "b", iterations=2), progress=False)
+    path = os.path.join(tmp_path / "b", "checkpoint.pt")
+    ckpt = torch.load(path)
+    state, = ckpt["critic_optimizer"]["state"].values()
+    sizes = [p.numel() for p in ckpt["critic"].values()]
+    per = [dict(step=state["step"], exp_avg=m.reshape(p.shape), exp_avg_sq=v.reshape(p.shape))
+           for m, v, p in zip(state["exp_avg"].split(sizes), state["exp_avg_sq"].split(sizes), ckpt["critic"].values())]
+    ckpt["critic_optimizer"] = {"state": dict(enumerate(per)),
+                                "param_groups": [dict(ckpt["critic_optimizer"]["param_groups"][0],
+                                                      params=list(range(len(per))))]}
+    torch.save(ckpt, path)
+    resumed, _ = training.train(_tiny(tmp_path / "b", iterations=4), resume=True, progress=False)
+    for p, q in zip(straight.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+
+
 @pytest.mark.parametrize("name", ["biped", "tetrapod"])
 def test_uprightness_is_one_at_rest_and_minus_one_upside_down(name):
     sim = creatures.make_creature(name, F64)
@@ -134,6 +191,8 @@ def test_resume_continues_to_the_same_state(tmp_path):
     for p, q in zip(straight.parameters(), resumed.parameters()):
         assert torch.equal(p, q)
     assert [(r["distance"], r["critic_loss"]) for r in h1] == [(r["distance"], r["critic_loss"]) for r in h2]
+    cpu = [r["cpu_seconds"] for r in h2]  # the training's CPU time, counted on from the checkpoint's history
+    assert 0 < cpu[0] < cpu[1] < cpu[2] < cpu[3]
     ckpt = torch.load(os.path.join(tmp_path / "b", "checkpoint.pt"))
     assert ckpt["iteration"] == 4 and len(ckpt["history"]) == 4
     assert {"critic", "target_critic", "critic_optimizer", "pool"} <= set(ckpt)
