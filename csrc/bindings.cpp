@@ -18,9 +18,10 @@ using torch::Tensor;
 
 namespace {
 
-// A Python callable that C++ may copy and drop without the GIL: the last copy drops it with the GIL held.
-std::shared_ptr<py::function> held(py::function fn) {
-  return std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* f) {
+// A Python object that C++ may copy and drop without the GIL: the last copy drops it with the GIL held.
+template <typename T>
+std::shared_ptr<T> held(T fn) {
+  return std::shared_ptr<T>(new T(std::move(fn)), [](T* f) {
     if (!Py_IsInitialized()) {  // interpreter gone: nothing left to decref
       f->release();
       delete f;
@@ -139,17 +140,39 @@ auto on_state(R (*kernel)(const StepModel&, const diffsoft::StepState&)) {
   };
 }
 
+// diffsoft.fused._UserTerms (a user's torch terms) as the kernels' ExtraTerms: each call takes the GIL, and a
+// Python exception passes through as the energy's would.
+std::shared_ptr<const diffsoft::ExtraTerms> python_extra_terms(py::object terms, int64_t first_param) {
+  std::shared_ptr<py::object> obj = held(std::move(terms));
+  auto call = [obj](const char* name, auto&&... args) {
+    try {
+      return obj->attr(name)(std::forward<decltype(args)>(args)...);
+    } catch (py::error_already_set& e) {
+      throw_python_error(e);
+    }
+  };
+  auto extra = std::make_shared<diffsoft::ExtraTerms>();
+  extra->first_param = first_param;
+  extra->value = [call](const Tensor& y) {
+    py::gil_scoped_acquire gil;
+    return call("value", y).template cast<Tensor>();
+  };
+  extra->derivatives = [call](const Tensor& y) {
+    py::gil_scoped_acquire gil;
+    return call("derivatives", y)
+        .template cast<std::pair<Tensor, std::vector<std::pair<Tensor, Tensor>>>>();
+  };
+  extra->mixed_vjp = [call](const Tensor& y, const Tensor& w, const std::vector<int64_t>& wanted) {
+    py::gil_scoped_acquire gil;
+    return call("mixed_vjp", y, w, wanted).template cast<std::vector<Tensor>>();
+  };
+  return extra;
+}
+
 py::tuple step_param_names() {
   py::tuple names(diffsoft::kNumStepParams);
   for (int k = 0; k < diffsoft::kNumStepParams; ++k) names[k] = py::str(diffsoft::kStepParamNames[k]);
   return names;
-}
-
-// Step parameters given by their positions in STEP_PARAM_NAMES.
-std::vector<diffsoft::StepParam> step_params(const std::vector<int64_t>& indices) {
-  std::vector<diffsoft::StepParam> out;
-  for (int64_t k : indices) out.push_back(diffsoft::step_param(k));
-  return out;
 }
 
 }  // namespace
@@ -227,12 +250,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("material", &StepModel::material)
       .def_readwrite("h", &StepModel::h)
       .def_readwrite("gravity", &StepModel::gravity)
-      .def_readwrite("contact_stiffness", &StepModel::contact_stiffness)
-      .def_readwrite("friction", &StepModel::friction)
-      .def_readwrite("ground", &StepModel::ground)
-      .def_readwrite("friction_eps", &StepModel::friction_eps)
-      .def_readwrite("has_ground", &StepModel::has_ground)
+      .def_readwrite("colliders", &StepModel::colliders)
       .def_readwrite("factor_cache", &StepModel::factor_cache);
+  py::class_<diffsoft::Collider>(m, "Collider", "A collider of the step model: kind and parameters (model.h).")
+      .def(py::init<int64_t, std::vector<Tensor>>(), py::arg("kind"), py::arg("params"))
+      .def_readwrite("kind", &diffsoft::Collider::kind)
+      .def_readwrite("params", &diffsoft::Collider::params);
+  py::list kinds;
+  for (const auto& k : diffsoft::collider_kinds()) kinds.append(py::make_tuple(k.name, py::tuple(py::cast(k.params))));
+  m.attr("COLLIDER_KINDS") = kinds;
   py::class_<diffsoft::FactorCache, std::shared_ptr<diffsoft::FactorCache>>(
       m, "FactorCache", "Symbolic factorizations shared by a model's steps (see step_energy.h).")
       .def(py::init<>())
@@ -260,7 +286,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readonly("grad", &StepDerivatives::grad)
       .def_readonly("element_blocks", &StepDerivatives::element_blocks)
       .def_readonly("muscle_blocks", &StepDerivatives::muscle_blocks)
-      .def_readonly("diagonal", &StepDerivatives::diagonal);
+      .def_readonly("vertex_blocks", &StepDerivatives::vertex_blocks);
   // The fused kernels are called from Python autograd Functions (diffsoft.fused), themselves called from the
   // C++ solver: plain C++ with no Python inside, so they drop the GIL for other threads.
   m.def("step_energy_value", on_state(&diffsoft::step_energy_value));
@@ -270,9 +296,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       [](const StepModel& model, const Tensor& y, const Tensor& x0, const Tensor& x0_free, const Tensor& x_hat,
          const Tensor& activation, const std::optional<Tensor>& weight, const std::optional<Tensor>& dir) {
         py::gil_scoped_release no_gil;
-        const auto grads = diffsoft::step_energy_param_grads(model, {y, x0, x0_free, x_hat, activation},
-                                                             weight.value_or(Tensor()), dir.value_or(Tensor()));
-        return std::vector<Tensor>(grads.begin(), grads.end());  // a list in STEP_PARAM_NAMES' order
+        // A list in StepParams.flat()'s order: STEP_PARAM_NAMES', then each collider's.
+        return diffsoft::step_energy_param_grads(model, {y, x0, x0_free, x_hat, activation}, weight.value_or(Tensor()),
+                                                 dir.value_or(Tensor()))
+            .flat();
       },
       py::arg("model"), py::arg("y"), py::arg("x0"), py::arg("x0_free"), py::arg("x_hat"), py::arg("activation"),
       py::arg("weight") = py::none(), py::arg("dir") = py::none());
@@ -287,13 +314,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "step_analytic_energy",
       [](const StepModel& model, const Tensor& x0, const Tensor& x0_free, const Tensor& x_hat,
          const Tensor& activation, bool factorize, const std::vector<int64_t>& params,
-         const std::vector<std::vector<int64_t>>& param_shapes) {
-        return std::make_shared<AnalyticEnergy>(diffsoft::step_analytic_energy(
-            model, {Tensor(), x0, x0_free, x_hat, activation}, factorize, step_params(params), param_shapes));
+         const std::vector<std::vector<int64_t>>& param_shapes, const py::object& extra) {
+        int64_t first = diffsoft::kNumStepParams;
+        for (const auto& c : model.colliders) first += static_cast<int64_t>(c.params.size());
+        return std::make_shared<AnalyticEnergy>(
+            diffsoft::step_analytic_energy(model, {Tensor(), x0, x0_free, x_hat, activation}, factorize, params,
+                                           param_shapes, extra.is_none() ? nullptr : python_extra_terms(extra, first)));
       },
       py::arg("model"), py::arg("x0"), py::arg("x0_free"), py::arg("x_hat"), py::arg("activation"),
       py::arg("factorize") = false, py::arg("params") = std::vector<int64_t>(),
-      py::arg("param_shapes") = std::vector<std::vector<int64_t>>());
+      py::arg("param_shapes") = std::vector<std::vector<int64_t>>(), py::arg("extra") = py::none());
 
   m.def(
       "minimize",
