@@ -6,8 +6,6 @@
 #pragma once
 
 #include <cmath>
-#include <string>
-#include <vector>
 
 #include "physics/kernels.h"
 
@@ -40,7 +38,7 @@ struct Surface {
 struct Plane {
   static constexpr const char* name = "plane";
   static constexpr std::array<const char*, 2> params = {"normal", "offset"};
-  static std::vector<int64_t> shape(size_t j, int64_t d) { return j == 0 ? std::vector<int64_t>{d} : std::vector<int64_t>{}; }
+  static Shape shape(size_t j, int64_t d) { return j == 0 ? Shape{d} : Shape{}; }
 
   template <typename S, int D>
   static void at(const ColliderParams<S>& c, const Vec<S, D>& q, bool entries, Surface<S, D>& out) {
@@ -63,9 +61,9 @@ struct HeightField {
   static constexpr std::array<const char*, 3> params = {"origin", "spacing", "heights"};
   // origin and spacing: (d - 1,), along x (and z); heights: (nx,) or (nx, nz), at least 2 samples per axis
   // (-1: any size >= 2).
-  static std::vector<int64_t> shape(size_t j, int64_t d) {
-    if (j < 2) return {d - 1};
-    return d == 2 ? std::vector<int64_t>{-1} : std::vector<int64_t>{-1, -1};
+  static Shape shape(size_t j, int64_t d) {
+    if (j < 2) return Shape{d - 1};
+    return d == 2 ? Shape{-1} : Shape{-1, -1};
   }
 
   template <typename S, int D>
@@ -165,7 +163,7 @@ struct HeightField {
 struct Sphere {
   static constexpr const char* name = "sphere";
   static constexpr std::array<const char*, 2> params = {"center", "radius"};
-  static std::vector<int64_t> shape(size_t j, int64_t d) { return j == 0 ? std::vector<int64_t>{d} : std::vector<int64_t>{}; }
+  static Shape shape(size_t j, int64_t d) { return j == 0 ? Shape{d} : Shape{}; }
 
   template <typename S, int D>
   static void at(const ColliderParams<S>& c, const Vec<S, D>& q, bool entries, Surface<S, D>& out) {

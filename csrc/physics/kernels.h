@@ -6,7 +6,9 @@
 #include <ATen/Dispatch.h>
 
 #include <Eigen/Dense>
+#include <algorithm>
 #include <array>
+#include <initializer_list>
 #include <type_traits>
 #include <vector>
 
@@ -75,6 +77,16 @@ struct PerProblem {
         stride(t.defined() && t.dim() > dims ? t.numel() / t.size(0) : 0) {}
   const S* at(int64_t b) const { return data ? data + b * stride : nullptr; }
   S value(int64_t b) const { return data ? data[b * stride] : S(0); }
+};
+
+// A parameter's shape for one problem: up to 3 sizes, -1 for any size >= 2 (a height field's samples).
+struct Shape {
+  int rank = 0;
+  std::array<int64_t, 3> sizes{};
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> s) : rank(static_cast<int>(s.size())) {
+    std::copy(s.begin(), s.end(), sizes.begin());
+  }
 };
 
 // The most parameters a collider kind's geometry has, and the most sizes one of them has.

@@ -28,7 +28,7 @@ namespace kernels {
 
 int64_t geometry_rank(int64_t kind, size_t j, int64_t d) {
   int64_t rank = 0;
-  ColliderKinds::visit(kind, [&](auto g) { rank = static_cast<int64_t>(decltype(g)::shape(j, d).size()); });
+  ColliderKinds::visit(kind, [&](auto g) { rank = decltype(g)::shape(j, d).rank; });
   return rank;
 }
 
@@ -109,24 +109,32 @@ void problem_param_grads(const View<S, D>& v, const Point<S>& pt, const S* dir, 
   }
 }
 
-std::string shape_string(const std::vector<int64_t>& shape) {
+std::string shape_string(const Shape& shape) {
   std::string out = "(";
-  for (size_t k = 0; k < shape.size(); ++k) out += (k ? ", " : "") + (shape[k] < 0 ? "n" : std::to_string(shape[k]));
-  return out + (shape.size() == 1 ? ",)" : ")");
+  for (int k = 0; k < shape.rank; ++k)
+    out += (k ? ", " : "") + (shape.sizes[k] < 0 ? std::string("n") : std::to_string(shape.sizes[k]));
+  return out + (shape.rank == 1 ? ",)" : ")");
 }
 
 // Whether t is shaped `shape` (shared by the batch) or (batch, *shape) (one per problem), in the dtype of y; an
 // extent of -1 in shape is any size >= 2.
-bool per_problem_or_shared(const torch::Tensor& t, std::vector<int64_t> shape, int64_t batch,
-                           const torch::Tensor& y) {
+bool per_problem_or_shared(const torch::Tensor& t, const Shape& shape, int64_t batch, const torch::Tensor& y) {
   if (!t.defined() || t.scalar_type() != y.scalar_type() || !t.device().is_cpu()) return false;
-  auto fits = [&](size_t lead) {
-    if (static_cast<size_t>(t.dim()) != shape.size() + lead || (lead && t.size(0) != batch)) return false;
-    for (size_t k = 0; k < shape.size(); ++k)
-      if (shape[k] < 0 ? t.size(lead + k) < 2 : t.size(lead + k) != shape[k]) return false;
+  auto fits = [&](int lead) {
+    if (t.dim() != shape.rank + lead || (lead && t.size(0) != batch)) return false;
+    for (int k = 0; k < shape.rank; ++k)
+      if (shape.sizes[k] < 0 ? t.size(lead + k) < 2 : t.size(lead + k) != shape.sizes[k]) return false;
     return true;
   };
   return fits(0) || fits(1);
+}
+
+// The error for parameter `name` that per_problem_or_shared refused.
+std::invalid_argument bad_param(const std::string& name, const Shape& shape, int64_t batch) {
+  const bool any = std::find(shape.sizes.begin(), shape.sizes.begin() + shape.rank, -1) != shape.sizes.begin() + shape.rank;
+  return std::invalid_argument("StepModel." + name + " must be a CPU tensor of y's dtype, shaped " + shape_string(shape) +
+                               " (shared by the batch) or with a leading B = " + std::to_string(batch) +
+                               " (one per problem)" + (any ? ", n >= 2" : ""));
 }
 
 void check(const StepModel& m, const StepState& s) {
@@ -141,48 +149,41 @@ void check(const StepModel& m, const StepState& s) {
   if (nm && (s.activation.dim() != 2 || s.activation.size(0) != batch || s.activation.size(1) != nm))
     throw std::invalid_argument("activation must be (B, M)");
   // Each parameter: its name, its shape when shared by the batch, and whether it is needed.
-  struct Param {
-    std::string name;
+  const struct {
+    const char* name;
     const torch::Tensor& t;
-    std::vector<int64_t> shape;
+    Shape shape;
     bool needed;
-  };
-  std::vector<Param> params = {{"mass", m.mass, {f}, true},
-                               {"Dm_inv", m.Dm_inv, {e, d, d}, true},
-                               {"mu", m.mu, {e}, true},
-                               {"lam", m.lam, {e}, true},
-                               {"rest_length", m.rest_length, {nm}, nm > 0},
-                               {"stiffness", m.stiffness, {nm}, nm > 0},
-                               {"h", m.h, {}, true},
-                               {"gravity", m.gravity, {}, true}};
-  const std::vector<ColliderKindInfo> kinds = collider_kinds();
+  } params[] = {{"mass", m.mass, {f}, true},
+                {"Dm_inv", m.Dm_inv, {e, d, d}, true},
+                {"mu", m.mu, {e}, true},
+                {"lam", m.lam, {e}, true},
+                {"rest_length", m.rest_length, {nm}, nm > 0},
+                {"stiffness", m.stiffness, {nm}, nm > 0},
+                {"h", m.h, {}, true},
+                {"gravity", m.gravity, {}, true}};
+  for (const auto& p : params)
+    if ((p.needed || p.t.defined()) && !per_problem_or_shared(p.t, p.shape, batch, s.y))
+      throw bad_param(p.name, p.shape, batch);
   for (size_t c = 0; c < m.colliders.size(); ++c) {
     const Collider& col = m.colliders[c];
-    const std::string at = "StepModel.colliders[" + std::to_string(c) + "]";
+    const std::string at = "colliders[" + std::to_string(c) + "]";
     if (col.kind < 0 || col.kind >= ColliderKinds::size)
-      throw std::invalid_argument(at + ".kind is " + std::to_string(col.kind) + ", not a collider kind (0 to " +
-                                  std::to_string(ColliderKinds::size - 1) + ")");
-    const ColliderKindInfo& kind = kinds[col.kind];
-    if (col.params.size() != kind.params.size())
-      throw std::invalid_argument(at + " (a " + kind.name + ") has " + std::to_string(col.params.size()) +
-                                  " parameters, not " + std::to_string(kind.params.size()));
+      throw std::invalid_argument("StepModel." + at + ".kind is " + std::to_string(col.kind) +
+                                  ", not a collider kind (0 to " + std::to_string(ColliderKinds::size - 1) + ")");
     ColliderKinds::visit(col.kind, [&](auto g) {
-      for (size_t j = 0; j < col.params.size(); ++j)
-        params.push_back({at + "." + kind.params[j], col.params[j],
-                          j < 3 ? std::vector<int64_t>{} : decltype(g)::shape(j - 3, d), true});
+      using G = decltype(g);
+      if (col.params.size() != 3 + G::params.size())
+        throw std::invalid_argument("StepModel." + at + " (a " + G::name + ") has " +
+                                    std::to_string(col.params.size()) + " parameters, not " +
+                                    std::to_string(3 + G::params.size()));
+      static const char* const contact[] = {"stiffness", "friction", "friction_eps"};
+      for (size_t j = 0; j < col.params.size(); ++j) {
+        const Shape shape = j < 3 ? Shape{} : G::shape(j - 3, d);
+        if (!per_problem_or_shared(col.params[j], shape, batch, s.y))
+          throw bad_param(at + "." + (j < 3 ? contact[j] : G::params[j - 3]), shape, batch);
+      }
     });
-  }
-  for (const auto& p : params) {
-    if (!p.needed && !p.t.defined()) continue;
-    if (!per_problem_or_shared(p.t, p.shape, batch, s.y)) {
-      throw std::invalid_argument((p.name.rfind("StepModel.", 0) == 0 ? "" : "StepModel.") + p.name +
-                                  " must be a CPU tensor of y's dtype, shaped " + shape_string(p.shape) +
-                                  " (shared by the batch) or with a leading B = " + std::to_string(batch) +
-                                  " (one per problem)" +
-                                  (std::find(p.shape.begin(), p.shape.end(), -1) != p.shape.end()
-                                       ? ", n >= 2"
-                                       : ""));
-    }
   }
   const int64_t n = m.slot.size(0);
   for (const torch::Tensor* idx : {&m.elements, &m.muscles})

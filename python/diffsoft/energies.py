@@ -210,17 +210,31 @@ class StepTerm(typing.NamedTuple):
     top)``: one energy per row ``(..., K)``, from the rows' positions ``x_rows`` ``(..., K, k, d)`` and the step's
     :class:`~diffsoft.step.StepParams` ``p``. ``blocks(x_rows, p, top)``: optional, each row's Hessian
     ``(..., K, kd, kd)`` (else autograd probes it). ``user``: a user's term (:class:`diffsoft.terms.Term`), which
-    the C++ kernels do not have."""
+    the C++ kernels do not have. ``inner``: optional ``(strain, density)`` with ``energy = density(strain(x_rows))``
+    and ``strain`` linear in ``x_rows`` (``(..., K, m)``, m < kd): autograd then probes the density's m x m
+    Hessian rather than the row's kd x kd one (:mod:`diffsoft.term_blocks`)."""
     name: str
     rows: typing.Callable
     energy: typing.Callable
     blocks: typing.Optional[typing.Callable] = None
     user: bool = False
+    inner: typing.Optional[tuple] = None
+
+
+def _deformation(x_rows, p, top):
+    """Each element's F, flattened: ``(..., E, d * d)``, linear in its vertices' positions."""
+    edges = x_rows[..., 1:, :] - x_rows[..., :1, :]  # (..., E, d, d), rows are edges
+    F = edges.transpose(-1, -2) @ p.Dm_inv
+    return F.reshape(*F.shape[:-2], -1)
+
+
+def _density(F, p, top):
+    d = math.isqrt(F.shape[-1])
+    return _DENSITIES[top.material](F.reshape(*F.shape[:-1], d, d), p.mu, p.lam)
 
 
 def _elastic_term(x_rows, p, top):
-    edges = x_rows[..., 1:, :] - x_rows[..., :1, :]  # (..., E, d, d), rows are edges
-    return _DENSITIES[top.material](edges.transpose(-1, -2) @ p.Dm_inv, p.mu, p.lam)
+    return _density(_deformation(x_rows, p, top), p, top)
 
 
 def _muscle_term(x_rows, p, top):
@@ -244,7 +258,7 @@ def _contact_term(c, x_rows, p, top):
     return _contact(x_rows[..., 0, :], p.x0_free, p.h, kc, kf, eps, top.colliders[c].surface, geometry)
 
 
-ELASTIC = StepTerm("elastic", lambda top: top.elements, _elastic_term)
+ELASTIC = StepTerm("elastic", lambda top: top.elements, _elastic_term, inner=(_deformation, _density))
 MUSCLE = StepTerm("muscle", lambda top: top.muscles, _muscle_term)
 INERTIA = StepTerm("inertia", lambda top: None, _inertia_term)
 

@@ -98,9 +98,11 @@ def step_energy(y, *args):
     On other devices than the CPU, the reference."""
     if not _on_cpu(y):
         return reference_step_energy(y, *args)
-    p, top = unpack(args)
-    e = StepEnergy.apply(y, *args[:kernel_params(p)], top)
-    return e + terms_energy(y, p, top, step_terms(top, builtin=False)) if top.terms else e
+    top = args[-1]
+    if not top.terms:
+        return StepEnergy.apply(y, *args)
+    p, _ = unpack(args)
+    return StepEnergy.apply(y, *args[:kernel_params(p)], top) + terms_energy(y, p, top, step_terms(top, builtin=False))
 
 
 class StepEnergy(torch.autograd.Function):

@@ -51,6 +51,8 @@ def term_derivatives(term, x_rows, p, top, hessian=True):
     ``(B, K, kd, kd)`` (None without ``hessian``) at the rows' positions ``x_rows`` ``(B, K, k, d)``: the term's
     own ``blocks`` where it has them, else by autograd (see the module docstring)."""
     b, rows, k, d = x_rows.shape
+    if term.inner is not None and term.blocks is None:
+        return _through_strain(term, x_rows, p, top, hessian)
     u = torch.zeros_like(x_rows, requires_grad=True)
     e = term.energy(x_rows + u, p, top)
     (g,) = torch.autograd.grad(e.sum(), u, create_graph=True)
@@ -58,19 +60,50 @@ def term_derivatives(term, x_rows, p, top, hessian=True):
         return g, None
     if term.blocks is not None:
         return g, term.blocks(x_rows, p, top)
-    kd = k * d
     if not g.requires_grad:  # linear in the positions
-        return g, x_rows.new_zeros(b, rows, kd, kd)
-    probes = torch.eye(kd, dtype=x_rows.dtype, device=x_rows.device).view(kd, 1, 1, k, d).expand(kd, b, rows, k, d)
-    columns = batched_vjp(g, u, probes)
+        return g, x_rows.new_zeros(b, rows, k * d, k * d)
+    return g, _columns(g, u).reshape(b, rows, k * d, k * d)
+
+
+def _through_strain(term, x_rows, p, top, hessian):
+    """:func:`term_derivatives` for ``energy = density(strain(x_rows))`` with ``strain`` linear (an element's F):
+    the gradient ``J^T grad density`` and the block ``J^T H J``, ``J`` the strain's Jacobian (autograd's, first
+    order: ``m`` backward passes through the strain alone) and ``H`` the density's ``m x m`` Hessian (``m``
+    double-backward passes through the density alone, not ``kd`` through both)."""
+    strain, density = term.inner
+    b, rows, k, d = x_rows.shape
+    u = torch.zeros_like(x_rows, requires_grad=True)
+    z = strain(x_rows + u, p, top)  # (B, K, m), linear in u; its Jacobian keeps a graph to the parameters
+    m = z.shape[-1]
+    jac = _columns(z, u, rows_out=m, create_graph=True).reshape(b, rows, k * d, m).transpose(-1, -2)  # (B, K, m, kd)
+    w = torch.zeros_like(z, requires_grad=True)  # as u: the density's gradient keeps its graph through z
+    (gz,) = torch.autograd.grad(density(z + w, p, top).sum(), w, create_graph=True)
+    g = (gz[..., None, :] @ jac)[..., 0, :].reshape(b, rows, k, d)
+    if not hessian:
+        return g, None
+    hz = _columns(gz, w).reshape(b, rows, m, m) if gz.requires_grad else gz.new_zeros(b, rows, m, m)
+    j = jac.detach()
+    return g, j.transpose(-1, -2) @ hz.detach() @ j
+
+
+def _columns(g, u, rows_out=None, create_graph=False):
+    """The columns of each row's Jacobian of ``g`` ``(B, K, m)`` (each row's gradient, m = n by default) with
+    respect to ``u`` ``(B, K, ...)`` (n entries per row), ``(B, K, n [row], m [column])`` flattened to
+    ``(B, K, n * m)``: one backward pass per output coordinate, its unit vector in every row, batched by torch's
+    vmap over the backward where it runs (for a gradient g, the columns of each row's Hessian)."""
+    b, rows = u.shape[:2]
+    n = u[0, 0].numel()
+    m = n if rows_out is None else rows_out
+    probes = torch.eye(m, dtype=g.dtype, device=g.device).view(m, 1, 1, *g.shape[2:]).expand(m, *g.shape)
+    columns = batched_vjp(g, u, probes, create_graph)
     if columns is None:  # torch cannot batch this graph's backward: one column at a time
-        columns = torch.stack([_vjp(g, u, probes[j]) for j in range(kd)])
-    # columns[j] = H e_j for every row: (kd, B, K, k, d) -> (B, K, kd [row], kd [column])
-    return g, columns.reshape(kd, b, rows, kd).permute(1, 2, 3, 0)
+        columns = torch.stack([_vjp(g, u, probes[j], create_graph) for j in range(m)])
+    # columns[j] = (dg/du)^T e_j for every row: (m, B, K, ...) -> (B, K, n, m)
+    return columns.reshape(m, b, rows, n).permute(1, 2, 3, 0).reshape(b, rows, n * m)
 
 
-def _vjp(g, u, v):
-    (out,) = torch.autograd.grad(g, u, v, retain_graph=True, allow_unused=True)
+def _vjp(g, u, v, create_graph=False):
+    (out,) = torch.autograd.grad(g, u, v, retain_graph=True, allow_unused=True, create_graph=create_graph)
     return torch.zeros_like(u) if out is None else out
 
 
