@@ -42,14 +42,12 @@ class Collider:
     simulator's) or a non-negative number or tensor (``()`` or ``(B,)``)."""
     KIND = None       # the C++ kinds' name
     GEOMETRY = ()     # the geometry's parameters as the kernels take them (see step_params)
+    PARAMS = ()       # CONTACT_PARAMS + GEOMETRY: the kernels' order (set below for each kind)
+    CODE = None       # the kind's position in KINDS, the kernels' Collider::kind
     FIELDS = ()       # the user's fields, as given to the constructor
 
     def __init__(self, stiffness=None, friction=None, friction_eps=None):
         self.stiffness, self.friction, self.friction_eps = stiffness, friction, friction_eps
-
-    @classmethod
-    def params(cls):
-        return CONTACT_PARAMS + cls.GEOMETRY
 
     def step_params(self, sim, batch):
         """The collider's parameters for one step, in ``PARAMS`` order, as tensors of the body's dtype and device
@@ -368,8 +366,7 @@ KINDS = (Plane, HeightField, Sphere)
 """The collider kinds, in the C++ kernels' order (``Collider::kind``, ``_C.COLLIDER_KINDS``)."""
 _BY_KIND = {cls.KIND: cls for cls in KINDS}
 for _code, _cls in enumerate(KINDS):
-    _cls.CODE = _code
-    _cls.PARAMS = _cls.params()
+    _cls.CODE, _cls.PARAMS = _code, CONTACT_PARAMS + _cls.GEOMETRY
 
 if [(cls.KIND, cls.PARAMS) for cls in KINDS] != [(name, tuple(params)) for name, params in _C.COLLIDER_KINDS]:
     raise ImportError(f"diffsoft.colliders has the kinds {[(c.KIND, c.PARAMS) for c in KINDS]} but the C++ kernels' "

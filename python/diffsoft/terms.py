@@ -25,6 +25,7 @@ import copy
 
 import torch
 
+from .energies import StepTerm
 from .step import per_problem
 
 
@@ -95,7 +96,6 @@ class Term:
     def step_term(self, k):
         """This term, the ``k``-th of a topology's, as a :class:`~diffsoft.energies.StepTerm` (its parameters are
         ``StepParams.terms[k]``)."""
-        from .energies import StepTerm
 
         def rows(top):
             return self.stencil(top.free_index.shape[0], top.free_index.device)

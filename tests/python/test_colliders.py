@@ -261,10 +261,9 @@ def _disc(dim, radius=0.05, cells=6):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dim", (2, 3))
 def test_a_ball_dropped_on_a_sphere_does_not_sink_into_it(dim, backend):
-    """A ball of radius 5 cm falls from 10 cm onto a sphere of radius 1 (slightly off its top, so that it rolls
-    off), hitting it at 1.4 m/s: no vertex ever goes deeper into the sphere than 5 mm (with k_c 100 times the
-    default per vertex mass, a vertex's kinetic energy at impact, m v^2 / 2 = k_c depth^2, buys 2 mm), and the
-    ball ends outside it."""
+    """A ball of radius 5 cm falls from 10 cm onto a sphere of radius 1 (2 cm off its top), hitting it at 1.4 m/s:
+    no vertex ever goes deeper into the sphere than 5 mm (with k_c 100 times the default per vertex mass, a
+    vertex's kinetic energy at impact, m v^2 / 2 = k_c depth^2, buys 2 mm), and the ball ends on it, outside."""
     body = _disc(dim, cells=3 if dim == 3 else 6)
     radius = 1.0
     center = torch.tensor([0.0, -radius, 0.0][:dim], dtype=F64)
@@ -291,14 +290,15 @@ def _steps_loss(sim, x, v, steps=3):
 def test_gradients_with_respect_to_slope_heights_centre_and_radius_match_central_differences(dim, backend):
     """Three steps of a block sliding with friction onto a tilted plane, a height field and a sphere at once; the
     loss differentiated with respect to the plane's normal (its slope) and point, the heights, the height field's
-    origin and spacing, the sphere's centre and radius and the colliders' contact constants, by gradcheck."""
+    origin and spacing, the sphere's centre and radius and the colliders' contact constants (stiffness, friction,
+    friction band), by gradcheck."""
     body = _block(dim, stiffness=2e4)
     body_x = body.rest_positions + torch.tensor([0.0, 0.004, 0.0][:dim], dtype=F64)
 
-    def loss(normal, point, heights, origin, spacing, center, radius, kc, kf):
-        colliders = [Plane(point, normal, stiffness=kc, friction=kf, friction_eps=0.01),
-                     HeightField(origin, spacing, heights, stiffness=kc, friction=kf, friction_eps=0.01),
-                     Sphere(center, radius, stiffness=kc, friction=kf, friction_eps=0.01)]
+    def loss(normal, point, heights, origin, spacing, center, radius, kc, kf, eps):
+        colliders = [Plane(point, normal, stiffness=kc, friction=kf, friction_eps=eps),
+                     HeightField(origin, spacing, heights, stiffness=kc, friction=kf, friction_eps=eps),
+                     Sphere(center, radius, stiffness=kc, friction=kf, friction_eps=eps)]
         sim = _tight(Simulator(body, dt=0.01, ground=None, colliders=colliders, backend=backend))
         v = torch.zeros_like(body_x) + torch.tensor([0.4, -0.3, 0.1][:dim], dtype=F64)
         return _steps_loss(sim, body_x, v)
@@ -309,10 +309,11 @@ def test_gradients_with_respect_to_slope_heights_centre_and_radius_match_central
               heights, torch.tensor(-0.1 if dim == 2 else [-0.1, -0.13], dtype=F64),
               torch.tensor(0.07 if dim == 2 else [0.07, 0.09], dtype=F64),
               torch.tensor([0.1, -0.298, 0.05][:dim], dtype=F64), torch.tensor(0.3, dtype=F64),
-              torch.tensor(2e3, dtype=F64), torch.tensor(20.0, dtype=F64))
+              torch.tensor(2e3, dtype=F64), torch.tensor(20.0, dtype=F64), torch.tensor(0.01, dtype=F64))
     inputs = tuple(t.requires_grad_() for t in inputs)
     grads = torch.autograd.grad(loss(*inputs), inputs)
-    for name, grad in zip(("normal", "point", "heights", "origin", "spacing", "center", "radius", "kc", "kf"), grads):
+    for name, grad in zip(("normal", "point", "heights", "origin", "spacing", "center", "radius", "kc", "kf", "eps"),
+                          grads):
         assert grad.abs().max() > 0, f"the loss must depend on {name}"
     assert gradcheck(loss, inputs, eps=1e-6, atol=1e-5, rtol=1e-4)
 
@@ -449,3 +450,16 @@ def test_render_and_vtk_files_show_the_colliders(dim, tmp_path):
     for k in range(4):  # the ground, then the three
         surface = meshio.read(str(tmp_path / f"frame_collider{k}.vtu"))
         assert len(surface.points) >= 2 and surface.cells[0].type == ("line" if dim == 2 else "triangle")
+
+
+def test_the_docs_example_runs():
+    """docs/colliders.md's example: a slope, terrain and a sphere, with gradients."""
+    import os
+    import re
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "colliders.md")
+    with open(path) as f:
+        (block,) = re.findall(r"^```python\n(.*?)^```", f.read(), flags=re.S | re.M)
+    scope = {}
+    exec(block, scope)
+    assert scope["heights"].grad.abs().sum() > 0
