@@ -42,7 +42,7 @@ from diffsoft.creatures import biped, quadruped
 from diffsoft.energies import reference_step_energy
 from diffsoft.mesh import rectangle
 from diffsoft.simulator import Simulator
-from diffsoft.step import StepParams
+from diffsoft.step import unpack
 from diffsoft.threads import set_num_threads
 
 
@@ -59,7 +59,7 @@ def step_params(sim, x0, v0, a):
     """The step energy's arguments exactly as Simulator.step builds them (for the baseline), and the free
     vertices' start positions."""
     params, top = sim.step_problem(x0, v0, a)
-    return (*params, top), params.x0_free
+    return (*params.flat(), top), params.x0_free
 
 
 def activation(sim, batch=None):
@@ -133,10 +133,12 @@ def measure(name, sim, repeat, batch=None):
 _PER_PROBLEM = {"x_hat": 3, "x0": 3, "x0_free": 3, "activation": 2}
 
 
-def _slice(params, i):
+def _slice(args, i):
     """Problem i's step energy arguments from a batch's."""
-    named = zip(StepParams._fields + ("topology",), params)
-    return tuple(p[i] if isinstance(p, torch.Tensor) and p.dim() == _PER_PROBLEM.get(k) else p for k, p in named)
+    p, top = unpack(args)
+    p = p._replace(**{k: getattr(p, k)[i] for k, dims in _PER_PROBLEM.items()
+                      if isinstance(getattr(p, k), torch.Tensor) and getattr(p, k).dim() == dims})
+    return (*p.flat(), top)
 
 
 LOADINGS = ("clamped gravity", "clamped shear", "free shear", "free twist", "free impact")

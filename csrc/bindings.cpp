@@ -16,9 +16,10 @@ using torch::Tensor;
 
 namespace {
 
-// A Python callable that C++ may copy and drop without the GIL: the last copy drops it with the GIL held.
-std::shared_ptr<py::function> held(py::function fn) {
-  return std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* f) {
+// A Python object that C++ may copy and drop without the GIL: the last copy drops it with the GIL held.
+template <typename T>
+std::shared_ptr<T> held(T fn) {
+  return std::shared_ptr<T>(new T(std::move(fn)), [](T* f) {
     if (!Py_IsInitialized()) {  // interpreter gone: nothing left to decref
       f->release();
       delete f;
@@ -127,17 +128,39 @@ std::shared_ptr<SolveInfo> solve_info_from(const py::tuple& t) {
   return i;
 }
 
+// diffsoft.fused._UserTerms (a user's torch terms) as the kernels' ExtraTerms: each call takes the GIL, and a
+// Python exception passes through as the energy's would.
+std::shared_ptr<const diffsoft::ExtraTerms> python_extra_terms(py::object terms, int64_t first_param) {
+  std::shared_ptr<py::object> obj = held(std::move(terms));
+  auto call = [obj](const char* name, auto&&... args) {
+    try {
+      return obj->attr(name)(std::forward<decltype(args)>(args)...);
+    } catch (py::error_already_set& e) {
+      throw_python_error(e);
+    }
+  };
+  auto extra = std::make_shared<diffsoft::ExtraTerms>();
+  extra->first_param = first_param;
+  extra->value = [call](const Tensor& y) {
+    py::gil_scoped_acquire gil;
+    return call("value", y).template cast<Tensor>();
+  };
+  extra->derivatives = [call](const Tensor& y) {
+    py::gil_scoped_acquire gil;
+    return call("derivatives", y)
+        .template cast<std::pair<Tensor, std::vector<std::pair<Tensor, Tensor>>>>();
+  };
+  extra->mixed_vjp = [call](const Tensor& y, const Tensor& w, const std::vector<int64_t>& wanted) {
+    py::gil_scoped_acquire gil;
+    return call("mixed_vjp", y, w, wanted).template cast<std::vector<Tensor>>();
+  };
+  return extra;
+}
+
 py::tuple step_param_names() {
   py::tuple names(diffsoft::kNumStepParams);
   for (int k = 0; k < diffsoft::kNumStepParams; ++k) names[k] = py::str(diffsoft::kStepParamNames[k]);
   return names;
-}
-
-// Step parameters given by their positions in STEP_PARAM_NAMES.
-std::vector<diffsoft::StepParam> step_params(const std::vector<int64_t>& indices) {
-  std::vector<diffsoft::StepParam> out;
-  for (int64_t k : indices) out.push_back(diffsoft::step_param(k));
-  return out;
 }
 
 }  // namespace
@@ -201,6 +224,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("backward_message", &SolveInfo::backward_message)
       .def(py::pickle(&solve_info_state, &solve_info_from));
 
+  py::list kinds;
+  for (const auto& k : diffsoft::collider_kinds()) kinds.append(py::make_tuple(k.name, py::tuple(py::cast(k.params))));
+  m.attr("COLLIDER_KINDS") = kinds;
+  m.def("collider_param_rank", &diffsoft::collider_param_rank, py::arg("kind"), py::arg("j"), py::arg("d"),
+        "The trailing dimensions of one problem's value of a collider's parameter j (see ops.h).");
   py::class_<diffsoft::FactorCache, std::shared_ptr<diffsoft::FactorCache>>(
       m, "FactorCache", "Symbolic factorizations shared by a model's steps (see step_energy.h).")
       .def(py::init<>())
@@ -232,20 +260,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       m, "AnalyticEnergy", "An energy's autograd-free value, gradient and Hessian products (see solver.h).");
   m.def(
       "step_analytic_energy",
-      [](const std::vector<std::optional<Tensor>>& model, int64_t material, bool has_ground,
-         std::shared_ptr<diffsoft::FactorCache> factor_cache, const Tensor& x0, const Tensor& x0_free,
-         const Tensor& x_hat, const Tensor& activation, bool factorize, const std::vector<int64_t>& params,
-         const std::vector<std::vector<int64_t>>& param_shapes) {
+      [](const std::vector<std::optional<Tensor>>& model, int64_t material, const std::vector<int64_t>& collider_kinds,
+         const std::vector<Tensor>& collider_params, std::shared_ptr<diffsoft::FactorCache> factor_cache,
+         const Tensor& x0, const Tensor& x0_free, const Tensor& x_hat, const Tensor& activation, bool factorize,
+         const std::vector<int64_t>& params, const std::vector<std::vector<int64_t>>& param_shapes,
+         const py::object& extra) {
         std::vector<Tensor> tensors;
         for (const auto& t : model) tensors.push_back(t.value_or(Tensor()));
+        const int64_t first = diffsoft::kNumStepParams + static_cast<int64_t>(collider_params.size());
         return std::make_shared<AnalyticEnergy>(diffsoft::step_analytic_energy(
-            diffsoft::kernel_model(tensors, material, has_ground, std::move(factor_cache)),
-            {Tensor(), x0, x0_free, x_hat, activation}, factorize, step_params(params), param_shapes));
+            diffsoft::kernel_model(tensors, material, collider_kinds, collider_params, std::move(factor_cache)),
+            {Tensor(), x0, x0_free, x_hat, activation}, factorize, params, param_shapes,
+            extra.is_none() ? nullptr : python_extra_terms(extra, first)));
       },
-      py::arg("model"), py::arg("material"), py::arg("has_ground"), py::arg("factor_cache"), py::arg("x0"),
-      py::arg("x0_free"), py::arg("x_hat"), py::arg("activation"),
+      py::arg("model"), py::arg("material"), py::arg("collider_kinds"), py::arg("collider_params"),
+      py::arg("factor_cache"), py::arg("x0"), py::arg("x0_free"), py::arg("x_hat"), py::arg("activation"),
       py::arg("factorize") = false, py::arg("params") = std::vector<int64_t>(),
-      py::arg("param_shapes") = std::vector<std::vector<int64_t>>());
+      py::arg("param_shapes") = std::vector<std::vector<int64_t>>(), py::arg("extra") = py::none());
 
   m.def(
       "minimize",

@@ -1,83 +1,149 @@
-// Ground contact and friction of one free vertex s (only with a ground): k_c min(y_s,y - ground, 0)^2, a
-// penalty on the depth below the ground, plus w_s |(y_s - x0_s)_t / h|^2 over the tangential components t (x,
-// and z in 3D), w_s = k_f max(eps - (x0_s,y - ground), 0). The friction weight depends on the start of the step
-// only, so the term is quadratic in y: a lagged friction, whose Hessian is diagonal like the contact's.
+// Contact and friction of one free vertex s against one collider c (colliders.h: phi, its unit gradient n):
+//   E = k_c min(phi(y_s), 0)^2 + w_s |t_s|^2 / h^2,  t_s = P0 (y_s - x0_s),  P0 = I - n0 n0^T,
+//   w_s = k_f max(eps - phi(x0_s), 0),  n0 = n(x0_s):
+// a penalty on the depth inside the collider, and a lagged friction on the slip in the collider's tangent plane
+// at the start of the step, acting within eps of its surface. Both the weight and the plane depend on the start of
+// the step only, so the friction is quadratic in y: its vertex block is 2 w P0^2 / h^2 (= 2 w P0 / h^2: the
+// derivatives are those of the formula as written, exact for any n0, so that a plane's normal may be
+// differentiated as a free vector); the contact's is 2 k_c (n n^T + phi d2phi/dq2) inside. Parameters: the
+// collider's k_c, k_f, eps and geometry, x0_free and h. With a horizontal plane this is the flat ground's model,
+// bit for bit (n = +y: the products with n's zeros are exact).
 #pragma once
 
 #include <algorithm>
 
-#include "physics/kernels.h"
+#include "physics/colliders.h"
 
 namespace diffsoft::kernels {
 
-template <typename S, int D>
-S contact_energy(const View<S, D>& v, const S* y, const S* x0_free, int64_t s) {
-  const S h2 = v.h * v.h;
-  Eigen::Map<const Vec<S, D>> yi(y + s * D), xi0(x0_free + s * D);
-  const S depth = std::min(yi(1) - v.ground, S(0));
-  const S wf = v.friction * std::max(v.friction_eps - (xi0(1) - v.ground), S(0));
-  S slip = (yi(0) - xi0(0)) * (yi(0) - xi0(0));
-  if (D == 3) slip += (yi(2) - xi0(2)) * (yi(2) - xi0(2));
-  return v.contact_stiffness * depth * depth + wf * slip / h2;
-}
+struct Contact {
+  static constexpr Stencil stencil = Stencil::vertex_collider;
 
-// Adds the vertex's gradient to grad (F, d) and its Hessian to diag (F, d).
-template <typename S, int D>
-void contact_derivatives(const View<S, D>& v, const S* y, const S* x0_free, int64_t s, S* grad, S* diag) {
-  const S h2 = v.h * v.h;
-  Eigen::Map<const Vec<S, D>> yi(y + s * D), xi0(x0_free + s * D);
-  Eigen::Map<Vec<S, D>> gi(grad + s * D), di(diag + s * D);
-  const S depth = std::min(yi(1) - v.ground, S(0));
-  gi(1) += 2 * v.contact_stiffness * depth;
-  if (depth < 0) di(1) += 2 * v.contact_stiffness;
-  const S wf = 2 * v.friction * std::max(v.friction_eps - (xi0(1) - v.ground), S(0)) / h2;
-  for (int t = 0; t < D; t += 2) {  // tangential: x, and z in 3D
-    gi(t) += wf * (yi(t) - xi0(t));
-    di(t) += wf;
+  template <typename S, int D>
+  static S energy(const View<S, D>& v, const Point<S>& pt, int64_t s, size_t c) {
+    S out = 0;
+    ColliderKinds::visit(v.colliders[c].kind, [&](auto g) { out = energy_with<decltype(g)>(v, pt, s, v.colliders[c]); });
+    return out;
   }
-}
 
-// The vertex's parameter derivatives, added to o; weight and dir as in elastic_param_grads. x0 enters through
-// the slip and, while the vertex starts within eps of the ground, through the friction weight; so do the
-// ground's height (also through the depth) and eps. The friction term is homogeneous of degree -2 in h.
-template <typename S, int D>
-void contact_param_grads(const View<S, D>& v, const S* y, const S* x0_free, int64_t s, const S* dir, S weight,
-                         const StepParams<S*>& o) {
-  const S h = v.h, h2 = h * h;
-  Eigen::Map<const Vec<S, D>> yi(y + s * D), xi0(x0_free + s * D);
-  Eigen::Map<Vec<S, D>> gx0(o[StepParam::x0_free] + s * D);
-  S* contact = o[StepParam::contact_stiffness];
-  S* friction = o[StepParam::friction];
-  S* step = o[StepParam::h];
-  S* ground = o[StepParam::ground];
-  S* eps = o[StepParam::friction_eps];
-  const Vec<S, D> di = dir ? Vec<S, D>(Eigen::Map<const Vec<S, D>>(dir + s * D)) : Vec<S, D>::Zero();
-  const S depth = std::min(yi(1) - v.ground, S(0));
-  const S base = std::max(v.friction_eps - (xi0(1) - v.ground), S(0)), kf = v.friction, kc = v.contact_stiffness;
-  const S in_band = base > 0 ? S(1) : S(0);  // d base / d eps = d base / d ground = -d base / d x0_y
-  S slip = 0, slip_dir = 0;  // |(y - x0)_t|^2 and (y - x0)_t . dir_t
-  for (int c = 0; c < D; c += 2) {
-    slip += (yi(c) - xi0(c)) * (yi(c) - xi0(c));
-    slip_dir += (yi(c) - xi0(c)) * di(c);
+  // Adds the vertex's gradient to grad (F, d) and its d x d block to block.
+  template <typename S, int D>
+  static void derivatives(const View<S, D>& v, const Point<S>& pt, int64_t s, size_t c, S* grad, S* block) {
+    ColliderKinds::visit(v.colliders[c].kind,
+                         [&](auto g) { derivatives_with<decltype(g)>(v, pt, s, v.colliders[c], grad, block); });
   }
-  if (!dir) {
-    *contact += weight * depth * depth;
-    *friction += weight * base * slip / h2;
-    for (int c = 0; c < D; c += 2) gx0(c) += -weight * 2 * kf * base * (yi(c) - xi0(c)) / h2;
-    gx0(1) += -weight * in_band * kf * slip / h2;
-    *step += -2 * weight * kf * base * slip / (h2 * h);
-    *ground += weight * (-2 * kc * depth + in_band * kf * slip / h2);
-    *eps += weight * in_band * kf * slip / h2;
-  } else {
-    const S in_contact = depth < 0 ? S(1) : S(0);
-    *contact += 2 * depth * di(1);
-    *friction += 2 * base * slip_dir / h2;
-    for (int c = 0; c < D; c += 2) gx0(c) += -2 * kf * base * di(c) / h2;
-    gx0(1) += -2 * in_band * kf * slip_dir / h2;
-    *step += -4 * kf * base * slip_dir / (h2 * h);
-    *ground += -2 * kc * in_contact * di(1) + 2 * in_band * kf * slip_dir / h2;
-    *eps += 2 * in_band * kf * slip_dir / h2;
+
+  // The parameter derivatives, added to o (the collider's in o.colliders[c]: k_c, k_f, eps, then the geometry's);
+  // weight and dir as in Elastic::param_grads. With m = min(phi(y), 0), b = max(eps - phi(x0), 0), s = y - x0,
+  // t = P0 s: dE/dtheta = 2 k_c m dphi(y) + k_f / h^2 (db |t|^2 + b d|t|^2), db = -[b > 0] dphi(x0),
+  // d|t|^2 = 2 t . dP0 s = -2 (n0 . s)(t . dn0) - 2 (t . n0)(s . dn0) for the geometry's, and through x0 (s,
+  // phi(x0), and n0: dn0/dx0 = d2phi(x0)). The mixed ones differentiate grad_y E . v = 2 k_c m (n . v) +
+  // 2 w z / h^2, z = t . P0 v = s^T P0^2 v, alike.
+  template <typename S, int D>
+  static void param_grads(const View<S, D>& v, const Point<S>& pt, int64_t s, size_t c, const S* dir, S weight,
+                          const StepParams<S*>& o) {
+    ColliderKinds::visit(v.colliders[c].kind, [&](auto g) {
+      param_grads_with<decltype(g)>(v, pt, s, v.colliders[c], dir, weight, o.colliders[c], o);
+    });
   }
-}
+
+ private:
+  template <typename G, typename S, int D>
+  static S energy_with(const View<S, D>& v, const Point<S>& pt, int64_t s, const ColliderParams<S>& c) {
+    const S h2 = v.h * v.h;
+    const Vec<S, D> yi = Eigen::Map<const Vec<S, D>>(pt.y + s * D), xi0 = Eigen::Map<const Vec<S, D>>(pt.x0_free + s * D);
+    Surface<S, D> at_y, at_0;
+    G::at(c, yi, false, at_y);
+    G::at(c, xi0, false, at_0);
+    const S depth = std::min(at_y.phi, S(0));
+    const S wf = c.friction * std::max(c.friction_eps - at_0.phi, S(0));
+    const Vec<S, D> slip = yi - xi0;
+    const Vec<S, D> t = slip - at_0.n * at_0.n.dot(slip);
+    return c.stiffness * depth * depth + wf * t.squaredNorm() / h2;
+  }
+
+  template <typename G, typename S, int D>
+  static void derivatives_with(const View<S, D>& v, const Point<S>& pt, int64_t s, const ColliderParams<S>& c,
+                               S* grad, S* block) {
+    const S h2 = v.h * v.h;
+    const Vec<S, D> yi = Eigen::Map<const Vec<S, D>>(pt.y + s * D), xi0 = Eigen::Map<const Vec<S, D>>(pt.x0_free + s * D);
+    Eigen::Map<Vec<S, D>> gi(grad + s * D);
+    Eigen::Map<Mat<S, D>> K(block);
+    Surface<S, D> at_y, at_0;
+    G::at(c, yi, false, at_y);
+    G::at(c, xi0, false, at_0);
+    const S depth = std::min(at_y.phi, S(0));
+    gi += (2 * c.stiffness * depth) * at_y.n;
+    if (depth < 0) {
+      const S k2 = 2 * c.stiffness;
+      K += k2 * (at_y.n * at_y.n.transpose());
+      if (at_y.curved) K += (k2 * depth) * at_y.hess;
+    }
+    const S wf = 2 * c.friction * std::max(c.friction_eps - at_0.phi, S(0)) / h2;
+    const Vec<S, D> slip = yi - xi0;
+    const Mat<S, D> P0 = Mat<S, D>::Identity() - at_0.n * at_0.n.transpose();
+    gi += wf * (P0 * (P0 * slip));
+    K += wf * (P0 * P0);
+  }
+
+  template <typename G, typename S, int D>
+  static void param_grads_with(const View<S, D>& v, const Point<S>& pt, int64_t s, const ColliderParams<S>& c,
+                               const S* dir, S weight, const std::vector<S*>& oc, const StepParams<S*>& o) {
+    const S h = v.h, h2 = h * h, kc = c.stiffness, kf = c.friction;
+    const Vec<S, D> yi = Eigen::Map<const Vec<S, D>>(pt.y + s * D), xi0 = Eigen::Map<const Vec<S, D>>(pt.x0_free + s * D);
+    Eigen::Map<Vec<S, D>> gx0(o[StepParam::x0_free] + s * D);
+    S* step = o[StepParam::h];
+    S *stiffness = oc[0], *friction = oc[1], *eps = oc[2];
+    Surface<S, D> at_y, at_0;
+    G::at(c, yi, true, at_y);
+    G::at(c, xi0, true, at_0);
+    const Vec<S, D>&n = at_y.n, &n0 = at_0.n;
+    const S m = std::min(at_y.phi, S(0)), b = std::max(c.friction_eps - at_0.phi, S(0));
+    const S in_contact = m < 0 ? S(1) : S(0), in_band = b > 0 ? S(1) : S(0);
+    const Vec<S, D> sl = yi - xi0;
+    const S ns = n0.dot(sl);
+    const Vec<S, D> t = sl - n0 * ns;
+    const S tt = t.squaredNorm(), tn = t.dot(n0);
+    auto geometry = [&](const typename Surface<S, D>::Entry& e) { return oc[3 + e.param] + e.index; };
+    if (!dir) {
+      *stiffness += weight * m * m;
+      *friction += weight * b * tt / h2;
+      *eps += weight * in_band * kf * tt / h2;
+      *step += -2 * weight * kf * b * tt / (h2 * h);
+      // x0: through s (d|t|^2/ds = 2 P0 t), phi(x0) (its gradient n0) and n0 (d|t|^2/dn0 = -2 ns t - 2 tn s).
+      Vec<S, D> d_x0 = -in_band * tt * n0 - 2 * b * (t - n0 * tn);
+      if (at_0.curved) d_x0 += b * at_0.hess * (-2 * ns * t - 2 * tn * sl);
+      gx0 += (weight * kf / h2) * d_x0;
+      for (int k = 0; k < at_y.count; ++k) *geometry(at_y.entries[k]) += weight * 2 * kc * m * at_y.entries[k].dphi;
+      for (int k = 0; k < at_0.count; ++k) {
+        const auto& e = at_0.entries[k];
+        const S dtt = -2 * ns * t.dot(e.dn) - 2 * tn * sl.dot(e.dn);
+        *geometry(e) += (weight * kf / h2) * (-in_band * e.dphi * tt + b * dtt);
+      }
+      return;
+    }
+    const Vec<S, D> vi = Eigen::Map<const Vec<S, D>>(dir + s * D);
+    const Vec<S, D> u = vi - n0 * n0.dot(vi);  // P0 v
+    const S nv = n.dot(vi), z = t.dot(u), n0v = n0.dot(vi), n0u = n0.dot(u);
+    *stiffness += 2 * m * nv;
+    *friction += 2 * b * z / h2;
+    *eps += 2 * in_band * kf * z / h2;
+    *step += -4 * kf * b * z / (h2 * h);
+    // dz = (dP0 s) . u + t . (dP0 v), dP0 = -(dn0 n0^T + n0 dn0^T): dz/dn0 = -ns u - (n0 . u) s - (n0 . v) t -
+    // tn v; and through s, dz/ds = P0 u.
+    const Vec<S, D> dz_dn0 = -ns * u - n0u * sl - n0v * t - tn * vi;
+    Vec<S, D> d_x0 = -in_band * z * n0 - b * (u - n0 * n0u);
+    if (at_0.curved) d_x0 += b * at_0.hess * dz_dn0;
+    gx0 += (2 * kf / h2) * d_x0;
+    for (int k = 0; k < at_y.count; ++k) {
+      const auto& e = at_y.entries[k];
+      *geometry(e) += 2 * kc * (in_contact * e.dphi * nv + m * e.dn.dot(vi));
+    }
+    for (int k = 0; k < at_0.count; ++k) {
+      const auto& e = at_0.entries[k];
+      *geometry(e) += (2 * kf / h2) * (-in_band * e.dphi * z + b * e.dn.dot(dz_dn0));
+    }
+  }
+};
 
 }  // namespace diffsoft::kernels

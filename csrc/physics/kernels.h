@@ -1,12 +1,16 @@
-// Internal to the physics kernels: Eigen aliases, one problem of a batch as raw pointers (View), and the
-// dispatch over dtype and dimension. The term headers (elastic.h, muscle.h, inertia.h, contact.h) work on a
-// View; step_energy.cpp and hessian_blocks.cpp loop over problems.
+// Internal to the physics kernels: Eigen aliases, one problem of a batch as raw pointers (View, Point), the
+// stencils a term sums over and the lists that register terms and collider kinds (terms.h, colliders.h), and
+// the dispatch over dtype and dimension. step_energy.cpp and hessian_blocks.cpp loop over problems.
 #pragma once
 
 #include <ATen/Dispatch.h>
 
 #include <Eigen/Dense>
+#include <algorithm>
+#include <array>
+#include <initializer_list>
 #include <type_traits>
+#include <vector>
 
 #include "physics/model.h"
 
@@ -23,18 +27,90 @@ using Weights = Eigen::Matrix<S, D + 1, D, Eigen::RowMajor>;
 template <typename S, int D>
 using Tangent = Eigen::Matrix<S, D * D, D * D>;
 
+// What a term sums over, and so the shape of its Hessian blocks: elements ((d+1)d square blocks), muscles (2d),
+// free vertices (d), or pairs of a free vertex and a collider (d, added to the vertex's block).
+enum class Stencil { element, muscle, vertex, vertex_collider };
+
+// The registered terms (terms.h): T::stencil says which loop runs T's functions, in the list's order.
+template <typename... Ts>
+struct TermList {
+  // f(T()) for each T of the list with stencil `st`, in order.
+  template <Stencil st, typename F>
+  static void each(F&& f) {
+    (..., apply<st, Ts>(f));
+  }
+
+ private:
+  template <Stencil st, typename T, typename F>
+  static void apply(F& f) {
+    if constexpr (T::stencil == st) f(T());
+  }
+};
+
+// The registered collider kinds (colliders.h), Collider::kind indexing them.
+template <typename... Gs>
+struct KindList {
+  static constexpr int64_t size = sizeof...(Gs);
+  // f(G()) for the kind-th G.
+  template <typename F>
+  static void visit(int64_t kind, F&& f) {
+    int64_t i = 0;
+    (..., (i++ == kind ? f(Gs()) : void()));
+  }
+  // f(G()) for every G, in order.
+  template <typename F>
+  static void each(F&& f) {
+    (..., f(Gs()));
+  }
+};
+
 // A parameter of the model as a problem reads it: shared by the batch (stride 0), or one slice per problem
 // (stride = the slice's size). Null for an undefined or empty tensor.
 template <typename S>
 struct PerProblem {
   const S* data = nullptr;
   int64_t stride = 0;
+  PerProblem() = default;
   // t has `dims` dimensions when shared, dims + 1 when per problem.
   PerProblem(const torch::Tensor& t, int64_t dims)
       : data(t.defined() && t.numel() ? t.data_ptr<S>() : nullptr),
         stride(t.defined() && t.dim() > dims ? t.numel() / t.size(0) : 0) {}
   const S* at(int64_t b) const { return data ? data + b * stride : nullptr; }
   S value(int64_t b) const { return data ? data[b * stride] : S(0); }
+};
+
+// A parameter's shape for one problem: up to 3 sizes, -1 for any size >= 2 (a height field's samples).
+struct Shape {
+  int rank = 0;
+  std::array<int64_t, 3> sizes{};
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> s) : rank(static_cast<int>(s.size())) {
+    std::copy(s.begin(), s.end(), sizes.begin());
+  }
+};
+
+// The most parameters a collider kind's geometry has, and the most sizes one of them has.
+constexpr int kMaxGeometryParams = 4;
+constexpr int kMaxGeometryDims = 2;
+
+// One collider as one problem reads it: the contact's scalars, and pointers to the geometry's parameters with
+// their sizes (those of one problem).
+template <typename S>
+struct ColliderParams {
+  int64_t kind = 0;
+  S stiffness = 0, friction = 0, friction_eps = 0;
+  std::array<const S*, kMaxGeometryParams> geometry{};
+  std::array<std::array<int64_t, kMaxGeometryDims>, kMaxGeometryParams> sizes{};
+};
+
+// The dimensions of geometry parameter j of a collider of this kind in d dimensions, when shared by the batch
+// (colliders.h's shapes; defined with the kinds in step_energy.cpp).
+int64_t geometry_rank(int64_t kind, size_t j, int64_t d);
+
+// One problem's state: the unknowns y (F, d), x0 (N, d), x0_free and x_hat (F, d), the activations (M,).
+template <typename S>
+struct Point {
+  const S *y, *x0, *x0_free, *x_hat, *act;
 };
 
 // The data of one problem of the batch, as raw pointers into contiguous tensors, and its scalars.
@@ -47,7 +123,8 @@ struct View {
   const int64_t *elements, *muscles, *slot;
   // Problem b's (see problem()).
   const S *mass, *dm_inv, *mu, *lam, *rest_length, *stiffness;
-  S h, gravity, contact_stiffness, friction, ground, friction_eps;
+  S h, gravity;
+  std::vector<ColliderParams<S>> colliders;
 
   // Problem 0's view.
   explicit View(const StepModel& model)
@@ -59,6 +136,7 @@ struct View {
         elements(model.elements.data_ptr<int64_t>()),
         muscles(model.muscles.data_ptr<int64_t>()),
         slot(model.slot.data_ptr<int64_t>()),
+        colliders(model.colliders.size()),
         mass_(model.mass, 1),
         dm_inv_(model.Dm_inv, 3),
         mu_(model.mu, 1),
@@ -67,10 +145,20 @@ struct View {
         stiffness_(model.stiffness, 1),
         h_(model.h, 0),
         gravity_(model.gravity, 0),
-        contact_stiffness_(model.contact_stiffness, 0),
-        friction_(model.friction, 0),
-        ground_(model.ground, 0),
-        friction_eps_(model.friction_eps, 0) {
+        collider_params_(model.colliders.size()) {
+    for (size_t c = 0; c < model.colliders.size(); ++c) {
+      const Collider& col = model.colliders[c];
+      colliders[c].kind = col.kind;
+      for (size_t j = 0; j < col.params.size(); ++j) {
+        // The contact's three scalars, then the geometry's: a parameter per problem has one more dimension than
+        // the kind's shape (step_energy.cpp checked them against it).
+        const int64_t dims = j < 3 ? 0 : geometry_rank(col.kind, j - 3, D);
+        collider_params_[c].push_back(PerProblem<S>(col.params[j], dims));
+        if (j >= 3)
+          for (int64_t k = 0; k < dims && k < kMaxGeometryDims; ++k)
+            colliders[c].sizes[j - 3][k] = col.params[j].size(col.params[j].dim() - dims + k);
+      }
+    }
     select(0);
   }
 
@@ -117,13 +205,19 @@ struct View {
 
  private:
   PerProblem<S> mass_, dm_inv_, mu_, lam_, rest_length_, stiffness_;
-  PerProblem<S> h_, gravity_, contact_stiffness_, friction_, ground_, friction_eps_;
+  PerProblem<S> h_, gravity_;
+  std::vector<std::vector<PerProblem<S>>> collider_params_;
 
   void select(int64_t b) {
     mass = mass_.at(b), dm_inv = dm_inv_.at(b), mu = mu_.at(b), lam = lam_.at(b);
     rest_length = rest_length_.at(b), stiffness = stiffness_.at(b);
-    h = h_.value(b), gravity = gravity_.value(b), contact_stiffness = contact_stiffness_.value(b);
-    friction = friction_.value(b), ground = ground_.value(b), friction_eps = friction_eps_.value(b);
+    h = h_.value(b), gravity = gravity_.value(b);
+    for (size_t c = 0; c < colliders.size(); ++c) {
+      const std::vector<PerProblem<S>>& p = collider_params_[c];
+      ColliderParams<S>& out = colliders[c];
+      out.stiffness = p[0].value(b), out.friction = p[1].value(b), out.friction_eps = p[2].value(b);
+      for (size_t j = 3; j < p.size(); ++j) out.geometry[j - 3] = p[j].at(b);
+    }
   }
 };
 

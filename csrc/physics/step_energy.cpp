@@ -1,5 +1,5 @@
-// The step energy's fused CPU kernels over a batch: each problem's loops sum the terms of elastic.h, muscle.h,
-// inertia.h and contact.h. See step_energy.h for the model and the shapes.
+// The step energy's fused CPU kernels over a batch: each problem's loops sum the registered terms (terms.h) over
+// their stencils' rows. See step_energy.h for the model and the shapes.
 #include "physics/step_energy.h"
 
 #include <ATen/Parallel.h>
@@ -9,78 +9,132 @@
 #include <string>
 #include <vector>
 
-#include "physics/contact.h"
-#include "physics/elastic.h"
-#include "physics/inertia.h"
 #include "physics/kernels.h"
-#include "physics/muscle.h"
+#include "physics/terms.h"
 
 namespace diffsoft {
 
+std::vector<ColliderKindInfo> collider_kinds() {
+  std::vector<ColliderKindInfo> out;
+  kernels::ColliderKinds::each([&](auto g) {
+    ColliderKindInfo info{decltype(g)::name, {"stiffness", "friction", "friction_eps"}};
+    for (const char* p : decltype(g)::params) info.params.push_back(p);
+    out.push_back(info);
+  });
+  return out;
+}
+
 namespace kernels {
+
+int64_t geometry_rank(int64_t kind, size_t j, int64_t d) {
+  int64_t rank = 0;
+  ColliderKinds::visit(kind, [&](auto g) { rank = decltype(g)::shape(j, d).rank; });
+  return rank;
+}
 
 StepModel contiguous(const StepModel& m) {
   StepModel c = m;
   for (torch::Tensor* t : {&c.elements, &c.muscles, &c.slot, &c.mass, &c.Dm_inv, &c.mu, &c.lam, &c.rest_length,
-                           &c.stiffness, &c.h, &c.gravity, &c.contact_stiffness, &c.friction, &c.ground,
-                           &c.friction_eps})
+                           &c.stiffness, &c.h, &c.gravity})
     if (t->defined()) *t = t->contiguous();
+  for (Collider& col : c.colliders)
+    for (torch::Tensor& t : col.params)
+      if (t.defined()) t = t.contiguous();
   return c;
 }
 
 namespace {
 
 template <typename S, int D>
-S problem_energy(const View<S, D>& v, const S* y, const S* x0, const S* x0_free, const S* x_hat, const S* act) {
+S problem_energy(const View<S, D>& v, const Point<S>& pt) {
   S e = 0;
-  for (int64_t k = 0; k < v.e; ++k) e += elastic_energy(v, y, x0, k);
-  for (int64_t k = 0; k < v.nm; ++k) e += muscle_energy(v, y, x0, act, k);
+  StepTerms::each<Stencil::element>([&](auto term) {
+    for (int64_t k = 0; k < v.e; ++k) e += decltype(term)::energy(v, pt, k);
+  });
+  StepTerms::each<Stencil::muscle>([&](auto term) {
+    for (int64_t k = 0; k < v.nm; ++k) e += decltype(term)::energy(v, pt, k);
+  });
   for (int64_t i = 0; i < v.n; ++i) {
     const int64_t s = v.slot[i];
     if (s < 0) continue;
-    e += inertia_energy(v, y, x0_free, x_hat, s);
-    if (v.m.has_ground) e += contact_energy(v, y, x0_free, s);
+    StepTerms::each<Stencil::vertex>([&](auto term) { e += decltype(term)::energy(v, pt, s); });
+    StepTerms::each<Stencil::vertex_collider>([&](auto term) {
+      for (size_t c = 0; c < v.colliders.size(); ++c) e += decltype(term)::energy(v, pt, s, c);
+    });
   }
   return e;
 }
 
 template <typename S, int D>
-void problem_derivatives(const View<S, D>& v, const S* y, const S* x0, const S* x0_free, const S* x_hat, const S* act,
-                         S* grad, S* k_el, S* k_mu, S* diag) {
+void problem_derivatives(const View<S, D>& v, const Point<S>& pt, S* grad, S* k_el, S* k_mu, S* k_v) {
   constexpr int ND = (D + 1) * D;
   std::fill(grad, grad + v.f * D, S(0));
-  for (int64_t k = 0; k < v.e; ++k) elastic_derivatives(v, y, x0, k, grad, k_el + k * ND * ND);
-  for (int64_t k = 0; k < v.nm; ++k) muscle_derivatives(v, y, x0, act, k, grad, k_mu + k * 4 * D * D);
+  std::fill(k_el, k_el + v.e * ND * ND, S(0));
+  std::fill(k_mu, k_mu + v.nm * 4 * D * D, S(0));
+  std::fill(k_v, k_v + v.f * D * D, S(0));
+  StepTerms::each<Stencil::element>([&](auto term) {
+    for (int64_t k = 0; k < v.e; ++k) decltype(term)::derivatives(v, pt, k, grad, k_el + k * ND * ND);
+  });
+  StepTerms::each<Stencil::muscle>([&](auto term) {
+    for (int64_t k = 0; k < v.nm; ++k) decltype(term)::derivatives(v, pt, k, grad, k_mu + k * 4 * D * D);
+  });
   for (int64_t i = 0; i < v.n; ++i) {
     const int64_t s = v.slot[i];
     if (s < 0) continue;
-    inertia_derivatives(v, y, x_hat, s, grad, diag);
-    if (v.m.has_ground) contact_derivatives(v, y, x0_free, s, grad, diag);
+    S* block = k_v + s * D * D;
+    StepTerms::each<Stencil::vertex>([&](auto term) { decltype(term)::derivatives(v, pt, s, grad, block); });
+    StepTerms::each<Stencil::vertex_collider>([&](auto term) {
+      for (size_t c = 0; c < v.colliders.size(); ++c) decltype(term)::derivatives(v, pt, s, c, grad, block);
+    });
   }
 }
 
 // One problem's parameter derivatives, added to o (its slices of the outputs): weight * dE/dtheta when dir is
 // null, d/dtheta [grad_y E . dir] otherwise.
 template <typename S, int D>
-void problem_param_grads(const View<S, D>& v, const S* y, const S* x0, const S* x0_free, const S* x_hat,
-                         const S* act, const S* dir, S weight, const StepParams<S*>& o) {
-  for (int64_t k = 0; k < v.e; ++k) elastic_param_grads(v, y, x0, k, dir, weight, o);
-  for (int64_t k = 0; k < v.nm; ++k) muscle_param_grads(v, y, x0, act, k, dir, weight, o);
+void problem_param_grads(const View<S, D>& v, const Point<S>& pt, const S* dir, S weight, const StepParams<S*>& o) {
+  StepTerms::each<Stencil::element>([&](auto term) {
+    for (int64_t k = 0; k < v.e; ++k) decltype(term)::param_grads(v, pt, k, dir, weight, o);
+  });
+  StepTerms::each<Stencil::muscle>([&](auto term) {
+    for (int64_t k = 0; k < v.nm; ++k) decltype(term)::param_grads(v, pt, k, dir, weight, o);
+  });
   for (int64_t i = 0; i < v.n; ++i) {
     const int64_t s = v.slot[i];
     if (s < 0) continue;
-    inertia_param_grads(v, y, x0_free, x_hat, s, dir, weight, o);
-    if (v.m.has_ground) contact_param_grads(v, y, x0_free, s, dir, weight, o);
+    StepTerms::each<Stencil::vertex>([&](auto term) { decltype(term)::param_grads(v, pt, s, dir, weight, o); });
+    StepTerms::each<Stencil::vertex_collider>([&](auto term) {
+      for (size_t c = 0; c < v.colliders.size(); ++c) decltype(term)::param_grads(v, pt, s, c, dir, weight, o);
+    });
   }
 }
 
-// Whether t is shaped `shape` (shared by the batch) or (batch, *shape) (one per problem), in the dtype of y.
-bool per_problem_or_shared(const torch::Tensor& t, std::vector<int64_t> shape, int64_t batch,
-                           const torch::Tensor& y) {
+std::string shape_string(const Shape& shape) {
+  std::string out = "(";
+  for (int k = 0; k < shape.rank; ++k)
+    out += (k ? ", " : "") + (shape.sizes[k] < 0 ? std::string("n") : std::to_string(shape.sizes[k]));
+  return out + (shape.rank == 1 ? ",)" : ")");
+}
+
+// Whether t is shaped `shape` (shared by the batch) or (batch, *shape) (one per problem), in the dtype of y; an
+// extent of -1 in shape is any size >= 2.
+bool per_problem_or_shared(const torch::Tensor& t, const Shape& shape, int64_t batch, const torch::Tensor& y) {
   if (!t.defined() || t.scalar_type() != y.scalar_type() || !t.device().is_cpu()) return false;
-  if (t.sizes() == c10::IntArrayRef(shape)) return true;
-  shape.insert(shape.begin(), batch);
-  return t.sizes() == c10::IntArrayRef(shape);
+  auto fits = [&](int lead) {
+    if (t.dim() != shape.rank + lead || (lead && t.size(0) != batch)) return false;
+    for (int k = 0; k < shape.rank; ++k)
+      if (shape.sizes[k] < 0 ? t.size(lead + k) < 2 : t.size(lead + k) != shape.sizes[k]) return false;
+    return true;
+  };
+  return fits(0) || fits(1);
+}
+
+// The error for parameter `name` that per_problem_or_shared refused.
+std::invalid_argument bad_param(const std::string& name, const Shape& shape, int64_t batch) {
+  const bool any = std::find(shape.sizes.begin(), shape.sizes.begin() + shape.rank, -1) != shape.sizes.begin() + shape.rank;
+  return std::invalid_argument("StepModel." + name + " must be a CPU tensor of y's dtype, shaped " + shape_string(shape) +
+                               " (shared by the batch) or with a leading B = " + std::to_string(batch) +
+                               " (one per problem)" + (any ? ", n >= 2" : ""));
 }
 
 void check(const StepModel& m, const StepState& s) {
@@ -98,7 +152,7 @@ void check(const StepModel& m, const StepState& s) {
   const struct {
     const char* name;
     const torch::Tensor& t;
-    std::vector<int64_t> shape;
+    Shape shape;
     bool needed;
   } params[] = {{"mass", m.mass, {f}, true},
                 {"Dm_inv", m.Dm_inv, {e, d, d}, true},
@@ -107,21 +161,29 @@ void check(const StepModel& m, const StepState& s) {
                 {"rest_length", m.rest_length, {nm}, nm > 0},
                 {"stiffness", m.stiffness, {nm}, nm > 0},
                 {"h", m.h, {}, true},
-                {"gravity", m.gravity, {}, true},
-                {"contact_stiffness", m.contact_stiffness, {}, m.has_ground},
-                {"friction", m.friction, {}, m.has_ground},
-                {"ground", m.ground, {}, m.has_ground},
-                {"friction_eps", m.friction_eps, {}, m.has_ground}};
-  for (const auto& p : params) {
-    if (!p.needed && !p.t.defined()) continue;
-    if (!per_problem_or_shared(p.t, p.shape, batch, s.y)) {
-      std::string shape = "(";
-      for (size_t k = 0; k < p.shape.size(); ++k) shape += (k ? ", " : "") + std::to_string(p.shape[k]);
-      shape += p.shape.size() == 1 ? ",)" : ")";
-      throw std::invalid_argument(std::string("StepModel.") + p.name + " must be a CPU tensor of y's dtype, " +
-                                  "shaped " + shape + " (shared by the batch) or with a leading B = " +
-                                  std::to_string(batch) + " (one per problem)");
-    }
+                {"gravity", m.gravity, {}, true}};
+  for (const auto& p : params)
+    if ((p.needed || p.t.defined()) && !per_problem_or_shared(p.t, p.shape, batch, s.y))
+      throw bad_param(p.name, p.shape, batch);
+  for (size_t c = 0; c < m.colliders.size(); ++c) {
+    const Collider& col = m.colliders[c];
+    const std::string at = "colliders[" + std::to_string(c) + "]";
+    if (col.kind < 0 || col.kind >= ColliderKinds::size)
+      throw std::invalid_argument("StepModel." + at + ".kind is " + std::to_string(col.kind) +
+                                  ", not a collider kind (0 to " + std::to_string(ColliderKinds::size - 1) + ")");
+    ColliderKinds::visit(col.kind, [&](auto g) {
+      using G = decltype(g);
+      if (col.params.size() != 3 + G::params.size())
+        throw std::invalid_argument("StepModel." + at + " (a " + G::name + ") has " +
+                                    std::to_string(col.params.size()) + " parameters, not " +
+                                    std::to_string(3 + G::params.size()));
+      static const char* const contact[] = {"stiffness", "friction", "friction_eps"};
+      for (size_t j = 0; j < col.params.size(); ++j) {
+        const Shape shape = j < 3 ? Shape{} : G::shape(j - 3, d);
+        if (!per_problem_or_shared(col.params[j], shape, batch, s.y))
+          throw bad_param(at + "." + (j < 3 ? contact[j] : G::params[j - 3]), shape, batch);
+      }
+    });
   }
   const int64_t n = m.slot.size(0);
   for (const torch::Tensor* idx : {&m.elements, &m.muscles})
@@ -133,8 +195,8 @@ void check(const StepModel& m, const StepState& s) {
   if (m.material < 0 || m.material > 2) throw std::invalid_argument("unknown material code");
 }
 
-// Calls f(view, b, y, x0, x0_free, x_hat, activation) with problem b's pointers into the (checked) state,
-// for every problem of the batch, in parallel.
+// Calls f(view, b, point) with problem b's view and pointers into the (checked) state, for every problem of
+// the batch, in parallel.
 template <typename F>
 void for_each_state(const StepModel& model, const StepState& state, F&& f) {
   const StepModel m = contiguous(model);
@@ -146,10 +208,12 @@ void for_each_state(const StepModel& model, const StepState& state, F&& f) {
     constexpr int D = decltype(dim)::value;
     View<S, D> v(m);
     at::parallel_for(0, y.size(0), 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b)
-        f(v.problem(b), b, y.data_ptr<S>() + b * v.f * D, x0.data_ptr<S>() + b * v.n * D,
-          x0_free.data_ptr<S>() + b * v.f * D,
-          x_hat.data_ptr<S>() + b * v.f * D, v.nm ? act.data_ptr<S>() + b * v.nm : nullptr);
+      for (int64_t b = b0; b < b1; ++b) {
+        const Point<S> pt{y.data_ptr<S>() + b * v.f * D, x0.data_ptr<S>() + b * v.n * D,
+                          x0_free.data_ptr<S>() + b * v.f * D, x_hat.data_ptr<S>() + b * v.f * D,
+                          v.nm ? act.data_ptr<S>() + b * v.nm : nullptr};
+        f(v.problem(b), b, pt);
+      }
     });
   });
 }
@@ -160,10 +224,9 @@ void for_each_state(const StepModel& model, const StepState& state, F&& f) {
 torch::Tensor step_energy_value(const StepModel& model, const StepState& state) {
   kernels::check(model, state);
   torch::Tensor out = torch::empty({state.y.size(0)}, state.y.options());
-  kernels::for_each_state(model, state, [&](const auto& v, int64_t b, const auto* y, const auto* x0,
-                                            const auto* x0_free, const auto* x_hat, const auto* act) {
+  kernels::for_each_state(model, state, [&](const auto& v, int64_t b, const auto& pt) {
     using S = typename std::decay_t<decltype(v)>::scalar;
-    out.data_ptr<S>()[b] = kernels::problem_energy(v, y, x0, x0_free, x_hat, act);
+    out.data_ptr<S>()[b] = kernels::problem_energy(v, pt);
   });
   return out;
 }
@@ -171,20 +234,20 @@ torch::Tensor step_energy_value(const StepModel& model, const StepState& state) 
 StepDerivatives step_energy_derivatives(const StepModel& model, const StepState& state) {
   kernels::check(model, state);
   const torch::Tensor& y = state.y;
-  const int64_t batch = y.size(0), d = y.size(-1), e = model.elements.size(0), nm = model.muscles.size(0);
+  const int64_t batch = y.size(0), f = y.size(1), d = y.size(-1), e = model.elements.size(0),
+                nm = model.muscles.size(0);
   StepDerivatives out;
   out.grad = torch::empty(y.sizes(), y.options());
   out.element_blocks = torch::empty({batch, e, (d + 1) * d, (d + 1) * d}, y.options());
   out.muscle_blocks = torch::empty({batch, nm, 2 * d, 2 * d}, y.options());
-  out.diagonal = torch::empty(y.sizes(), y.options());
-  kernels::for_each_state(model, state, [&](const auto& v, int64_t b, const auto* y, const auto* x0,
-                                            const auto* x0_free, const auto* x_hat, const auto* act) {
+  out.vertex_blocks = torch::empty({batch, f, d, d}, y.options());
+  kernels::for_each_state(model, state, [&](const auto& v, int64_t b, const auto& pt) {
     using S = typename std::decay_t<decltype(v)>::scalar;
     constexpr int D = std::decay_t<decltype(v)>::dim, ND = (D + 1) * D;
-    kernels::problem_derivatives(v, y, x0, x0_free, x_hat, act, out.grad.data_ptr<S>() + b * v.f * D,
+    kernels::problem_derivatives(v, pt, out.grad.data_ptr<S>() + b * v.f * D,
                                  out.element_blocks.data_ptr<S>() + b * e * ND * ND,
                                  out.muscle_blocks.data_ptr<S>() + b * nm * 4 * D * D,
-                                 out.diagonal.data_ptr<S>() + b * v.f * D);
+                                 out.vertex_blocks.data_ptr<S>() + b * v.f * D * D);
   });
   return out;
 }
@@ -220,11 +283,7 @@ StepParams<torch::Tensor> step_energy_param_grads(const StepModel& model, const 
       case StepParam::muscle_stiffness:
         return {nm};
       case StepParam::gravity:
-      case StepParam::contact_stiffness:
-      case StepParam::friction:
       case StepParam::h:
-      case StepParam::ground:
-      case StepParam::friction_eps:
         return {};
     }
     throw std::logic_error("step_energy_param_grads: a step parameter without a shape");
@@ -235,15 +294,30 @@ StepParams<torch::Tensor> step_energy_param_grads(const StepModel& model, const 
     shape.insert(shape.begin(), b);
     out.values[k] = torch::zeros(shape, y.options());
   }
+  // A collider's: its shape per problem (the parameter's, without its leading B where it is per problem).
+  for (const Collider& col : model.colliders) {
+    std::vector<torch::Tensor> grads;
+    for (size_t j = 0; j < col.params.size(); ++j) {
+      const int64_t rank = j < 3 ? 0 : kernels::geometry_rank(col.kind, j - 3, d);
+      std::vector<int64_t> shape = {b};
+      const torch::Tensor& t = col.params[j];
+      for (int64_t k = t.dim() - rank; k < t.dim(); ++k) shape.push_back(t.size(k));
+      grads.push_back(torch::zeros(shape, y.options()));
+    }
+    out.colliders.push_back(grads);
+  }
   torch::Tensor w = mixed ? torch::Tensor() : weight.contiguous();
   torch::Tensor dr = mixed ? dir.contiguous() : torch::Tensor();
-  kernels::for_each_state(model, state, [&](const auto& v, int64_t p, const auto* y, const auto* x0,
-                                            const auto* x0_free, const auto* x_hat, const auto* act) {
+  kernels::for_each_state(model, state, [&](const auto& v, int64_t p, const auto& pt) {
     using S = typename std::decay_t<decltype(v)>::scalar;
     StepParams<S*> o;  // this problem's slices
     for (int k = 0; k < kNumStepParams; ++k)
       o.values[k] = out.values[k].data_ptr<S>() + p * (out.values[k].numel() / b);
-    kernels::problem_param_grads(v, y, x0, x0_free, x_hat, act, mixed ? dr.data_ptr<S>() + p * f * d : nullptr,
+    for (const auto& grads : out.colliders) {
+      o.colliders.emplace_back();
+      for (const torch::Tensor& g : grads) o.colliders.back().push_back(g.data_ptr<S>() + p * (g.numel() / b));
+    }
+    kernels::problem_param_grads(v, pt, mixed ? dr.data_ptr<S>() + p * f * d : nullptr,
                                  mixed ? S(1) : w.data_ptr<S>()[p], o);
   });
   return out;

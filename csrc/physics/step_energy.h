@@ -1,16 +1,17 @@
 // The backward-Euler step energy of the built-in soft-body model as fused CPU kernels: value, closed-form
-// gradient, and Hessian blocks (one dense block per element and per muscle, a diagonal for per-vertex terms)
-// whose products with vectors are the Newton-CG Hessian-vector products. LibTorch + Eigen, no Python.
+// gradient, and Hessian blocks (one dense block per element and per muscle, a d x d block per free vertex) whose
+// products with vectors are the Newton-CG Hessian-vector products. LibTorch + Eigen, no Python.
 //
 // The plain-torch reference, and the test oracle, is diffsoft.energies.reference_step_energy:
 //   E(y) = sum_e psi(F_e; mu_e, lam_e) + sum_m k_m/2 (l_m / (a_m l0_m) - 1)^2
 //        + 1/(2 h^2) sum_i m_i |y_i - x_hat_i|^2 + g sum_i m_i (y_i - x0_i)_y
-//        + k_c sum_i min(y_i,y - ground, 0)^2 + sum_i w_i |(y_i - x0_i)_t / h|^2,
-//   w_i = k_f max(eps - (x0_i,y - ground), 0),
-// over the free vertices y; fixed vertices keep x0. One file per term: elastic.h (with materials.h), muscle.h,
-// inertia.h (inertia and gravity), contact.h (contact and friction); step_energy.cpp sums them over a batch,
-// hessian_blocks.cpp applies and factors the blocks, step_solver.h gives the solver its analytic path. The
-// model, the state and their shapes are in model.h.
+//        + sum_c sum_i [k_c min(phi_c(y_i), 0)^2 + w_ci |P_ci (y_i - x0_i) / h|^2],
+//   w_ci = k_f max(eps - phi_c(x0_i), 0), P_ci = I - n_c(x0_i) n_c(x0_i)^T,
+// over the free vertices y (fixed vertices keep x0) and the colliders c (phi_c: the signed distance to the
+// collider, n_c its unit gradient). One file per term, registered in terms.h: elastic.h (with materials.h),
+// muscle.h, inertia.h (inertia and gravity), contact.h (contact and friction, over colliders.h's kinds);
+// step_energy.cpp sums them over a batch, hessian_blocks.cpp applies and factors the blocks, step_solver.h gives
+// the solver its analytic path. The model, the state and their shapes are in model.h.
 #pragma once
 
 #include <torch/torch.h>
@@ -27,7 +28,8 @@ StepDerivatives step_energy_derivatives(const StepModel& model, const StepState&
 
 // Derivatives with respect to the parameters, one slice per problem (the caller sums shared parameters over the
 // batch), shaped like the parameter with a leading B: x_hat (B, F, d), x0 (B, N, d), ..., gravity (B,) (see
-// StepParam): weight_b dE_b/dtheta (first order, weight (B,)) when dir is undefined, else
+// StepParam), and each collider's (B, *its shape for one problem): weight_b dE_b/dtheta (first order, weight
+// (B,)) when dir is undefined, else
 // d/dtheta [grad_y E_b . dir_b] (mixed, dir (B, F, d)), the parameter side of a Hessian-vector product.
 StepParams<torch::Tensor> step_energy_param_grads(const StepModel& model, const StepState& state,
                                                   const torch::Tensor& weight, const torch::Tensor& dir);

@@ -6,6 +6,7 @@
 #include <limits>
 #include <memory>
 #include <stdexcept>
+#include <string>
 
 #include "core/timers.h"
 #include "physics/hessian_blocks.h"
@@ -14,10 +15,20 @@
 namespace diffsoft {
 
 AnalyticEnergy step_analytic_energy(const StepModel& model, const StepState& state, bool factorize,
-                                    const std::vector<StepParam>& params,
-                                    const std::vector<std::vector<int64_t>>& param_shapes) {
+                                    const std::vector<int64_t>& params,
+                                    const std::vector<std::vector<int64_t>>& param_shapes,
+                                    std::shared_ptr<const ExtraTerms> extra) {
   if (params.size() != param_shapes.size())
     throw std::invalid_argument("step_analytic_energy needs one shape in param_shapes per step parameter");
+  int64_t count = kNumStepParams;
+  for (const Collider& c : model.colliders) count += static_cast<int64_t>(c.params.size());
+  if (extra && extra->first_param != count)
+    throw std::invalid_argument("step_analytic_energy: the extra terms' parameters must follow the kernels' " +
+                                std::to_string(count) + ", not start at " + std::to_string(extra->first_param));
+  for (int64_t k : params)
+    if (k < 0 || (k >= count && !extra))
+      throw std::invalid_argument("step parameter index " + std::to_string(k) + " is not in [0, " +
+                                  std::to_string(count) + ")");
   auto m = std::make_shared<const StepModel>(kernels::contiguous(model));
   auto st = std::make_shared<const StepState>(
       StepState{torch::Tensor(), state.x0.contiguous(), state.x0_free.contiguous(), state.x_hat.contiguous(),
@@ -29,14 +40,22 @@ AnalyticEnergy step_analytic_energy(const StepModel& model, const StepState& sta
     return s;
   };
   AnalyticEnergy analytic;
-  analytic.value = [m, state_at](const torch::Tensor& x_rows) {
-    PhaseTimer timer(Phase::kernels);
-    return step_energy_value(*m, state_at(x_rows));
-  };
-  analytic.derivatives = [m, state_at, shape, factorize](const torch::Tensor& x_rows) {
+  analytic.value = [m, state_at, extra](const torch::Tensor& x_rows) {
     PhaseTimer timer(Phase::kernels);
     const StepState s = state_at(x_rows);
-    auto blocks = std::make_shared<const StepDerivatives>(step_energy_derivatives(*m, s));
+    torch::Tensor e = step_energy_value(*m, s);
+    return extra ? e + extra->value(s.y) : e;
+  };
+  analytic.derivatives = [m, state_at, shape, factorize, extra](const torch::Tensor& x_rows) {
+    PhaseTimer timer(Phase::kernels);
+    const StepState s = state_at(x_rows);
+    StepDerivatives all = step_energy_derivatives(*m, s);
+    if (extra) {
+      auto [grad, theirs] = extra->derivatives(s.y);
+      all.grad = all.grad + grad;
+      all.extra = std::move(theirs);
+    }
+    auto blocks = std::make_shared<const StepDerivatives>(std::move(all));
     auto hvp = [m, blocks, shape](const torch::Tensor& v) {
       PhaseTimer timer(Phase::kernels);
       return step_energy_hvp(*m, *blocks, v.view(shape)).view({shape[0], -1});
@@ -54,6 +73,7 @@ AnalyticEnergy step_analytic_energy(const StepModel& model, const StepState& sta
     };
     AnalyticDerivatives out;
     out.energy = step_energy_value(*m, s);
+    if (extra) out.energy = out.energy + extra->value(s.y);
     out.grad = blocks->grad.view({shape[0], -1});
     out.hvp = hvp;
     out.precondition = precondition;
@@ -69,12 +89,31 @@ AnalyticEnergy step_analytic_energy(const StepModel& model, const StepState& sta
     return out;
   };
   if (!params.empty()) {
-    analytic.mixed_vjp = [m, state_at, shape, params, param_shapes](const torch::Tensor& x_rows,
-                                                                    const torch::Tensor& w_rows,
-                                                                    const std::vector<size_t>& wanted) {
-      StepParams<torch::Tensor> grads = step_energy_param_grads(*m, state_at(x_rows), {}, w_rows.view(shape));
-      std::vector<torch::Tensor> out;
-      for (size_t k : wanted) out.push_back(at::sum_to(grads[params.at(k)], param_shapes.at(k)));
+    analytic.mixed_vjp = [m, state_at, shape, params, param_shapes, count, extra](
+                             const torch::Tensor& x_rows, const torch::Tensor& w_rows,
+                             const std::vector<size_t>& wanted) {
+      const StepState s = state_at(x_rows);
+      std::vector<torch::Tensor> out(wanted.size());
+      std::vector<int64_t> theirs;  // the extra terms' wanted parameters, and where their derivatives go
+      std::vector<size_t> at;
+      bool ours = false;
+      for (size_t k = 0; k < wanted.size(); ++k) {
+        if (params.at(wanted[k]) < count) {
+          ours = true;
+        } else {
+          theirs.push_back(params.at(wanted[k]) - count);
+          at.push_back(k);
+        }
+      }
+      if (ours) {
+        const std::vector<torch::Tensor> grads = step_energy_param_grads(*m, s, {}, w_rows.view(shape)).flat();
+        for (size_t k = 0; k < wanted.size(); ++k)
+          if (params.at(wanted[k]) < count) out[k] = at::sum_to(grads[params.at(wanted[k])], param_shapes.at(wanted[k]));
+      }
+      if (!theirs.empty()) {
+        const std::vector<torch::Tensor> grads = extra->mixed_vjp(s.y, w_rows.view(shape), theirs);
+        for (size_t k = 0; k < at.size(); ++k) out[at[k]] = grads.at(k);
+      }
       return out;
     };
   }

@@ -18,9 +18,10 @@ def load_checkpoint(path):
     return torch.load(path, map_location="cpu", **extra)
 
 
-def batched_vjp(output, input, v):
+def batched_vjp(output, input, v, create_graph=False):
     """``K`` vector-Jacobian products in one autograd call: ``v`` is ``(K, *output.shape)``; returns
-    ``(K, *input.shape)``, the k-th being ``v[k] . d output / d input``, the graph retained. ``None`` where torch
+    ``(K, *input.shape)``, the k-th being ``v[k] . d output / d input``, the graph retained (and the products'
+    own graph built, with ``create_graph``). ``None`` where torch
     cannot batch this graph, and the caller takes the products one at a time.
 
     By ``torch.autograd.grad(..., is_grads_batched=True)``, torch's vmap over the backward: the same call in
@@ -31,7 +32,8 @@ def batched_vjp(output, input, v):
     into an unbatched tensor) raises, and so does a genuine error of the energy's backward, which the one-at-a-
     time products then raise again: hence any exception here means "take them one at a time"."""
     try:
-        (hv,) = torch.autograd.grad(output, input, v, retain_graph=True, allow_unused=True, is_grads_batched=True)
+        (hv,) = torch.autograd.grad(output, input, v, retain_graph=True, allow_unused=True, is_grads_batched=True,
+                                    create_graph=create_graph)
     except Exception:  # noqa: BLE001 - see the docstring: the caller retries one at a time, which raises anew
         return None
     return v.new_zeros((v.shape[0],) + tuple(input.shape)) if hv is None else hv

@@ -14,8 +14,7 @@ from ._extension import _C
 
 ops = torch.ops.diffsoft
 
-FIELDS = ("elements", "muscles", "slot", "mass", "Dm_inv", "mu", "lam", "rest_length", "stiffness", "h", "gravity",
-          "contact_stiffness", "friction", "ground", "friction_eps")
+FIELDS = ("elements", "muscles", "slot", "mass", "Dm_inv", "mu", "lam", "rest_length", "stiffness", "h", "gravity")
 """The step model's tensors, in the operators' order (csrc/ops.h's ``kKernelModelFields``, checked at import)."""
 
 if FIELDS != tuple(_C.KERNEL_MODEL_FIELDS):
@@ -25,17 +24,19 @@ if FIELDS != tuple(_C.KERNEL_MODEL_FIELDS):
 
 class KernelModel(typing.NamedTuple):
     """The C++ kernels' step model (``StepModel`` of ``csrc/physics/model.h``) as the operators take it:
-    ``tensors``, one per name of :data:`FIELDS` (None where absent), the material's code, whether there is a
-    ground, and the factorizations' shared analysis (a ``_C.FactorCache`` or None; the solver's path only)."""
+    ``tensors``, one per name of :data:`FIELDS` (None where absent), the material's code, each collider's kind
+    (its ``CODE``, :mod:`diffsoft.colliders`), every collider's parameters one after the other (its kind's
+    ``PARAMS``), and the factorizations' shared analysis (a ``_C.FactorCache`` or None; the solver's path only)."""
     tensors: list
     material: int
-    has_ground: bool
+    collider_kinds: list
+    collider_params: list
     factor_cache: typing.Any = None
 
     @property
     def args(self):
-        """The operators' first three arguments."""
-        return self.tensors, self.material, self.has_ground
+        """The operators' first four arguments."""
+        return self.tensors, self.material, self.collider_kinds, self.collider_params
 
 
 def _count(model, name):
@@ -43,27 +44,35 @@ def _count(model, name):
 
 
 @register_fake("diffsoft::step_energy")
-def _step_energy(model, material, has_ground, y, x0, x0_free, x_hat, activation):
+def _step_energy(model, material, collider_kinds, collider_params, y, x0, x0_free, x_hat, activation):
     return y.new_empty(y.shape[0])
 
 
 @register_fake("diffsoft::step_energy_derivatives")
-def _step_energy_derivatives(model, material, has_ground, y, x0, x0_free, x_hat, activation):
+def _step_energy_derivatives(model, material, collider_kinds, collider_params, y, x0, x0_free, x_hat, activation):
     b, d = y.shape[0], y.shape[-1]
     e, m = _count(model, "elements"), _count(model, "muscles")
     return (y.new_empty(y.shape), y.new_empty(b, e, (d + 1) * d, (d + 1) * d), y.new_empty(b, m, 2 * d, 2 * d),
-            y.new_empty(y.shape))
+            y.new_empty(*y.shape, d))
 
 
 @register_fake("diffsoft::step_energy_hvp")
-def _step_energy_hvp(model, material, has_ground, element_blocks, muscle_blocks, diagonal, v):
+def _step_energy_hvp(model, material, collider_kinds, collider_params, element_blocks, muscle_blocks, vertex_blocks,
+                     v):
     return v.new_empty(v.shape)
 
 
 @register_fake("diffsoft::step_energy_param_grads")
-def _step_energy_param_grads(model, material, has_ground, y, x0, x0_free, x_hat, activation, weight=None, dir=None):
+def _step_energy_param_grads(model, material, collider_kinds, collider_params, y, x0, x0_free, x_hat, activation,
+                             weight=None, dir=None):
     b, f, d = y.shape
     n, e, m = x0.shape[1], _count(model, "elements"), _count(model, "muscles")
     shapes = {"x_hat": (f, d), "x0": (n, d), "x0_free": (f, d), "mass": (f,), "Dm_inv": (e, d, d), "mu": (e,),
               "lam": (e,), "activation": (m,), "muscle_rest_length": (m,), "muscle_stiffness": (m,)}
-    return [y.new_empty(b, *shapes.get(name, ())) for name in _C.STEP_PARAM_NAMES]
+    out = [y.new_empty(b, *shapes.get(name, ())) for name in _C.STEP_PARAM_NAMES]
+    params = iter(collider_params)
+    for kind in collider_kinds:
+        for j in range(len(_C.COLLIDER_KINDS[kind][1])):
+            t, rank = next(params), _C.collider_param_rank(kind, j, d)
+            out.append(y.new_empty(b, *t.shape[t.dim() - rank:]))
+    return out

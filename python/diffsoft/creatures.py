@@ -11,8 +11,10 @@ Two file formats, both JSON:
   ``vertices (N, d)``, ``elements (E, d+1)`` (triangles or positively oriented tetrahedra), ``material``,
   ``Dm_inv (E, d, d)``, ``mass (N,)``, ``mu (E,)``, ``lam (E,)``, ``muscles (M, 2)``,
   ``muscle_rest_length (M,)``, ``muscle_stiffness (M,)``, ``fixed (K,)`` and ``simulator``: ``{"dt", "gravity",
-  "ground" (a number or null), "contact_stiffness", "friction", "friction_eps"}``. Lists are nested JSON
-  arrays, numbers are written with full float64 precision.
+  "ground" (a number or null), "contact_stiffness", "friction", "friction_eps"}`` and, optionally,
+  ``"colliders"``: a list of ``{"kind": "plane" | "height_field" | "sphere", its fields, "stiffness",
+  "friction", "friction_eps"}`` (:meth:`diffsoft.colliders.Collider.to_dict`; a contact constant that is null
+  follows the simulator's). Lists are nested JSON arrays, numbers are written with full float64 precision.
 
 Procedural creatures (:func:`biped`, :func:`quadruped`, :func:`worm`) are 2D algovivo-style bodies with
 algovivo's constants, standing on the ground (y = 0) and facing +x; :func:`tetrapod` is a 3D neo-Hookean
@@ -28,6 +30,7 @@ import torch
 
 from ._io import only_numbers, read_json
 from .body import SoftBody
+from .colliders import Collider
 from .mesh import grid, voxels
 from .simulator import ALGOVIVO_VERTEX_MASS, Simulator
 
@@ -131,6 +134,8 @@ def save(sim, path):
         "simulator": {k: _number(k, getattr(sim, k)) for k in ("dt", "gravity", "ground", "contact_stiffness",
                                                                   "friction", "friction_eps")},
     }
+    if sim.colliders:
+        data["simulator"]["colliders"] = [_collider(k, c, b.dim) for k, c in enumerate(sim.colliders)]
     _write_readable(path, data, lambda d, where: _from_diffsoft(d, where, b.dtype), "creatures.save")
 
 
@@ -165,9 +170,16 @@ def _from_diffsoft(data, path, dtype):
     for k in keys:
         if not (isinstance(s[k], numbers.Real) or (k == "ground" and s[k] is None)) or isinstance(s[k], bool):
             raise ValueError(f"{path}: key 'simulator.{k}' must be a number, got {s[k]!r}")
+    colliders = s.get("colliders", [])
+    if not isinstance(colliders, list):
+        raise ValueError(f"{path}: key 'simulator.colliders' must be a list, got {colliders!r}")
+    colliders = [Collider.from_dict(c, f"{path}: key 'simulator.colliders[{k}]'") for k, c in enumerate(colliders)]
     try:
         body = SoftBody(verts, elements, material=data.get("material"), muscles=muscles, dtype=dtype, **fields)
-        return Simulator(body, **{k: s[k] for k in keys})
+        sim = Simulator(body, colliders=colliders, **{k: s[k] for k in keys})
+        for c in colliders:  # each one's fields fit the body
+            c.step_params_for_one(dim)
+        return sim
     except (ValueError, TypeError) as e:
         raise ValueError(f"{path}: {e}") from None
 
@@ -341,6 +353,14 @@ def _number(name, value):
                              f"(one per creature of a batch); save each creature's own")
         return value.item()
     return value
+
+
+def _collider(k, collider, dim):
+    """A collider as JSON values, or the ValueError of a collider holding one value per creature of a batch."""
+    try:
+        return collider.to_dict(dim)
+    except ValueError as e:
+        raise ValueError(f"creatures.save writes one creature, but sim.colliders[{k}]: {e}") from None
 
 
 def _list(t):

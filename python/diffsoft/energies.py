@@ -11,7 +11,9 @@ They are written with index gathers and elementwise ops only (no Python loop ove
 graph has a fixed, small number of nodes whatever the mesh size: a Hessian-vector product by double backward
 costs a few passes over that graph.
 """
+import functools
 import math
+import typing
 
 import torch
 
@@ -174,43 +176,130 @@ def gravity_energy(x, mass, gravity):
     return gravity * (mass * x[..., 1]).sum(-1)
 
 
-def ground_contact_energy(x, stiffness, ground=0.0):
-    """Penalty ``sum_i k_c min(y_i - ground, 0)^2`` of a flat ground at height ``ground``.
+def contact_energy(y, x0, h, stiffness, friction, friction_eps, surface, *geometry):
+    """Contact and lagged friction against one collider (:mod:`diffsoft.colliders`), summed over the vertices:
+    ``sum_i k_c min(phi(y_i), 0)^2 + w_i |P0_i (y_i - x0_i) / h|^2`` with ``w_i = k_f max(eps - phi(x0_i), 0)``
+    and ``P0_i = I - n(x0_i) n(x0_i)^T``: a penalty on the depth inside the collider, and a friction on the slip
+    in its tangent plane at the start of the step, acting within ``eps`` of its surface. The weight and the
+    plane are lagged (they depend on ``x0`` only), so that the term is quadratic in ``y`` away from the surface.
 
     Args:
-        x: ``(..., N, d)``; stiffness, ground: numbers or tensors broadcastable to ``x.shape[:-2]`` (one per
-            problem).
+        y, x0: ``(..., N, d)``; h (the time step), stiffness, friction, friction_eps: numbers or tensors
+            broadcastable to ``y.shape[:-2]`` (one per problem).
+        surface: the collider kind's ``surface(q, *geometry) -> (phi, n)`` (e.g.
+            :meth:`diffsoft.colliders.Plane.surface`), and ``geometry`` its parameters (``Collider.geometry``).
     """
-    depth = torch.clamp(x[..., 1] - per_problem(ground), max=0.0)
-    return stiffness * (depth * depth).sum(-1)
+    return _contact(y, x0, h, stiffness, friction, friction_eps, surface, geometry).sum(-1)
 
 
-def friction_energy(x, x0, h, stiffness, ground=0.0, eps=0.01):
-    """Lagged smooth friction: ``sum_i k_f max(eps - (y0_i - ground), 0) |(x_t,i - x0_t,i) / h|^2``.
+def _contact(y, x0, h, stiffness, friction, friction_eps, surface, geometry):
+    """:func:`contact_energy` per vertex, ``(..., N)``."""
+    phi, _ = surface(y, *geometry)
+    phi0, n0 = surface(x0, *geometry)
+    depth = torch.clamp(phi, max=0.0)
+    band = torch.clamp(per_problem(friction_eps) - phi0, min=0.0)
+    slip = y - x0
+    t = slip - n0 * (n0 * slip).sum(-1, keepdim=True)
+    return per_problem(stiffness) * depth * depth + per_problem(friction) * band * (t * t).sum(-1) / per_problem(h * h)
 
-    The weight uses the start-of-step height ``y0`` (lagged, so the term is a quadratic in ``x``); vertices
-    higher than ``eps`` above the ground feel none. ``x_t`` are the tangential components: x in 2D, x and z
-    in 3D.
 
-    Args:
-        x, x0: ``(..., N, d)``; h (the time step), stiffness, ground, eps: numbers or tensors broadcastable to
-            ``x.shape[:-2]`` (one per problem).
-    """
-    weight = torch.clamp(per_problem(eps) - (x0[..., 1] - per_problem(ground)), min=0.0)
-    slip = x - x0
-    tangential = slip[..., 0] ** 2
-    if x.shape[-1] == 3:
-        tangential = tangential + slip[..., 2] ** 2
-    return stiffness * (weight * tangential).sum(-1) / (h * h)
+class StepTerm(typing.NamedTuple):
+    """A term of the step energy, as the torch side sums and differentiates it (the C++ kernels register the same
+    terms in ``csrc/physics/terms.h``). ``rows(top)``: its stencil, ``(K, k)`` int64 indices of all vertices (one row
+    per element, muscle, ...), or None for one row per free vertex (the term reads ``y``); ``energy(x_rows, p,
+    top)``: one energy per row ``(..., K)``, from the rows' positions ``x_rows`` ``(..., K, k, d)`` and the step's
+    :class:`~diffsoft.step.StepParams` ``p``. ``blocks(x_rows, p, top)``: optional, each row's Hessian
+    ``(..., K, kd, kd)`` (else autograd probes it). ``user``: a user's term (:class:`diffsoft.terms.Term`), which
+    the C++ kernels do not have. ``inner``: optional ``(strain, density)`` with ``energy = density(strain(x_rows))``
+    and ``strain`` linear in ``x_rows`` (``(..., K, m)``, m < kd): autograd then probes the density's m x m
+    Hessian rather than the row's kd x kd one (:mod:`diffsoft.term_blocks`)."""
+    name: str
+    rows: typing.Callable
+    energy: typing.Callable
+    blocks: typing.Optional[typing.Callable] = None
+    user: bool = False
+    inner: typing.Optional[tuple] = None
+
+
+def _deformation(x_rows, p, top):
+    """Each element's F, flattened: ``(..., E, d * d)``, linear in its vertices' positions."""
+    edges = x_rows[..., 1:, :] - x_rows[..., :1, :]  # (..., E, d, d), rows are edges
+    F = edges.transpose(-1, -2) @ p.Dm_inv
+    return F.reshape(*F.shape[:-2], -1)
+
+
+def _density(F, p, top):
+    d = math.isqrt(F.shape[-1])
+    return _DENSITIES[top.material](F.reshape(*F.shape[:-1], d, d), p.mu, p.lam)
+
+
+def _elastic_term(x_rows, p, top):
+    return _density(_deformation(x_rows, p, top), p, top)
+
+
+def _muscle_term(x_rows, p, top):
+    delta = x_rows[..., 0, :] - x_rows[..., 1, :]
+    length = torch.sqrt((delta * delta).sum(-1) + 1e-6)
+    strain = length / (p.activation * p.muscle_rest_length) - 1.0
+    return 0.5 * p.muscle_stiffness * strain * strain
+
+
+def _inertia_term(x_rows, p, top):
+    # Gravity relative to the start of the step: the same minimiser and derivatives, but an objective near 0
+    # whose changes the line search can still resolve in floating point close to the solution.
+    y = x_rows[..., 0, :]
+    r = y - p.x_hat
+    return (0.5 * p.mass * (r * r).sum(-1) / per_problem(p.h * p.h)
+            + per_problem(p.gravity) * p.mass * (y[..., 1] - p.x0_free[..., 1]))
+
+
+def _contact_term(c, x_rows, p, top):
+    kc, kf, eps, *geometry = p.colliders[c]
+    return _contact(x_rows[..., 0, :], p.x0_free, p.h, kc, kf, eps, top.colliders[c].surface, geometry)
+
+
+ELASTIC = StepTerm("elastic", lambda top: top.elements, _elastic_term, inner=(_deformation, _density))
+MUSCLE = StepTerm("muscle", lambda top: top.muscles, _muscle_term)
+INERTIA = StepTerm("inertia", lambda top: None, _inertia_term)
+
+
+def step_terms(top, builtin=True, user=True):
+    """The terms of the step with topology ``top``, in the C++ kernels' order (``terms.h``): elasticity, the
+    muscles (if any), inertia and gravity, contact and friction with each collider (the built-in ones), then the
+    user's terms (``top.terms``)."""
+    terms = []
+    if builtin:
+        terms = [ELASTIC] + ([MUSCLE] if top.muscles is not None else []) + [INERTIA]
+        terms += [StepTerm(f"contact[{c}]", INERTIA.rows, functools.partial(_contact_term, c))
+                  for c in range(len(top.colliders))]
+    if user:
+        terms += [term.step_term(k) for k, term in enumerate(top.terms)]
+    return terms
+
+
+def terms_energy(y, p, top, terms):
+    """The sum of ``terms`` (:class:`StepTerm`) at the free positions ``y``, one energy per problem."""
+    x = top.full_positions(y, p.x0)
+    e = 0
+    for term in terms:
+        e = e + term.energy(term_rows(term, y, x, top), p, top).sum(-1)
+    return e
+
+
+def term_rows(term, y, x, top):
+    """The positions ``(..., K, k, d)`` of each row of ``term``'s stencil: from all vertices' ``x``, or the free
+    ones' ``y`` for a per-free-vertex term."""
+    rows = term.rows(top)
+    return y.unsqueeze(-2) if rows is None else x[..., rows, :]
 
 
 def reference_step_energy(y, *args):
     """The backward-Euler step's objective divided by ``h^2``, in plain torch: the reference of the fused
-    kernels (:mod:`diffsoft.fused`) and the oracle of their tests.
+    kernels (:mod:`diffsoft.fused`) and the oracle of their tests; the sum of :func:`step_terms`.
 
     Args:
         y: the free vertices' positions, ``(F, d)`` or ``(B, F, d)``.
-        *args: the step's :class:`~diffsoft.step.StepParams` fields, then its
+        *args: the step's :class:`~diffsoft.step.StepParams` (:meth:`~diffsoft.step.StepParams.flat`), then its
             :class:`~diffsoft.step.StepTopology`; ``mu, lam`` arrive with the elements' weights folded in.
             Any parameter may be per problem (see :class:`~diffsoft.step.StepParams`).
 
@@ -219,14 +308,4 @@ def reference_step_energy(y, *args):
         tensor for a single problem.
     """
     p, top = unpack(args)
-    x = top.full_positions(y, p.x0)
-    e = elastic_energy(x, top.elements, p.Dm_inv, p.mu, p.lam, top.material)
-    # Gravity relative to the start of the step: the same minimiser and derivatives, but an objective near 0
-    # whose changes the line search can still resolve in floating point close to the solution.
-    e = e + inertia_energy(y, p.x_hat, p.mass) / (p.h * p.h) + gravity_energy(y - p.x0_free, p.mass, p.gravity)
-    if top.muscles is not None:
-        e = e + muscle_energy(x, top.muscles, p.activation, p.muscle_rest_length, p.muscle_stiffness)
-    if top.has_ground:
-        e = e + ground_contact_energy(y, p.contact_stiffness, p.ground)
-        e = e + friction_energy(y, p.x0_free, p.h, p.friction, p.ground, p.friction_eps)
-    return e
+    return terms_energy(y, p, top, step_terms(top))

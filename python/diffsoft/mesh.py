@@ -214,7 +214,7 @@ def write(path, vertices, elements, point_data=None):
     meshio.write(path, meshio.Mesh(points, cells, point_data=data))
 
 
-def write_vtk_series(directory, positions, elements, name="frame", dt=1.0, point_data=None):
+def write_vtk_series(directory, positions, elements, name="frame", dt=1.0, point_data=None, colliders=()):
     """Writes a trajectory as one ``.vtu`` per frame plus a ``<name>.pvd`` collection that ParaView opens.
 
     Args:
@@ -223,6 +223,10 @@ def write_vtk_series(directory, positions, elements, name="frame", dt=1.0, point
         elements: ``(E, d + 1)``.
         dt: time between frames (the ``timestep`` attribute of the collection).
         point_data: optional ``{name: (T, N, ...)}`` per-frame vertex fields (e.g. velocities).
+        colliders: :mod:`diffsoft.colliders` objects to show (e.g. ``sim.all_colliders``, the ground included),
+            one creature's: each one's surface within a box around the trajectory (its extent padded by half
+            of it on every side), written once as ``<name>_collider<k>.vtu`` (2D: its boundary as lines at z = 0;
+            3D: triangles) and listed in the collection as part ``k + 1`` of every frame.
 
     Returns:
         the path of the ``.pvd`` file.
@@ -237,12 +241,30 @@ def write_vtk_series(directory, positions, elements, name="frame", dt=1.0, point
     for k, v in point_data.items():
         if v.shape[:2] != positions.shape[:2]:
             raise ValueError(f"point_data[{k!r}] must start with (T, N) = {positions.shape[:2]}, got {v.shape}")
+    parts = []
+    if len(colliders):
+        dim = positions.shape[-1]
+        lo, hi = positions.reshape(-1, dim).min(0), positions.reshape(-1, dim).max(0)
+        pad = 0.5 * (hi - lo).max()
+        for k, collider in enumerate(colliders):
+            fname = f"{name}_collider{k}.vtu"
+            if dim == 2:
+                boundary = collider.mesh(2, lo - pad, hi + pad)
+                points = np.concatenate([boundary, np.zeros((len(boundary), 1))], axis=1)
+                cells = [("line", np.stack([np.arange(len(boundary)), (np.arange(len(boundary)) + 1) % len(boundary)], 1))]
+            else:
+                points, tris = collider.mesh(3, lo - pad, hi + pad)
+                cells = [("triangle", tris)]
+            meshio.write(os.path.join(directory, fname), meshio.Mesh(points, cells))
+            parts.append(fname)
     entries = []
     for t, x in enumerate(positions):
         fname = f"{name}_{t:05d}.vtu"
         points, cells, data = _meshio_arrays(x, elements, {k: v[t] for k, v in point_data.items()}, f"positions[{t}]")
         meshio.write(os.path.join(directory, fname), meshio.Mesh(points, cells, point_data=data))
         entries.append(f'    <DataSet timestep="{t * dt!r}" group="" part="0" file="{escape(fname)}"/>')
+        entries += [f'    <DataSet timestep="{t * dt!r}" group="" part="{k + 1}" file="{escape(part)}"/>'
+                    for k, part in enumerate(parts)]
     pvd = os.path.join(directory, f"{name}.pvd")
     with open(pvd, "w") as f:
         f.write('<?xml version="1.0"?>\n<VTKFile type="Collection" version="0.1">\n  <Collection>\n')

@@ -1,8 +1,9 @@
 """Pictures of a rollout with PIL: PNG frames and an animated GIF.
 
 2D bodies are drawn as filled triangles with muscles coloured by activation (grey-blue relaxed, red
-contracted) above the ground; 3D bodies as their boundary surface, flat-shaded, seen from the front-right
-and slightly above (an orthographic projection, painter's algorithm), with muscles drawn on top.
+contracted) in front of the colliders (the ground, :mod:`diffsoft.colliders`); 3D bodies as their boundary surface,
+flat-shaded, seen from the front-right and slightly above (an orthographic projection, painter's algorithm), with
+muscles drawn on top, in front of the colliders' surfaces.
 A rollout's camera frames every position in it (``camera="fit"``) or follows the creature's centre of mass at a
 fixed scale (``camera="follow"``).
 """
@@ -18,6 +19,7 @@ from .mesh import boundary_facets
 
 _BACKGROUND = (250, 250, 247)
 _GROUND = (200, 196, 186)
+_GROUND_EDGE = (120, 116, 108)
 _BODY = (120, 170, 220)
 _EDGE = (60, 90, 130)
 _RELAXED = np.array([90, 100, 140])
@@ -29,7 +31,8 @@ def render_frame(sim, x, activation=None, size=(480, 360), bounds=None, yaw=-35.
     """One image of ``sim``'s body at positions ``x``.
 
     Args:
-        sim: a :class:`~diffsoft.simulator.Simulator` (its body and ground are drawn).
+        sim: a :class:`~diffsoft.simulator.Simulator` (its body and colliders are drawn; colliders with one
+            value per creature of a batch are a ValueError: draw one creature's).
         x: ``(N, d)`` positions.
         activation: ``(M,)`` muscle activations (colours); None: relaxed.
         size: ``(width, height)`` in pixels.
@@ -51,20 +54,11 @@ def render_frame(sim, x, activation=None, size=(480, 360), bounds=None, yaw=-35.
     img = Image.new("RGB", tuple(size), _BACKGROUND)
     draw = ImageDraw.Draw(img)
     body = sim.body
-    if sim.ground is not None and body.dim == 2:
+    _draw_colliders(draw, sim, _numpy(x), bounds, to_px, yaw, pitch)
+    if sim.ground is not None and body.dim == 2:  # marks fixed in the world: the motion under a following camera
         gy = to_px(np.array([[0.0, sim.ground]]))[0, 1]
-        draw.rectangle([0, gy, size[0], size[1]], fill=_GROUND)
-        draw.line([0, gy, size[0], gy], fill=(120, 116, 108), width=2)
-        for px in _marks(bounds, size):  # fixed in the world: they show the motion under a following camera
-            draw.line([px, gy, px, gy + 6], fill=(120, 116, 108), width=1)
-    elif sim.ground is not None:  # a patch of the ground plane around the body
-        x3 = _numpy(x)
-        lo, hi = x3.min(0), x3.max(0)
-        pad = 0.5 * (hi - lo).max()
-        corners = np.array([[lo[0] - pad, sim.ground, lo[2] - pad], [hi[0] + pad, sim.ground, lo[2] - pad],
-                            [hi[0] + pad, sim.ground, hi[2] + pad], [lo[0] - pad, sim.ground, hi[2] + pad]])
-        draw.polygon([tuple(v) for v in to_px(_project(corners, yaw, pitch)[0])], fill=_GROUND,
-                     outline=(120, 116, 108))
+        for px in _marks(bounds, size):
+            draw.line([px, gy, px, gy + 6], fill=_GROUND_EDGE, width=1)
     elements = body.elements.cpu().numpy()
     if body.dim == 2:
         for tri in to_px(p)[elements]:
@@ -211,6 +205,36 @@ def _check_view(size, bounds, yaw, pitch):
     for name, angle in (("yaw", yaw), ("pitch", pitch)):
         if not is_finite_real(angle):
             raise ValueError(f"{name} must be a finite number (degrees), got {angle!r}")
+
+
+def _draw_colliders(draw, sim, x, bounds, to_px, yaw, pitch):
+    """Each collider's solid (2D: filled, clipped to a box around the view) or surface (3D: shaded triangles
+    within a box around the body, far to near)."""
+    dim = sim.body.dim
+    if dim == 2:
+        xmin, xmax, ymin, ymax = bounds
+        span = max(xmax - xmin, ymax - ymin)
+        lo, hi = np.array([xmin - 2 * span, ymin - 2 * span]), np.array([xmax + 2 * span, ymax + 2 * span])
+    else:
+        lo, hi = x.min(0), x.max(0)
+        pad = 0.5 * (hi - lo).max()
+        lo, hi = lo - pad, hi + pad
+    for collider in sim.all_colliders:
+        if dim == 2:
+            polygon = collider.mesh(2, lo, hi)
+            if len(polygon) >= 3:
+                draw.polygon([tuple(v) for v in to_px(polygon)], fill=_GROUND, outline=_GROUND_EDGE)
+            continue
+        points, tris = collider.mesh(3, lo, hi)
+        p, depth = _project(points, yaw, pitch)
+        normals = np.cross(points[tris[:, 1]] - points[tris[:, 0]], points[tris[:, 2]] - points[tris[:, 0]])
+        normals = _rotate(normals, yaw, pitch)
+        normals /= np.linalg.norm(normals, axis=1, keepdims=True) + 1e-12
+        shade = 0.55 + 0.45 * np.abs(normals[:, 2])
+        px = to_px(p)
+        for t in np.argsort(depth[tris].mean(1)):
+            colour = tuple(int(c * shade[t]) for c in _GROUND)
+            draw.polygon([tuple(v) for v in px[tris[t]]], fill=colour, outline=colour)
 
 
 def _numpy(a):

@@ -1,8 +1,9 @@
 """Simulator: one backward-Euler step of a SoftBody as an energy minimisation, differentiable end to end.
 
 One step solves ``x1 = argmin_x 1/2 sum_i m_i |x_i - (x0_i + h v0_i)|^2 + h^2 U(x)`` and sets
-``v1 = (x1 - x0) / h``, where ``U`` sums elasticity, muscles, gravity, ground contact and lagged friction
-(see :mod:`diffsoft.energies`). The solver minimises the same objective divided by ``h^2``:
+``v1 = (x1 - x0) / h``, where ``U`` sums elasticity, muscles, gravity, contact and lagged friction with each
+collider (the ground, :mod:`diffsoft.colliders`), and the user's terms (:mod:`diffsoft.terms`); see
+:mod:`diffsoft.energies`. The solver minimises the same objective divided by ``h^2``:
 
     ``E(x) = 1/(2 h^2) sum_i m_i |x_i - x_hat_i|^2 + U(x)``,  ``grad E = M (x - x_hat) / h^2 - f(x)``,
 
@@ -21,10 +22,12 @@ from ._compat import eager_under_compile
 from ._extension import _C
 from ._minimize import minimize, refuse_transforms
 from .body import SoftBody, stamp
-from .energies import (deformation_gradient, determinant, elastic_energy, gravity_energy, ground_contact_energy,
+from .colliders import Collider, Plane
+from .energies import (contact_energy, deformation_gradient, determinant, elastic_energy, gravity_energy,
                        muscle_energy, reference_step_energy)
 from .fused import analytic_energy, step_energy, with_kernel_model
 from .step import Material, StepParams, StepTopology
+from .terms import Term
 from . import torch_backend
 
 _HAS_CHOLMOD = _C.HAS_CHOLMOD
@@ -58,6 +61,12 @@ CONSTANTS = ("dt", "gravity", "ground", "contact_stiffness", "friction", "fricti
 """The simulator's differentiable constants (``docs/parameters.md``)."""
 
 
+@functools.lru_cache(maxsize=16)
+def _unit_y(dim, dtype, device):
+    """+y in ``dim`` dimensions, made once: the ground's normal."""
+    return torch.eye(dim, dtype=dtype, device=device)[1]
+
+
 class Simulator:
     """Steps a :class:`~diffsoft.body.SoftBody` in time by backward Euler.
 
@@ -65,13 +74,21 @@ class Simulator:
         body: the SoftBody.
         dt: the time step ``h`` (s).
         gravity: the gravitational acceleration's magnitude ``g``, pulling along -y.
-        ground: the ground's height (y), or None for no ground (then no contact and no friction).
-        contact_stiffness: ``k_c`` of the penalty ``k_c min(y - ground, 0)^2``; default algovivo's
-            14000 per 6.0714 of mean vertex mass (a vertex resting on the ground sinks ``m g / (2 k_c)``,
-            about 2 mm at g = 9.8).
-        friction: ``k_f`` of the lagged friction ``k_f max(eps - (y0 - ground), 0) |v_t|^2``; default
-            algovivo's 300 per 6.0714 of mean vertex mass.
-        friction_eps: ``eps``, the height above the ground under which friction acts.
+        ground: the ground's height (y), or None for no ground: shorthand for a horizontal
+            :class:`~diffsoft.colliders.Plane` through ``(0, ground)``, the first collider, with the
+            simulator's contact constants (bit for bit the flat ground's model).
+        contact_stiffness: ``k_c`` of the ground's penalty ``k_c min(y - ground, 0)^2`` (and of every collider's
+            ``k_c min(phi, 0)^2`` that leaves its own at None); default algovivo's 14000 per 6.0714 of mean
+            vertex mass (a vertex resting on the ground sinks ``m g / (2 k_c)``, about 2 mm at g = 9.8).
+        friction: ``k_f`` of the lagged friction ``k_f max(eps - (y0 - ground), 0) |v_t|^2`` (likewise for
+            the colliders); default algovivo's 300 per 6.0714 of mean vertex mass.
+        friction_eps: ``eps``, the height above the ground (the distance from a collider) under which friction
+            acts.
+        colliders: more colliders (:mod:`diffsoft.colliders`: :class:`~diffsoft.colliders.Plane`,
+            :class:`~diffsoft.colliders.HeightField`, :class:`~diffsoft.colliders.Sphere`), each with its own
+            contact constants (None: the simulator's); with ``ground=None`` they are the only ones.
+        terms: the user's energy terms in torch (:class:`diffsoft.terms.Term`), added to the step on both
+            backends, differentiably (their parameters get gradients).
         rtol, atol: the step's convergence test, ``|grad E| <= max(atol, rtol |grad E(x_hat)|)`` per problem,
             where ``grad E`` is the force residual (see the module docstring). ``rtol=None``: the solver's
             default (1e-8 in float64, 1e-4 in float32); ``atol=None``: 1e-8 (float64) or 1e-5 (float32)
@@ -139,11 +156,12 @@ class Simulator:
     def __init__(self, body, dt=1 / 30, gravity=9.8, ground=0.0, contact_stiffness=None, friction=None,
                  friction_eps=0.01, rtol=None, atol=None, max_iter=100, cg_rtol=0.5, cg_max_iter=None,
                  backward_rtol=1e-10, backward_max_iter=None, on_failure="warn", fused=True, solver="auto",
-                 keep_factors=False, reuse_factor=None, backend="auto"):
+                 keep_factors=False, reuse_factor=None, backend="auto", colliders=(), terms=()):
         if not isinstance(body, SoftBody):
             raise TypeError(f"body must be a diffsoft.SoftBody, got {type(body).__name__}")
         self._body = body
         self._checked, self._copied_from = {}, {}
+        self.colliders, self.terms = colliders, terms
         self.dt, self.ground, self.friction_eps = dt, ground, friction_eps  # checked by their setters
         self.fused = fused
         self.solver = solver
@@ -161,11 +179,58 @@ class Simulator:
         self._topology = None
 
     @property
+    def colliders(self):
+        """The colliders besides the ground (:mod:`diffsoft.colliders`), a tuple; assignable (a list or tuple of
+        them), and each collider's fields too."""
+        return self._colliders
+
+    @colliders.setter
+    def colliders(self, value):
+        if isinstance(value, Collider) or not isinstance(value, (list, tuple)):
+            raise TypeError(f"colliders must be a list or tuple of diffsoft.colliders objects (Plane, HeightField, "
+                            f"Sphere), got {type(value).__name__}")
+        for k, c in enumerate(value):
+            if not isinstance(c, Collider):
+                raise TypeError(f"colliders[{k}] must be a diffsoft.colliders object (Plane, HeightField, Sphere), got "
+                                f"{type(c).__name__}")
+        self._colliders = tuple(value)
+
+    @property
+    def all_colliders(self):
+        """Every collider of a step, the ground (a horizontal :class:`~diffsoft.colliders.Plane` with the
+        simulator's contact constants) first: what pictures and VTK files show."""
+        if self._ground is None:
+            return self._colliders
+        up = [0.0, 1.0, 0.0][:self.body.dim]
+        height = self._ground
+        point = [0.0, height, 0.0][:self.body.dim] if not isinstance(height, torch.Tensor) else \
+            torch.stack([torch.zeros_like(height), height, torch.zeros_like(height)][:self.body.dim], -1)
+        return (Plane(point, up),) + self._colliders
+
+    def _collider_kinds(self):
+        """The kinds of every collider of a step, the ground first."""
+        return ((Plane,) if self._ground is not None else ()) + tuple(type(c) for c in self._colliders)
+
+    @property
+    def terms(self):
+        """The user's energy terms (:class:`diffsoft.terms.Term`), a tuple; assignable."""
+        return self._terms
+
+    @terms.setter
+    def terms(self, value):
+        if isinstance(value, Term) or not isinstance(value, (list, tuple)):
+            raise TypeError(f"terms must be a list or tuple of diffsoft.terms.Term, got {type(value).__name__}")
+        for k, t in enumerate(value):
+            if not isinstance(t, Term):
+                raise TypeError(f"terms[{k}] must be a diffsoft.terms.Term, got {type(t).__name__}")
+        self._terms = tuple(value)
+
+    @property
     def topology(self):
         """The step's :class:`~diffsoft.step.StepTopology`, built again (with a new factorization cache) when
-        the body's elements, muscles, fixed vertices or material, or whether there is a ground, have changed
-        since the last step."""
-        key = (self.body.structure(), self._ground is None)
+        the body's elements, muscles, fixed vertices or material, or the colliders' kinds (whether there is a
+        ground), have changed since the last step."""
+        key = (self.body.structure(), self._collider_kinds(), self._terms)
         if self._topology is None or self._topology_of != key:
             self._topology, self._topology_of = self._build_topology(), key
         return self._topology
@@ -178,7 +243,7 @@ class Simulator:
         return StepTopology(
             elements=body.elements, muscles=body.muscles if body.num_muscles else None, free=body.free,
             free_index=free_index, all_free=len(body.fixed) == 0, material=Material(body.material),
-            has_ground=self._ground is not None, factor_cache=_C.FactorCache())
+            factor_cache=_C.FactorCache(), colliders=self._collider_kinds(), terms=self._terms)
 
     def _factorizes(self):
         """Whether the steps factor their Hessians: ``solver="direct"``, or ``"auto"`` unless the body is 3D,
@@ -280,6 +345,8 @@ class Simulator:
                 setattr(out, "_" + name, copy)
                 if copy is not value:
                     out._copied_from[name] = (value, stamp(value), copy)
+        out._colliders = tuple(c.to(dtype=body.dtype, device=body.device) for c in self._colliders)
+        out._terms = tuple(t.to(dtype=body.dtype, device=body.device) for t in self._terms)
         out.solver_options = dict(self.solver_options)
         out._topology = None
         out._check_constants()  # what the new dtype cannot hold (1e300 in float32) is refused here
@@ -529,10 +596,11 @@ class Simulator:
             # leave the energy's domain (an inverted neo-Hookean element) or overflow it (a large dt, fast
             # vertices, float32); x0, a valid state, cannot, and NaN or inf at the prediction selects x0.
             x_hat, start = params.x_hat.detach(), params.x0_free.detach()
-            better = energy(x_hat, *params, top) <= energy(start, *params, top)
+            flat = params.flat()
+            better = energy(x_hat, *flat, top) <= energy(start, *flat, top)
             guess = torch.where(better[..., None, None], x_hat, start)
-        analytic = analytic_energy(guess, *params, top, factorize=factorize) if self.fused else None
-        return minimize(energy, guess, *params, top, batched=batched, return_info=True, _analytic=analytic,
+        analytic = analytic_energy(guess, *flat, top, factorize=factorize) if self.fused else None
+        return minimize(energy, guess, *flat, top, batched=batched, return_info=True, _analytic=analytic,
                         **options)
 
     def step_problem(self, x0, v0, activation):
@@ -547,10 +615,9 @@ class Simulator:
         self._check_constants()
         self._refresh_default_atol()
         top = self.topology
-        constants = {name: c.to(dtype=body.dtype, device=body.device) if isinstance(c, torch.Tensor) else
-                     _constant(0.0 if c is None else c, body.dtype, body.device)
-                     for name, c in ((name, getattr(self, name)) for name in CONSTANTS)}
-        self._check_parameters(x0.shape[0] if x0.dim() == 3 else None, constants)
+        constants = self._step_constants()
+        batch = x0.shape[0] if x0.dim() == 3 else None
+        self._check_parameters(batch, constants)
         h = constants["dt"]
         x0_free = x0 if top.all_free else x0[..., top.free, :]
         v0_free = v0 if top.all_free else v0[..., top.free, :]
@@ -562,10 +629,35 @@ class Simulator:
             x_hat=x0_free + h[..., None, None] * v0_free, x0=x0, x0_free=x0_free,
             mass=body.mass if top.all_free else body.mass[..., top.free], Dm_inv=body.Dm_inv, mu=mu, lam=lam,
             activation=activation, muscle_rest_length=body.muscle_rest_length,
-            muscle_stiffness=body.muscle_stiffness, gravity=constants["gravity"],
-            contact_stiffness=constants["contact_stiffness"], friction=constants["friction"], h=h,
-            ground=constants["ground"], friction_eps=constants["friction_eps"])
+            muscle_stiffness=body.muscle_stiffness, gravity=constants["gravity"], h=h,
+            colliders=self._collider_params(batch, constants),
+            terms=tuple(self._term_params(k, t) for k, t in enumerate(self._terms)))
         return params, top
+
+    def _step_constants(self):
+        """The constants as the step reads them, by name: tensors of the body's dtype and device."""
+        body = self.body
+        return {name: c.to(dtype=body.dtype, device=body.device) if isinstance(c, torch.Tensor) else
+                _constant(0.0 if c is None else c, body.dtype, body.device)
+                for name, c in ((name, getattr(self, name)) for name in CONSTANTS)}
+
+    def _term_params(self, k, term):
+        """A user term's parameters, checked: tensors of the body's dtype and device (the term's energy reads
+        them as they are, a batch dimension included)."""
+        for j, t in enumerate(term.params):
+            self._check_tensor(f"terms[{k}].params[{j}]", t)
+        return term.params
+
+    def _collider_params(self, batch, constants):
+        """Each collider's step parameters (``StepParams.colliders``, in ``topology.colliders``' order) for a
+        state of ``batch`` creatures (None: one). The ground's: the simulator's ``constants`` (as the step reads
+        them, checked by :meth:`_check_parameters`), the unit normal +y and the height as the offset."""
+        body = self.body
+        out = ()
+        if self._ground is not None:
+            out = ((constants["contact_stiffness"], constants["friction"], constants["friction_eps"],
+                    _unit_y(body.dim, body.dtype, body.device), constants["ground"]),)
+        return out + tuple(c.step_params(self, batch) for c in self._colliders)
 
     def _check_parameters(self, batch, constants):
         """Each of the body's fields and each constant (``constants``, by name, as the step reads them) is shared
@@ -631,7 +723,7 @@ class Simulator:
         return 0.5 * (self.body.mass * (v * v).sum(-1)).sum(-1)
 
     def potential_energy(self, x, activation=None):
-        """Elastic + muscle + gravity + ground contact energy (friction, a dissipation, is left out);
+        """Elastic + muscle + gravity + contact energy with the colliders (friction, a dissipation, is left out);
         x: ``(..., N, d)`` -> ``x.shape[:-2]``."""
         body = self.body
         weight = None if body.material == "algovivo" else \
@@ -641,8 +733,9 @@ class Simulator:
             a = torch.ones_like(body.muscle_rest_length) if activation is None else activation
             e = e + muscle_energy(x, body.muscles, a, body.muscle_rest_length, body.muscle_stiffness)
         e = e + gravity_energy(x, body.mass, self.gravity)
-        if self.ground is not None:
-            e = e + ground_contact_energy(x, self.contact_stiffness, self.ground)
+        params = self._collider_params(x.shape[0] if x.dim() == 3 else None, self._step_constants())
+        for kind, (kc, _, _, *geometry) in zip(self._collider_kinds(), params):
+            e = e + contact_energy(x, x, 1.0, kc, 0.0, 0.0, kind.surface, *geometry)
         return e
 
     def __repr__(self):
@@ -651,9 +744,10 @@ class Simulator:
                 return repr(c)
             return f"{c.item():g}" if c.dim() == 0 else f"<{len(c)} per creature>"
 
+        colliders = f", colliders={list(self._colliders)!r}" if self._colliders else ""
         return (f"Simulator({self.body!r}, dt={show(self.dt)}, gravity={show(self.gravity)}, "
                 f"ground={show(self.ground)}, contact_stiffness={show(self.contact_stiffness)}, "
-                f"friction={show(self.friction)}, friction_eps={show(self.friction_eps)})")
+                f"friction={show(self.friction)}, friction_eps={show(self.friction_eps)}{colliders})")
 
     def _check_tensor(self, name, t):
         """A tensor of the body's dtype and device, or a TypeError/ValueError naming what differs."""

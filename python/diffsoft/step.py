@@ -1,25 +1,24 @@
 """The backward-Euler step problem, named: what one :meth:`Simulator.step <diffsoft.simulator.Simulator.step>`
 minimises, as two records.
 
-* :class:`StepParams`: the step's differentiable parameters, 16 tensors in one field order. They are the
-  ``*params`` of :func:`diffsoft.minimize` (so the implicit backward returns a gradient for each one that
-  requires grad), the arguments of every step energy (the plain-torch reference
-  :func:`diffsoft.energies.reference_step_energy` and the fused :func:`diffsoft.fused.step_energy`), and the
-  order of the C++ kernels' ``enum class StepParam`` (``csrc/physics/model.h``), checked at import against
-  ``_C.STEP_PARAM_NAMES``.
+* :class:`StepParams`: the step's differentiable parameters: the body's and the state's, 12 tensors in one field
+  order, then each collider's and each user term's (a variable tail, which :class:`StepTopology` describes).
+  :meth:`StepParams.flat` lists them all: they are the ``*params`` of :func:`diffsoft.minimize` (so the implicit
+  backward returns a gradient for each one that requires grad) and the arguments of every step energy (the
+  plain-torch reference :func:`diffsoft.energies.reference_step_energy` and the fused
+  :func:`diffsoft.fused.step_energy`). The first 12 follow the C++ kernels' ``enum class StepParam``
+  (``csrc/physics/model.h``), checked at import against ``_C.STEP_PARAM_NAMES``; each collider's follow its
+  kind's order (:mod:`diffsoft.colliders`, checked against ``_C.COLLIDER_KINDS``).
 * :class:`StepTopology`: everything else the energy needs, none of it differentiable: indices, the
-  material, whether there is a ground, the factorizations' shared analysis, and (on the fused path) the
-  kernels' model built once per step.
+  material, the colliders' kinds, the user terms, the factorizations' shared analysis, and (on the fused path)
+  the kernels' model built once per step.
 
-Every step energy is called as ``energy(y, *params, topology)`` with ``y`` the free vertices' positions,
+Every step energy is called as ``energy(y, *params.flat(), topology)`` with ``y`` the free vertices' positions,
 ``(F, d)`` or ``(B, F, d)``; :func:`unpack` turns its arguments back into the two records.
-
-Adding a differentiable parameter: a field here, its value in :meth:`Simulator.step_problem
-<diffsoft.simulator.Simulator.step_problem>`, its term in the reference energy, and the kernels' enum and
-derivatives (``docs/design.md`` walks through it).
 """
 import dataclasses
 import enum
+import itertools
 import typing
 
 import torch
@@ -42,11 +41,18 @@ class StepParams(typing.NamedTuple):
     muscle_rest_length: torch.Tensor   # ([B,] M)
     muscle_stiffness: torch.Tensor     # ([B,] M) or ()
     gravity: torch.Tensor              # ([B]) the gravitational acceleration, along -y
-    contact_stiffness: torch.Tensor    # ([B]) k_c of the ground penalty
-    friction: torch.Tensor             # ([B]) k_f of the lagged friction
     h: torch.Tensor                    # ([B]) the time step (x_hat depends on it too, through autograd)
-    ground: torch.Tensor               # ([B]) the ground's height (unused without a ground)
-    friction_eps: torch.Tensor         # ([B]) the height above the ground under which friction acts
+    colliders: tuple = ()  # per collider of StepTopology.colliders, its parameters in its kind's PARAMS order
+    terms: tuple = ()      # per user term of StepTopology.terms, its parameters
+
+    def flat(self):
+        """Every parameter in one tuple: the body's and the state's fields, then each collider's, then each
+        user term's (the solver's ``*params``; :func:`unpack` reverses it)."""
+        return (*self[:len(BODY_PARAMS)], *itertools.chain(*self.colliders), *itertools.chain(*self.terms))
+
+
+BODY_PARAMS = StepParams._fields[:-2]
+"""The names of :class:`StepParams`' fixed fields, the body's and the state's (``_C.STEP_PARAM_NAMES``)."""
 
 
 class Material(str, enum.Enum):
@@ -68,11 +74,12 @@ class StepTopology:
 
     elements ``(E, d+1)`` int64; muscles ``(M, 2)`` int64 or None; free ``(F,)`` int64, the free vertices;
     free_index ``(N,)`` int64, each vertex's index among the free ones (-1 if fixed); all_free: no vertex is
-    fixed (then ``y`` is the whole body); material: a :class:`Material`; has_ground: whether there is a ground
-    (contact and friction; its height is :attr:`StepParams.ground`); factor_cache: the factorizations' symbolic
-    analysis, shared by every step of a simulator; kernel_model: the C++ kernels' model (a
-    :class:`diffsoft._ops.KernelModel`) for one step's parameter values (see
-    :func:`diffsoft.fused.with_kernel_model`), or None.
+    fixed (then ``y`` is the whole body); material: a :class:`Material`; factor_cache: the factorizations'
+    symbolic analysis, shared by every step of a simulator; colliders: each collider's kind (a class of
+    :mod:`diffsoft.colliders`; its parameters are :attr:`StepParams.colliders`); terms: the user's energy terms
+    (:class:`diffsoft.terms.Term`; their parameters are :attr:`StepParams.terms`); kernel_model: the C++ kernels'
+    model (a
+    :class:`diffsoft._ops.KernelModel`) for one step's parameter values (see :func:`diffsoft.fused.with_kernel_model`), or None.
     """
     elements: torch.Tensor
     muscles: typing.Optional[torch.Tensor]
@@ -80,8 +87,9 @@ class StepTopology:
     free_index: torch.Tensor
     all_free: bool
     material: Material
-    has_ground: bool
     factor_cache: typing.Any
+    colliders: tuple = ()
+    terms: tuple = ()
     kernel_model: typing.Any = None
 
     def full_positions(self, y, x0):
@@ -95,11 +103,32 @@ def per_problem(t):
     return t[..., None] if isinstance(t, torch.Tensor) and t.dim() else t
 
 
-def unpack(args):
-    """``(StepParams, StepTopology)`` from a step energy's ``*args`` (the parameters, then the topology)."""
-    return StepParams(*args[:-1]), args[-1]
+def unpack(args, terms=True):
+    """``(StepParams, StepTopology)`` from a step energy's ``*args`` (:meth:`StepParams.flat`, then the
+    topology); with ``terms=False``, args without the user terms' parameters (the fused kernels' arguments,
+    :func:`kernel_params`), and a StepParams without them."""
+    top = args[-1]
+    flat = args[:-1]
+    at = len(BODY_PARAMS)
+    colliders = []
+    for kind in top.colliders:
+        colliders.append(tuple(flat[at:at + len(kind.PARAMS)]))
+        at += len(kind.PARAMS)
+    user = []
+    for term in top.terms if terms else ():
+        user.append(tuple(flat[at:at + len(term.params)]))
+        at += len(term.params)
+    if at != len(flat):
+        raise ValueError(f"a step energy got {len(flat)} parameters, but its topology's body, colliders and terms "
+                         f"take {at}")
+    return StepParams(*flat[:len(BODY_PARAMS)], colliders=tuple(colliders), terms=tuple(user)), top
 
 
-if tuple(StepParams._fields) != tuple(_C.STEP_PARAM_NAMES):
-    raise ImportError(f"diffsoft.step.StepParams has the fields {StepParams._fields} but the C++ kernels' "
+def kernel_params(p):
+    """How many of :meth:`StepParams.flat`'s parameters the C++ kernels take: all but the user terms'."""
+    return len(BODY_PARAMS) + sum(len(c) for c in p.colliders)
+
+
+if tuple(BODY_PARAMS) != tuple(_C.STEP_PARAM_NAMES):
+    raise ImportError(f"diffsoft.step.StepParams has the fields {BODY_PARAMS} but the C++ kernels' "
                       f"StepParam order is {tuple(_C.STEP_PARAM_NAMES)}: rebuild diffsoft, or make both agree")

@@ -5,9 +5,10 @@ module solves the same step problem, ``y* = argmin_y E(y; theta)`` with ``E`` th
 :mod:`diffsoft.step`, with nothing but batched torch ops, so that it runs wherever torch does, and the CPU test
 suite exercises every line of it.
 
-- Derivatives: the closed-form gradient and per-element Hessian blocks of :func:`diffsoft.fused._gradient_and_hessian`
-  (a :class:`~diffsoft.fused.BlockHessian`); energies of :func:`diffsoft.energies.reference_step_energy`, one per
-  creature, for the line search.
+- Derivatives: the gradient and the Hessian blocks (one per element, muscle, free vertex and user term row) of
+  :func:`diffsoft.term_blocks.gradient_and_hessian`, by autograd of the reference energy's terms (a
+  :class:`~diffsoft.term_blocks.BlockHessian`); energies of :func:`diffsoft.energies.reference_step_energy`, one
+  per creature, for the line search.
 - Linear solves, per creature of the batch:
 
   * ``"cholesky"`` (creature-sized bodies): each creature's dense ``(n, n)`` Hessian is scatter-added from the
@@ -27,8 +28,8 @@ suite exercises every line of it.
   once for the record (and a second time only if some creature's Hessian at ``y*`` is not positive
   definite). Truncated CG reads its convergence every ``check_every`` CG iterations too.
 - Backward (implicit function theorem; the derivation is above :meth:`ImplicitStep.backward`): the adjoint
-  system at ``y*`` by the same kind of solve, then ONE first-order vector-Jacobian product through the
-  closed-form gradient with respect to the parameters (no double backward through an energy).
+  system at ``y*`` by the same kind of solve, then ONE vector-Jacobian product through the gradient with respect
+  to the parameters (the gradient's graph, from autograd of the reference's terms).
 """
 import dataclasses
 import typing
@@ -39,9 +40,9 @@ import torch
 
 from ._extension import ConvergenceError, SolveInfo
 from ._minimize import _options, check_backward_mode, refuse_transforms, unsolved_message
-from .energies import reference_step_energy
-from .fused import _gradient_and_hessian
-from .step import StepParams
+from .energies import step_terms, term_rows
+from .step import StepParams, unpack
+from .term_blocks import gradient_and_hessian
 
 CHECK_EVERY_OFF_CPU = 4
 """Newton (and CG) iterations between host reads of "is every creature done?" on devices other than the CPU:
@@ -146,7 +147,7 @@ def solve_step(params, top, linear_solver, rtol=None, atol=0.0, max_iter=100, cg
         params = params._replace(x_hat=params.x_hat[None], x0=params.x0[None], x0_free=params.x0_free[None],
                                  activation=None if act is None else act.reshape(1, -1))
     info = SolveInfo()
-    y = ImplicitStep.apply(options, info, top, *params)
+    y = ImplicitStep.apply(options, info, top, *params.flat())
     return (y[0] if squeeze else y), info
 
 
@@ -156,7 +157,8 @@ class ImplicitStep(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, options, info, top, *tensors):
-        p = StepParams(*tensors)
+        # Values only: Newton's derivatives need no graph to the parameters.
+        p, _ = unpack((*[t.detach() if isinstance(t, torch.Tensor) else t for t in tensors], top))
         y, kept = _newton(p, top, options, info)
         ctx.save_for_backward(y, *tensors)
         ctx.options, ctx.info, ctx.top, ctx.kept = options, info, top, kept
@@ -166,7 +168,7 @@ class ImplicitStep(torch.autograd.Function):
     # H dy*/dtheta + dg/dtheta = 0 with H = d2E/dy2 at y*. For a loss L, dL/dtheta = dL/dy* . dy*/dtheta
     # = -(H^-1 dL/dy*) . dg/dtheta = -lambda . dg/dtheta with H lambda = dL/dy* (H is symmetric): one adjoint
     # solve, then one first-order vector-Jacobian product of the closed-form gradient g with respect to theta
-    # (autograd through _gradient_and_hessian's torch ops), with lambda as the vector.
+    # (autograd through gradient_and_hessian's graph), with lambda as the vector.
     @staticmethod
     def backward(ctx, dl_dy):
         check_backward_mode(dl_dy)  # first order only: grad mode is off from here on
@@ -181,7 +183,7 @@ class ImplicitStep(torch.autograd.Function):
             # One evaluation at y*: its gradient's graph gives the vector-Jacobian product, its Hessian blocks
             # (used without a graph) the adjoint system, unless the forward kept its own.
             leaves = [t if t is None else t.detach().requires_grad_(i in wanted) for i, t in enumerate(tensors)]
-            g, hess = _gradient_and_hessian(y, StepParams(*leaves), top)
+            g, hess = gradient_and_hessian(y, unpack((*leaves, top))[0], top, hessian=kept is None)
         lam = _adjoint(y, top, hess, dl_dy, options, info, kept)
         vjp = torch.autograd.grad(g, [leaves[i] for i in wanted], lam, allow_unused=True)
         for i, v in zip(wanted, vjp):
@@ -199,19 +201,21 @@ def _newton(p, top, o, info):
     b, f, d = x_hat.shape
     n = f * d
     dtype, device = x_hat.dtype, x_hat.device
-    e_noise = 16 * torch.finfo(dtype).eps  # the C++ Newton's round-off allowance in the Armijo test
+    # The C++ Newton's round-off allowance in the Armijo test, relative to the energy's scale: the sum of its
+    # rows' magnitudes, since a total of terms that nearly cancel rounds like its terms, not like itself.
+    e_noise = 16 * torch.finfo(dtype).eps
 
     def energy(y):
-        return reference_step_energy(y, *p, top)
+        return _energy_and_scale(y, p, top)
 
     # Each creature starts from the lower-energy of the inertial prediction and x0 (NaN at the prediction, an
     # inverted element or an overflow, selects x0), as the C++ path does.
     start = p.x0_free.detach().expand_as(x_hat)
-    e_hat, e_start = energy(x_hat), energy(start)
+    (e_hat, s_hat), (e_start, s_start) = energy(x_hat), energy(start)
     better = e_hat <= e_start
     y = torch.where(better[:, None, None], x_hat, start).clone()
-    e = torch.where(better, e_hat, e_start)
-    g, hess = _gradient_and_hessian(y, p, top)
+    e, scale = torch.where(better, e_hat, e_start), torch.where(better, s_hat, s_start)
+    g, hess = gradient_and_hessian(y, p, top)
     g = g.reshape(b, n)
     g_norm = _row_norm(g)
     finite_start = torch.isfinite(e) & torch.isfinite(g_norm)
@@ -254,16 +258,16 @@ def _newton(p, top, o, info):
         counts[1] += (active & ~(pd & descent)).sum()
 
         trial = y + (step[:, None] * direction).view(b, f, d)
-        e_trial = energy(trial)
+        e_trial, s_trial = energy(trial)
         counts[0] += active.sum()
-        ok = active & torch.isfinite(e_trial) & (e_trial <= e + o.ls_c1 * step * slope + e_noise * e.abs())
+        ok = active & torch.isfinite(e_trial) & (e_trial <= e + o.ls_c1 * step * slope + e_noise * scale)
         y = torch.where(ok[:, None, None], trial, y)
-        e = torch.where(ok, e_trial, e)
+        e, scale = torch.where(ok, e_trial, e), torch.where(ok, s_trial, scale)
         rejections = torch.where(ok, 0, rejections + active.long())
         step = torch.where(ok, torch.clamp_max(step / o.ls_shrink, 1.0), torch.where(active, step * o.ls_shrink, step))
         stuck = active & (rejections >= o.ls_max_iter)
 
-        g, hess = _gradient_and_hessian(y, p, top)
+        g, hess = gradient_and_hessian(y, p, top)
         g = g.reshape(b, n)
         g_norm = _row_norm(g)
         not_finite = active & ~torch.isfinite(g_norm)
@@ -286,6 +290,17 @@ def _newton(p, top, o, info):
     _record_forward(info, o, iterations, factorizations, cg_iterations, counts, e, g_norm, g0_norm, threshold,
                     reason, failed, fail_iteration, b)
     return y, kept
+
+
+def _energy_and_scale(y, p, top):
+    """Per creature, the step energy (the reference's, :func:`~diffsoft.energies.reference_step_energy`) and the
+    sum of its terms' rows' magnitudes (the scale of its round-off)."""
+    x = top.full_positions(y, p.x0)
+    e = scale = 0
+    for term in step_terms(top):
+        rows = term.energy(term_rows(term, y, x, top), p, top)
+        e, scale = e + rows.sum(-1), scale + rows.abs().sum(-1)
+    return e, scale
 
 
 def _record_forward(info, o, iterations, factorizations, cg_iterations, counts, e, g_norm, g0_norm, threshold,
@@ -449,7 +464,7 @@ def _assembly_indices(hess, top, n):
     cached = _ASSEMBLY.get(top)
     if cached is not None:
         return cached
-    d = hess.diag.shape[-1]
+    d = hess.vertex.shape[-1]
     out = []
     for idx, _ in hess.blocks:
         k = idx.shape[1]
@@ -466,12 +481,14 @@ def _assembly_indices(hess, top, n):
 def _assemble(hess, top, b, n, out=None):
     """Each creature's dense Hessian ``(B, n, n)`` over the free unknowns, scatter-added from the blocks (into
     ``out``, a ``(B, n * n)`` buffer, when given)."""
-    H = hess.diag.new_zeros(b, n * n) if out is None else out.zero_()
+    H = hess.vertex.new_zeros(b, n * n) if out is None else out.zero_()
     for (_, K), (keep, flat) in zip(hess.blocks, _assembly_indices(hess, top, n)):
         values = K.reshape(b, -1)
         H.index_add_(1, flat, values if keep is None else values[:, keep])
     H = H.view(b, n, n)
-    H.diagonal(dim1=-2, dim2=-1).add_(hess.diag.reshape(b, n))
+    f, d = hess.vertex.shape[1:3]
+    # The vertex blocks on the block diagonal: H viewed as (B, F, d, F, d), its (s, s) blocks.
+    H.view(b, f, d, f, d).diagonal(dim1=1, dim2=3).add_(hess.vertex.permute(0, 2, 3, 1))
     return H
 
 
@@ -495,9 +512,10 @@ def _cholesky_solve(L, rhs):
 
 
 def _scale(hess, b, n):
-    """The per-vertex diagonal terms (inertia ``m / h^2``, contact, friction), positive: the scaling of the
+    """The diagonal of the vertex blocks (inertia ``m / h^2``, contact, friction), positive: the scaling of the
     fallback gradient steps (an inertia-scaled gradient step is an explicit step of the dynamics)."""
-    return hess.diag.reshape(b, n).clamp_min(torch.finfo(hess.diag.dtype).tiny)
+    diag = torch.diagonal(hess.vertex, dim1=-2, dim2=-1)
+    return diag.reshape(b, n).clamp_min(torch.finfo(diag.dtype).tiny)
 
 
 def _hessian_product(hess, b, f, d):
@@ -506,16 +524,16 @@ def _hessian_product(hess, b, f, d):
 
 def _block_jacobi(hess, top, b, f, d):
     """The block-Jacobi preconditioner: ``r -> D^-1 r`` with ``D`` each free vertex's ``d x d`` diagonal block
-    of the Hessian (its diagonal terms only where that block is not positive definite)."""
-    blocks = hess.diag.new_zeros(b, hess.num_vertices, d, d)
+    of the Hessian (the diagonal of its vertex block only where that block is not positive definite)."""
+    blocks = hess.vertex.new_zeros(b, hess.num_vertices, d, d)
     for idx, K in hess.blocks:
         e, k = idx.shape
         per_vertex = K.view(b, e, k, d, k, d).diagonal(dim1=2, dim2=4).permute(0, 1, 4, 2, 3)  # (B, E, k, d, d)
         blocks.index_add_(1, idx.reshape(-1), per_vertex.reshape(b, e * k, d, d))
     if not hess.all_free:
         blocks = blocks[:, hess.free]
-    diag = torch.diag_embed(hess.diag)
-    blocks = blocks + diag
+    diag = torch.diag_embed(torch.diagonal(hess.vertex, dim1=-2, dim2=-1))
+    blocks = blocks + hess.vertex
     L, status = torch.linalg.cholesky_ex(blocks)
     L = torch.where((status == 0)[..., None, None], L, diag.clamp_min(torch.finfo(diag.dtype).tiny).sqrt() * (diag > 0))
     eye = torch.eye(d, dtype=blocks.dtype, device=blocks.device).expand_as(blocks)

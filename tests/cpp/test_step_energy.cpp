@@ -18,9 +18,21 @@ struct Problem {
   diffsoft::StepState state;
 };
 
-// Two elements sharing a face (2D: an edge) plus one muscle, vertex 0 fixed, two problems in the batch, the
-// ground at a height that puts some vertices in contact. With per_problem, every model parameter has one value
-// per problem (a leading B, each problem's a little different).
+// A collider of `kind` (the position of its name in collider_kinds()) with contact stiffness, friction and band
+// kc, kf, eps and its geometry's parameters.
+diffsoft::Collider collider(const std::string& name, double kc, double kf, double eps, std::vector<Tensor> geometry) {
+  const auto kinds = diffsoft::collider_kinds();
+  int64_t kind = 0;
+  while (kinds.at(kind).name != name) ++kind;
+  std::vector<Tensor> params = {torch::tensor(kc, f64), torch::tensor(kf, f64), torch::tensor(eps, f64)};
+  params.insert(params.end(), geometry.begin(), geometry.end());
+  return {kind, params};
+}
+
+// Two elements sharing a face (2D: an edge) plus one muscle, vertex 0 fixed, two problems in the batch, and one
+// collider of each kind placed so that some vertices are in contact with it or within its friction band: a
+// slightly tilted plane near y = 0.02, a height field of random heights around 0.02, a ball under vertex 1. With
+// per_problem, every model parameter has one value per problem (a leading B, each problem's a little different).
 Problem make(int d, int64_t material, bool per_problem = false) {
   torch::manual_seed(7);
   Problem p;
@@ -46,17 +58,27 @@ Problem make(int d, int64_t material, bool per_problem = false) {
   p.model.stiffness = torch::full({1}, 4.0, f64);
   p.model.material = material;
   p.model.h = torch::tensor(0.05, f64), p.model.gravity = torch::tensor(9.8, f64);
-  p.model.contact_stiffness = torch::tensor(50.0, f64), p.model.friction = torch::tensor(3.0, f64);
-  p.model.has_ground = true, p.model.ground = torch::tensor(0.02, f64);
-  p.model.friction_eps = torch::tensor(0.05, f64);
-  if (per_problem)
-    for (Tensor* t : {&p.model.mass, &p.model.Dm_inv, &p.model.mu, &p.model.lam, &p.model.rest_length,
-                      &p.model.stiffness, &p.model.h, &p.model.gravity, &p.model.contact_stiffness, &p.model.friction,
-                      &p.model.ground, &p.model.friction_eps}) {
+  Tensor normal = d == 2 ? torch::tensor({-0.1, 1.0}, f64) : torch::tensor({-0.1, 1.0, -0.05}, f64);
+  Tensor samples = d == 2 ? torch::empty({7}, f64) : torch::empty({7, 6}, f64);
+  samples.uniform_(0.0, 0.04);
+  p.model.colliders = {
+      collider("plane", 50.0, 3.0, 0.05, {normal / normal.norm(), torch::tensor(0.02, f64)}),
+      collider("height_field", 40.0, 2.0, 0.05,
+               {torch::full({d - 1}, -0.5, f64), torch::full({d - 1}, 0.3, f64), samples}),
+      collider("sphere", 60.0, 4.0, 0.05,
+               {d == 2 ? torch::tensor({1.0, -0.45}, f64) : torch::tensor({1.0, -0.45, 0.05}, f64),
+                torch::tensor(0.5, f64)})};
+  if (per_problem) {
+    std::vector<Tensor*> model_params = {&p.model.mass, &p.model.Dm_inv, &p.model.mu, &p.model.lam,
+                                         &p.model.rest_length, &p.model.stiffness, &p.model.h, &p.model.gravity};
+    for (auto& c : p.model.colliders)
+      for (Tensor& t : c.params) model_params.push_back(&t);
+    for (Tensor* t : model_params) {
       std::vector<int64_t> shape = {b};
       shape.insert(shape.end(), t->sizes().begin(), t->sizes().end());
       *t = (*t * (1 + 0.05 * torch::rand(shape, f64))).contiguous();
     }
+  }
   Tensor x0 = rest.unsqueeze(0).repeat({b, 1, 1}) + 0.02 * torch::randn({b, n, d}, f64);
   p.state.x0 = x0;
   p.state.x0_free = x0.slice(1, 1);
@@ -72,14 +94,39 @@ double total(const Problem& p, const Tensor& y) {
   return diffsoft::step_energy_value(p.model, s).sum().item<double>();
 }
 
-// The tensor of step parameter k (in the order of StepParam).
+// How many step parameters p has: the body's and the state's, then its colliders'.
+int num_params(const Problem& p) {
+  int count = diffsoft::kNumStepParams;
+  for (const auto& c : p.model.colliders) count += static_cast<int>(c.params.size());
+  return count;
+}
+
+// The tensor of step parameter k (in the order of StepParams::flat()).
 Tensor& param(Problem& p, int k) {
-  Tensor* tensors[] = {&p.state.x_hat,       &p.state.x0,        &p.state.x0_free,          &p.model.mass,
-                       &p.model.Dm_inv,      &p.model.mu,        &p.model.lam,              &p.state.activation,
-                       &p.model.rest_length, &p.model.stiffness, &p.model.gravity,          &p.model.contact_stiffness,
-                       &p.model.friction,    &p.model.h,         &p.model.ground,           &p.model.friction_eps};
+  Tensor* tensors[] = {&p.state.x_hat,      &p.state.x0,         &p.state.x0_free,  &p.model.mass,
+                       &p.model.Dm_inv,     &p.model.mu,         &p.model.lam,      &p.state.activation,
+                       &p.model.rest_length, &p.model.stiffness, &p.model.gravity,  &p.model.h};
   static_assert(sizeof(tensors) / sizeof(tensors[0]) == diffsoft::kNumStepParams);
-  return *tensors[k];
+  if (k < diffsoft::kNumStepParams) return *tensors[k];
+  k -= diffsoft::kNumStepParams;
+  for (auto& c : p.model.colliders) {
+    if (k < static_cast<int>(c.params.size())) return c.params[k];
+    k -= static_cast<int>(c.params.size());
+  }
+  throw std::out_of_range("no such step parameter");
+}
+
+// Its name, for messages.
+std::string param_name(const Problem& p, int k) {
+  if (k < diffsoft::kNumStepParams) return diffsoft::kStepParamNames[k];
+  k -= diffsoft::kNumStepParams;
+  const auto kinds = diffsoft::collider_kinds();
+  for (size_t c = 0; c < p.model.colliders.size(); ++c) {
+    const auto& params = kinds.at(p.model.colliders[c].kind).params;
+    if (k < static_cast<int>(params.size())) return "colliders[" + std::to_string(c) + "]." + params[k];
+    k -= static_cast<int>(params.size());
+  }
+  return "?";
 }
 
 // p with step parameter k moved by h * dir.
@@ -126,20 +173,20 @@ TEST_P(StepEnergyKernel, ParameterDerivativesMatchCentralDifferences) {
   auto grad_dot_v = [&](const Problem& q) {
     return (diffsoft::step_energy_derivatives(q.model, q.state).grad * v).sum().item<double>();
   };
-  auto first = diffsoft::step_energy_param_grads(p.model, p.state, torch::ones({2}, f64), {});
-  auto mixed = diffsoft::step_energy_param_grads(p.model, p.state, {}, v);
+  const auto first = diffsoft::step_energy_param_grads(p.model, p.state, torch::ones({2}, f64), {}).flat();
+  const auto mixed = diffsoft::step_energy_param_grads(p.model, p.state, {}, v).flat();
+  ASSERT_EQ(static_cast<int>(first.size()), num_params(p));
   const double h = 1e-6;
-  for (int k = 0; k < diffsoft::kNumStepParams; ++k) {
-    const diffsoft::StepParam param = diffsoft::step_param(k);
+  for (int k = 0; k < num_params(p); ++k) {
     const Tensor dir = direction(p, k);
     // Shared parameters get one derivative per problem: their sum is the total energy's. Per-problem ones
     // get theirs.
     const double fd1 = (total(shifted(p, k, dir, h), p.state.y) - total(shifted(p, k, dir, -h), p.state.y)) / (2 * h);
     const double fd2 = (grad_dot_v(shifted(p, k, dir, h)) - grad_dot_v(shifted(p, k, dir, -h))) / (2 * h);
-    const Tensor ours1_t = first[param].sum_to_size(dir.sizes()), ours2_t = mixed[param].sum_to_size(dir.sizes());
+    const Tensor ours1_t = first[k].sum_to_size(dir.sizes()), ours2_t = mixed[k].sum_to_size(dir.sizes());
     const double ours1 = (ours1_t * dir).sum().item<double>(), ours2 = (ours2_t * dir).sum().item<double>();
-    EXPECT_NEAR(ours1, fd1, 1e-6 * (1 + std::abs(fd1))) << "first order, " << diffsoft::kStepParamNames[k];
-    EXPECT_NEAR(ours2, fd2, 1e-6 * (1 + std::abs(fd2))) << "mixed, " << diffsoft::kStepParamNames[k];
+    EXPECT_NEAR(ours1, fd1, 1e-6 * (1 + std::abs(fd1))) << "first order, " << param_name(p, k);
+    EXPECT_NEAR(ours2, fd2, 1e-6 * (1 + std::abs(fd2))) << "mixed, " << param_name(p, k);
   }
 }
 
@@ -174,7 +221,7 @@ TEST(StepEnergyKernelPerProblem, EachProblemIsItsOwnModel) {
     const Tensor grad = diffsoft::step_energy_derivatives(p.model, p.state).grad;
     for (int64_t b = 0; b < 2; ++b) {
       Problem alone = p;
-      for (int k = 0; k < diffsoft::kNumStepParams; ++k) {
+      for (int k = 0; k < num_params(p); ++k) {
         Tensor& t = param(alone, k);
         const bool model_param = k != 0 && k != 1 && k != 2 && k != 7;  // not the state's
         t = model_param ? t[b].contiguous() : t.slice(0, b, b + 1).contiguous();
@@ -205,13 +252,44 @@ TEST(StepEnergyKernelInput, RefusesBadShapesAndIndices) {
   Problem t = make(2, 0);
   t.model.h = torch::Tensor();  // the time step unset
   EXPECT_THROW(diffsoft::step_energy_value(t.model, t.state), std::invalid_argument);
+  Problem u = make(2, 0);
+  u.model.colliders[0].kind = 99;  // no such kind
+  EXPECT_THROW(diffsoft::step_energy_value(u.model, u.state), std::invalid_argument);
+  Problem w = make(2, 0);
+  w.model.colliders[1].params.pop_back();  // a height field without heights
+  EXPECT_THROW(diffsoft::step_energy_value(w.model, w.state), std::invalid_argument);
+  Problem z = make(2, 0);
+  z.model.colliders[1].params.back() = torch::zeros({1}, f64);  // one sample: no segment
+  EXPECT_THROW(diffsoft::step_energy_value(z.model, z.state), std::invalid_argument);
+  Problem q3 = make(3, 0);
+  q3.model.colliders[0].params[3] = torch::tensor({0.0, 1.0}, f64);  // a 2D normal in 3D
+  EXPECT_THROW(diffsoft::step_energy_derivatives(q3.model, q3.state), std::invalid_argument);
+}
+
+// The test problems exercise every collider kind: each one alone adds energy (contact or friction).
+TEST(StepEnergyKernel, EveryColliderKindActsOnTheTestProblems) {
+  for (int d : {2, 3}) {
+    const Problem p = make(d, 1);
+    diffsoft::StepModel free_flight = p.model;
+    free_flight.colliders.clear();
+    const Tensor with = diffsoft::step_energy_value(p.model, p.state);
+    for (size_t c = 0; c < p.model.colliders.size(); ++c) {
+      diffsoft::StepModel one = free_flight;
+      one.colliders.push_back(p.model.colliders[c]);
+      EXPECT_TRUE((diffsoft::step_energy_value(one, p.state) > diffsoft::step_energy_value(free_flight, p.state))
+                      .any()
+                      .item<bool>())
+          << "collider " << c << " in " << d << "D";
+    }
+    EXPECT_TRUE(with.isfinite().all().item<bool>());
+  }
 }
 
 TEST(StepParams, NamesFollowTheEnumAndIndicesAreChecked) {
   EXPECT_STREQ(diffsoft::kStepParamNames[static_cast<int>(diffsoft::StepParam::x_hat)], "x_hat");
   EXPECT_STREQ(diffsoft::kStepParamNames[static_cast<int>(diffsoft::StepParam::muscle_stiffness)], "muscle_stiffness");
   EXPECT_STREQ(diffsoft::kStepParamNames[static_cast<int>(diffsoft::StepParam::h)], "h");
-  EXPECT_STREQ(diffsoft::kStepParamNames[diffsoft::kNumStepParams - 1], "friction_eps");
+  EXPECT_STREQ(diffsoft::kStepParamNames[diffsoft::kNumStepParams - 1], "h");
   EXPECT_EQ(diffsoft::step_param(5), diffsoft::StepParam::mu);
   EXPECT_THROW(diffsoft::step_param(diffsoft::kNumStepParams), std::invalid_argument);
   EXPECT_THROW(diffsoft::step_param(-1), std::invalid_argument);

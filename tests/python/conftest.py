@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from diffsoft.body import SoftBody
+from diffsoft.energies import reference_step_energy
 from diffsoft.mesh import box, rectangle
 from diffsoft.simulator import Simulator
 
@@ -67,3 +68,32 @@ def sheet_sim(dim, material, fixed=None):
     body = SoftBody(verts, elements, material=material, density=1000.0, youngs_modulus=1e4, poisson_ratio=0.3,
                     fixed=fixed, muscles=muscles)
     return Simulator(body, dt=0.02, ground=0.0)
+
+
+def reference_param_grads(y, flat, top, wanted, weight, order):
+    """Through the reference energy, for the parameters at the indices ``wanted`` of ``flat``
+    (``StepParams.flat()``): ``weight . d/dtheta E`` (order 1, ``weight`` shaped like the energy), or
+    ``d/dtheta [grad_y E . weight]`` (order 2); None where a parameter does not enter. The oracle of the kernels'
+    closed-form parameter derivatives."""
+    with torch.enable_grad():
+        y_ = y.detach().requires_grad_()
+        ts = [t if t is None else t.detach().requires_grad_(i in wanted) for i, t in enumerate(flat)]
+        e = reference_step_energy(y_, *ts, top)
+        if order == 1:
+            grads = torch.autograd.grad(e, [ts[i] for i in wanted], weight, allow_unused=True)
+        else:
+            (g_y,) = torch.autograd.grad(e.sum(), y_, create_graph=True)
+            grads = torch.autograd.grad(g_y, [ts[i] for i in wanted], weight, allow_unused=True)
+    out = [None] * len(flat)
+    for i, g in zip(wanted, grads):
+        out[i] = g
+    return out
+
+
+def param_names(p, top):
+    """The name of each of ``StepParams.flat()``'s parameters: the field's, ``colliders[c].name``,
+    ``terms[k][j]``."""
+    names = list(p._fields[:-2])
+    names += [f"colliders[{c}].{n}" for c, kind in enumerate(top.colliders) for n in kind.PARAMS]
+    names += [f"terms[{k}][{j}]" for k, params in enumerate(p.terms) for j in range(len(params))]
+    return names

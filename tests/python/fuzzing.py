@@ -230,7 +230,7 @@ def residual_norm(sim, x0, v0, a, x1):
     params, top = sim.step_problem(x0, v0, a)
     y = x1[..., top.free, :].detach().requires_grad_()
     with torch.enable_grad():
-        e = reference_step_energy(y, *params, top)
+        e = reference_step_energy(y, *params.flat(), top)
         (g,) = torch.autograd.grad(e.sum(), y)
     return g.flatten(-2).norm(dim=-1).max().item()
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from diffsoft import energies
+from diffsoft.colliders import Plane
 from diffsoft.mesh import box, rectangle
 
 MATERIALS = energies.MATERIALS
@@ -109,9 +110,11 @@ def test_other_energies_are_invariant_under_their_symmetries(dim):
                       dtype=torch.float64) if dim == 3 else torch.eye(2, dtype=torch.float64)
     th_ = torch.tensor([0.7, 0.0, -0.3][:dim], dtype=torch.float64)
     moved, moved0 = x @ Ry.T + th_, x0 @ Ry.T + th_
+    up = torch.eye(dim, dtype=torch.float64)[1]
+    ground = torch.tensor(0.01, dtype=torch.float64)
     for f in (lambda y, y0: energies.gravity_energy(y, mass, 9.8),
-              lambda y, y0: energies.ground_contact_energy(y, 100.0, 0.01),
-              lambda y, y0: energies.friction_energy(y, y0, 0.03, 20.0, 0.01)):
+              lambda y, y0: energies.contact_energy(y, y0, 0.03, 100.0, 0.0, 0.01, Plane.surface, up, ground),
+              lambda y, y0: energies.contact_energy(y, y0, 0.03, 0.0, 20.0, 0.01, Plane.surface, up, ground)):
         assert f(moved, moved0).item() == pytest.approx(f(x, x0).item(), rel=1e-12)
         assert f(x, x0).item() != 0.0
 
@@ -229,8 +232,10 @@ def test_other_energies_gradient_and_hvp_against_finite_differences(dim):
         (lambda x, x0, m: energies.inertia_energy(x, x0, m), (x, x0, mass)),
         (lambda x, a, l0, k: energies.muscle_energy(x, muscles, a, l0, k), (x, a, l0, k)),
         (lambda x, m, gr: energies.gravity_energy(x, m, gr), (x, mass, s(9.8))),
-        (lambda x, kc: energies.ground_contact_energy(x, kc, 0.01), (x, s(100.0))),
-        (lambda x, x0, kf: energies.friction_energy(x, x0, 0.03, kf, 0.0, 0.01), (x, x0, s(20.0))),
+        (lambda x, kc: energies.contact_energy(x, x, 0.03, kc, 0.0, 0.01, Plane.surface, *_ground(x, 0.01)),
+         (x, s(100.0))),
+        (lambda x, x0, kf: energies.contact_energy(x, x0, 0.03, 0.0, kf, 0.01, Plane.surface, *_ground(x, 0.0)),
+         (x, x0, s(20.0))),
     ]
     for fn, args in cases:
         assert torch.autograd.gradcheck(fn, args)
@@ -246,18 +251,27 @@ def test_muscle_gravity_contact_friction_closed_forms():
         0.5 * k * ((l - a * l0) / (a * l0)) ** 2, rel=1e-14)
     mass = torch.tensor([2.0, 3.0], dtype=torch.float64)
     assert energies.gravity_energy(x, mass, 9.8).item() == pytest.approx(9.8 * (2 * -0.1 + 3 * 3.9), rel=1e-14)
-    assert energies.ground_contact_energy(x, 14000.0).item() == pytest.approx(14000 * 0.01, rel=1e-14)
-    assert energies.ground_contact_energy(x, 14000.0, ground=4.0).item() == pytest.approx(
-        14000 * (4.1 ** 2 + 0.1 ** 2), rel=1e-14)
+    def contact(y, kc, ground=0.0):
+        return energies.contact_energy(y, y, 1.0, kc, 0.0, 0.01, Plane.surface, *_ground(y, ground)).item()
+
+    assert contact(x, 14000.0) == pytest.approx(14000 * 0.01, rel=1e-14)
+    assert contact(x, 14000.0, ground=4.0) == pytest.approx(14000 * (4.1 ** 2 + 0.1 ** 2), rel=1e-14)
+
     # Friction: only vertex 0 starts within eps of the ground (lagged weight eps - y0), x only in 2D.
+    def friction(y, y0, h, kf):
+        return energies.contact_energy(y, y0, h, 0.0, kf, 0.01, Plane.surface, *_ground(y, 0.0)).item()
+
     x0 = torch.tensor([[0.0, 0.004], [1.0, 0.5]], dtype=torch.float64)
     x1 = x0 + torch.tensor([[0.02, -0.3], [0.5, 0.5]], dtype=torch.float64)
     h = 0.033
-    assert energies.friction_energy(x1, x0, h, 300.0).item() == pytest.approx(
-        300 * (0.01 - 0.004) * (0.02 / h) ** 2, rel=1e-12)
+    assert friction(x1, x0, h, 300.0) == pytest.approx(300 * (0.01 - 0.004) * (0.02 / h) ** 2, rel=1e-12)
     x0_3, x1_3 = torch.zeros(1, 3, dtype=torch.float64), torch.tensor([[0.1, 0.2, -0.3]], dtype=torch.float64)
-    assert energies.friction_energy(x1_3, x0_3, h, 300.0).item() == pytest.approx(
-        300 * 0.01 * (0.1 ** 2 + 0.3 ** 2) / h ** 2, rel=1e-12)
+    assert friction(x1_3, x0_3, h, 300.0) == pytest.approx(300 * 0.01 * (0.1 ** 2 + 0.3 ** 2) / h ** 2, rel=1e-12)
+
+
+def _ground(x, height):
+    """A horizontal plane at ``height`` as Plane.surface's parameters, for positions like ``x``."""
+    return torch.eye(x.shape[-1], dtype=x.dtype)[1], torch.tensor(height, dtype=x.dtype)
 
 
 @pytest.mark.parametrize("material", MATERIALS)

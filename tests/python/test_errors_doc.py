@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import diffsoft
-from diffsoft import Simulator, SoftBody, creatures, mesh, policy, render
+from diffsoft import Simulator, SoftBody, colliders, creatures, mesh, policy, render, terms
 from diffsoft.training import TrainConfig
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "errors.md"
@@ -57,6 +57,19 @@ def _sim(**kw):
 
 def _quadratic(x, k):
     return 0.5 * (k * x * x).sum() - x.sum()
+
+
+def _collider_step(collider, batch=None):
+    sim = _sim(colliders=[collider])
+    x, v = sim.rest_state
+    if batch:
+        x, v = x.expand(batch, -1, -1), v.expand(batch, -1, -1)
+    return sim.step(x, v)
+
+
+def _term_step(rows, k):
+    sim = _sim(terms=[terms.Term(lambda x, x0, h, k: k * (x ** 2).sum((-2, -1)), rows=rows, params=(k,))])
+    return sim.step(*sim.rest_state)
 
 
 def _json_file(tmp, data, name="f.json"):
@@ -354,6 +367,32 @@ TRIGGERS = [
      lambda tmp: _sim().step(*_sim().rest_state, torch.zeros(1, dtype=F64))),
     ("ValueError: give activations or controller, not both",
      lambda tmp: _sim().rollout(*_sim().rest_state, torch.ones(1, 1, dtype=F64), controller=lambda x, v, t: None)),
+    ("TypeError: colliders must be a list or tuple of diffsoft.colliders objects (Plane, HeightField, Sphere), got T",
+     lambda tmp: _sim(colliders=colliders.Plane([0.0, 0.0], [0.0, 1.0]))),
+    ("colliders[k] must be a diffsoft.colliders object (Plane, HeightField, Sphere), got T",
+     lambda tmp: _sim(colliders=[colliders.Plane([0.0, 0.0], [0.0, 1.0]), "sphere"])),
+    ("ValueError: Plane.normal must not be 0, got ...",
+     lambda tmp: _collider_step(colliders.Plane([0.0, 0.0], [0.0, 0.0]))),
+    ("ValueError: HeightField.heights must have at least 2 samples along each of its A axes ((nx,), or with a "
+     "leading B), got shape S", lambda tmp: _collider_step(colliders.HeightField(0.0, 0.1, [0.0]))),
+    ("HeightField.dx must be > 0, got ...", lambda tmp: _collider_step(colliders.HeightField(0.0, -0.1, [0.0, 1.0]))),
+    ("ValueError: NAME must be finite, got v", lambda tmp: _collider_step(colliders.Sphere([0.0, float("nan")], 1.0))),
+    ("TypeError: NAME must be a number, a sequence of numbers or a tensor, got ...",
+     lambda tmp: _collider_step(colliders.Sphere("centre", 1.0))),
+    ("ValueError: NAME has shape S, but it must be SHAPE (shared by the batch) or (B, *SHAPE) (one per creature of "
+     "x0's batch of B)", lambda tmp: _collider_step(colliders.Sphere(torch.zeros(3, 2, dtype=F64), 1.0), batch=2)),
+    ("... for one creature: x0 is (N, d); ...",
+     lambda tmp: _collider_step(colliders.Sphere(torch.zeros(3, 2, dtype=F64), 1.0))),
+    ("TypeError: Term: energy must be callable, got T", lambda tmp: terms.Term(3.0)),
+    ("ValueError: Term: rows must be a (K, k) integer tensor of vertex indices, K, k >= 1, got S",
+     lambda tmp: terms.Term(_quadratic, rows=[0, 1])),
+    ("TypeError: Term 'NAME': params[j] must be a torch.Tensor, got T",
+     lambda tmp: terms.Term(_quadratic, params=(torch.zeros(2), 1.0))),
+    ("TypeError: terms[k] must be a diffsoft.terms.Term, got T", lambda tmp: _sim(terms=[_quadratic])),
+    ("ValueError: Term 'NAME': rows has vertex index i, but the body has N vertices",
+     lambda tmp: _term_step(rows=[[99]], k=torch.tensor(1.0, dtype=F64))),
+    ("TypeError: terms[k].params[j] has dtype A but the body has B",
+     lambda tmp: _term_step(rows=[[0]], k=torch.tensor(1.0))),
     ("ValueError: nx must be a positive integer", lambda tmp: mesh.rectangle(nx=0)),
     ("ValueError: PATH: meshio could not read it (...)", lambda tmp: _mesh_read(tmp, "empty")),
     ("ValueError: PATH: no triangle or tetra cells", lambda tmp: _mesh_read(tmp, "lines")),

@@ -11,16 +11,17 @@ from diffsoft.energies import reference_step_energy
 from diffsoft.fused import step_energy
 from diffsoft.mesh import box
 from diffsoft.simulator import Simulator
-from diffsoft.step import StepParams
+from diffsoft.step import unpack
+from diffsoft.term_blocks import gradient_and_hessian
 
-from conftest import F64, sheet_sim
+from conftest import F64, param_names, reference_param_grads, sheet_sim
 
 
 
 def _params(sim, x0, v0, activation):
     """The step energy's arguments (:mod:`diffsoft.step`), as Simulator.step builds them."""
     params, top = sim.step_problem(x0, v0, activation)
-    return [*params, top]
+    return [*params.flat(), top]
 
 
 def _state(sim, batch, seed):
@@ -72,20 +73,20 @@ def test_parameter_derivatives_match_the_reference(dim, material, fixed, batch):
     sim = sheet_sim(dim, material, fixed)
     x0, v0, a, y = _state(sim, batch, seed=11)
     params = _params(sim, x0, v0, a)
-    tensors = StepParams(*[p.detach().clone().requires_grad_() for p in params[:-1]])
+    tensors = [p.detach().clone().requires_grad_() for p in params[:-1]]
     top = params[-1]
+    names = param_names(unpack((*tensors, top))[0], top)
     wanted = list(range(len(tensors)))
     weight = torch.rand(y.shape[:-2], dtype=F64) + 0.5
     direction = torch.randn_like(y)
     for order, probe in ((1, dict(weight=weight)), (2, dict(dir=direction))):
         ours = fused._kernel_param_grads(y, tensors, top, wanted, **probe)
-        reference = fused._reference_param_grads(y, tensors, top, wanted, weight if order == 1 else direction, order)
+        reference = reference_param_grads(y, tensors, top, wanted, weight if order == 1 else direction, order)
         for i, (g, r) in enumerate(zip(ours, reference)):
             assert g.shape == tensors[i].shape, (order, i)
             r = torch.zeros_like(g) if r is None else r  # e.g. x0's free vertices do not enter
             scale = max(r.abs().max().item(), 1e-12)
-            torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10 * scale,
-                                       msg=f"order {order}, parameter {StepParams._fields[i]}")
+            torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10 * scale, msg=f"order {order}, parameter {names[i]}")
 
 
 @pytest.mark.parametrize("dim,material,fixed", CASES[:4])
@@ -128,16 +129,16 @@ def test_fused_and_plain_simulators_agree_over_steps_and_gradients(make):
 
 @pytest.mark.parametrize("dim,material,fixed", CASES)
 def test_cpu_kernels_and_device_agnostic_torch_path_agree(dim, material, fixed):
-    """CPU tensors take the C++ kernels; other devices the vectorised torch ops: both against each other."""
+    """The two sources of the step's derivatives: the C++ kernels' closed forms (CPU) and autograd of the
+    reference's terms (the torch backend, any device), against each other."""
     from diffsoft import fused
 
     sim = sheet_sim(dim, material, fixed)
     x0, v0, a, y = _state(sim, 2, seed=7)
-    params = _params(sim, x0, v0, a)
-    p, top = StepParams(*params[:-1]), params[-1]
+    p, top = unpack(_params(sim, x0, v0, a))
     model, *state = fused._kernel_args(y, p, top)
     grad, *blocks = fused.ops.step_energy_derivatives(*model.args, *state)
-    grad_torch, hessian_torch = fused._gradient_and_hessian(y, p, top)
+    grad_torch, hessian_torch = gradient_and_hessian(y, p, top)
     v = torch.randn_like(y)
     torch.testing.assert_close(grad, grad_torch, rtol=1e-11, atol=1e-11 * grad_torch.abs().max().item())
     hv = fused.KernelHessian(model, blocks).apply(v)

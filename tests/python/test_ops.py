@@ -9,7 +9,6 @@ import diffsoft
 from diffsoft import _ops, fused
 from diffsoft._compat import TORCH_VERSION
 from diffsoft.energies import reference_step_energy
-from diffsoft.step import StepParams
 
 from conftest import F64
 
@@ -41,10 +40,11 @@ def test_the_operators_are_registered():
 def test_operators_give_the_reference_energy_and_its_derivatives(creature):
     model, state, (y, p, top) = _sample(creature, F64)
     value = _ops.ops.step_energy(*model.args, *state)
-    torch.testing.assert_close(value, reference_step_energy(y, *p, top), rtol=1e-12, atol=0)
+    flat = p.flat()
+    torch.testing.assert_close(value, reference_step_energy(y, *flat, top), rtol=1e-12, atol=0)
     grad, *blocks = _ops.ops.step_energy_derivatives(*model.args, *state)
     y_ = y.detach().requires_grad_()
-    (g_ref,) = torch.autograd.grad(reference_step_energy(y_, *p, top).sum(), y_, create_graph=True)
+    (g_ref,) = torch.autograd.grad(reference_step_energy(y_, *flat, top).sum(), y_, create_graph=True)
     torch.testing.assert_close(grad, g_ref.detach(), rtol=1e-10, atol=1e-10 * g_ref.abs().max().item())
     v = torch.randn_like(y)
     hv = _ops.ops.step_energy_hvp(*model.args, *blocks, v)
@@ -52,15 +52,15 @@ def test_operators_give_the_reference_energy_and_its_derivatives(creature):
     torch.testing.assert_close(hv, hv_ref, rtol=1e-10, atol=1e-10 * hv_ref.abs().max().item())
     weight = torch.tensor([0.5, 2.0], dtype=F64)
     grads = _ops.ops.step_energy_param_grads(*model.args, *state, weight, None)
-    assert len(grads) == len(StepParams._fields)
-    leaves = [t.detach().requires_grad_() if isinstance(t, torch.Tensor) else t for t in p]
+    assert len(grads) == len(flat)  # the body's and the state's, then the ground's (a plane's)
+    leaves = [t.detach().requires_grad_() if isinstance(t, torch.Tensor) else t for t in flat]
     wanted = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
     refs = torch.autograd.grad(reference_step_energy(y, *leaves, top) @ weight, [leaves[i] for i in wanted],
                                allow_unused=True)
     for i, ref in zip(wanted, refs):
         ref = torch.zeros_like(leaves[i]) if ref is None else ref
         torch.testing.assert_close(grads[i].sum_to_size(ref.shape), ref, rtol=1e-10,
-                                   atol=1e-10 * max(ref.abs().max().item(), 1.0), msg=StepParams._fields[i])
+                                   atol=1e-10 * max(ref.abs().max().item(), 1.0), msg=f"parameter {i}")
 
 
 # torch 1.13's operator calls turn every C++ exception into a RuntimeError; torch 2.x keeps c10's ValueError.
@@ -69,10 +69,15 @@ BAD_INPUT = ValueError if TORCH_VERSION >= (2, 0) else RuntimeError
 
 def test_bad_arguments_are_errors_naming_them():
     model, state, _ = _sample("biped", F64)
-    with pytest.raises(BAD_INPUT, match="the step model must be 15 tensors"):
-        _ops.ops.step_energy(model.tensors[:-1], model.material, model.has_ground, *state)
+    kinds, params = model.collider_kinds, model.collider_params
+    with pytest.raises(BAD_INPUT, match="the step model must be 11 tensors"):
+        _ops.ops.step_energy(model.tensors[:-1], model.material, kinds, params, *state)
     with pytest.raises(BAD_INPUT, match="material must be 0"):
-        _ops.ops.step_energy(model.tensors, 7, model.has_ground, *state)
+        _ops.ops.step_energy(model.tensors, 7, kinds, params, *state)
+    with pytest.raises(BAD_INPUT, match="collider kind 9 is not in"):
+        _ops.ops.step_energy(model.tensors, model.material, [9], params, *state)
+    with pytest.raises(BAD_INPUT, match="the colliders' kinds take 5 parameters, but 4 were given"):
+        _ops.ops.step_energy(model.tensors, model.material, kinds, params[:-1], *state)
     with pytest.raises(BAD_INPUT, match="x0 must be"):
         _ops.ops.step_energy(*model.args, state[0], state[1][:, :-1], *state[2:])
     grad, *blocks = _ops.ops.step_energy_derivatives(*model.args, *state)

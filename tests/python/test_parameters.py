@@ -12,9 +12,10 @@ from diffsoft.energies import reference_step_energy
 from diffsoft.fused import step_energy
 from diffsoft.mesh import rectangle
 from diffsoft.simulator import Simulator
-from diffsoft.step import StepParams
+from diffsoft.step import unpack
+from diffsoft.term_blocks import gradient_and_hessian
 
-from conftest import F64, sheet_sim
+from conftest import F64, param_names, reference_param_grads, sheet_sim
 
 BODY_FIELDS = ("mass", "Dm_inv", "mu", "lam", "muscle_rest_length", "muscle_stiffness")
 CONSTANTS = ("dt", "gravity", "ground", "contact_stiffness", "friction", "friction_eps")
@@ -209,7 +210,7 @@ def test_per_problem_kernels_match_the_reference_and_the_torch_path(dim, materia
     """The kernels with per-problem parameters: value, gradient and Hessian products against the plain-torch
     reference and the device-agnostic torch path; every parameter derivative, first order and mixed."""
     y, params, top = _energy_problem(dim, material, fixed)
-    tensors = StepParams(*[p.detach().clone().requires_grad_() for p in params])
+    tensors = [p.detach().clone().requires_grad_() for p in params.flat()]
     y = y.detach().clone().requires_grad_()
     v = torch.randn_like(y)
     results = []
@@ -222,7 +223,7 @@ def test_per_problem_kernels_match_the_reference_and_the_torch_path(dim, materia
     torch.testing.assert_close(e1, e0, rtol=1e-12, atol=0)
     torch.testing.assert_close(g1, g0, rtol=1e-10, atol=1e-10 * g0.abs().max().item())
     torch.testing.assert_close(h1, h0, rtol=1e-10, atol=1e-10 * h0.abs().max().item())
-    g_torch, hessian_torch = fused._gradient_and_hessian(y.detach(), tensors, top)
+    g_torch, hessian_torch = gradient_and_hessian(y.detach(), unpack((*tensors, top))[0], top)
     torch.testing.assert_close(g_torch, g0.detach(), rtol=1e-10, atol=1e-10 * g0.abs().max().item())
     torch.testing.assert_close(hessian_torch.apply(v), h0, rtol=1e-10, atol=1e-10 * h0.abs().max().item())
 
@@ -231,8 +232,8 @@ def test_per_problem_kernels_match_the_reference_and_the_torch_path(dim, materia
     for order, probe in ((1, weight), (2, v)):
         ours = fused._kernel_param_grads(y, tensors, top, wanted, **({"weight": probe} if order == 1 else
                                                                          {"dir": probe}))
-        reference = fused._reference_param_grads(y, tensors, top, wanted, probe, order)
-        for name, t, g, r in zip(StepParams._fields, tensors, ours, reference):
+        reference = reference_param_grads(y, tensors, top, wanted, probe, order)
+        for name, t, g, r in zip(param_names(params, top), tensors, ours, reference):
             assert g.shape == t.shape, (order, name)
             r = torch.zeros_like(g) if r is None else r
             torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10 * max(r.abs().max().item(), 1e-12),
@@ -285,9 +286,9 @@ def test_constants_keep_their_kind_and_follow_to():
     assert isinstance(sim.dt, float) and sim.ground is ground
     x1, _ = sim.step(*sim.rest_state)
     assert x1.dtype == F64 and torch.autograd.grad(x1[:, 1].sum(), ground)[0].dtype == torch.float32
-    assert sim.topology.has_ground
+    assert len(sim.topology.colliders) == 1
     sim.ground = None  # whether there is a ground is topology: the next step's is rebuilt
-    assert not sim.topology.has_ground
+    assert sim.topology.colliders == ()
     sim.ground = torch.tensor(0.1, dtype=F64)
     small = sim.to(torch.float32)
     assert small.ground.dtype == torch.float32 and small.friction_eps.dtype == torch.float32 and small.dt == 0.02

@@ -1,0 +1,373 @@
+"""Colliders: the world a body touches. ``Simulator(body, ..., colliders=[...])`` takes any number of them, each
+with its own contact stiffness and friction; ``ground=h`` is shorthand for a horizontal :class:`Plane` at height h.
+
+* :class:`Plane` ``(point, normal)``: the half-space on the normal's side of the plane through ``point``, at any
+  slope, in 2D (a line) and 3D.
+* :class:`HeightField` ``(x0, dx, heights)``: terrain. In 2D ``y = h(x)``, piecewise linear through ``heights``
+  sampled from ``x0`` every ``dx``; in 3D ``heights`` is ``(nx, nz)`` over x and z, ``x0`` and ``dx`` per axis,
+  and each grid cell is two triangles (split along the diagonal from ``(i + 1, j)`` to ``(i, j + 1)``). Beyond its
+  samples the terrain continues flat at its edge's heights.
+* :class:`Sphere` ``(center, radius)``: a ball; a disc in 2D.
+
+The model (the C++ kernels' ``csrc/physics/contact.h``, and its reference :func:`diffsoft.energies.contact_energy`):
+each collider is a signed distance ``phi`` (negative inside) whose gradient is the unit outward normal ``n``; a free
+vertex pays ``k_c min(phi(y), 0)^2`` for its depth inside, and a lagged friction ``w |P0 (y - x0)|^2 / h^2`` on its
+slip in the collider's tangent plane at the start of the step (``P0 = I - n(x0) n(x0)^T``), with the weight
+``w = k_f max(eps - phi(x0), 0)`` from the start of the step: friction acts within ``eps`` of the surface.
+``docs/colliders.md`` derives the friction law this gives (a viscous one, with the threshold it implies on a
+slope).
+
+Every field may be a number, a sequence, or a tensor that requires grad (the step's outputs are differentiable
+with respect to it, by the kernels' closed forms), and may carry a leading batch dimension ``(B, ...)``: one
+value per creature of a batched state (randomised terrain). ``stiffness``, ``friction`` and ``friction_eps``
+left at None take the simulator's ``contact_stiffness``, ``friction`` and ``friction_eps``.
+
+Each class is also the kind's reference: :meth:`surface` gives ``(phi, n)`` in torch ops, the C++ kernels'
+oracle; ``KIND`` and ``PARAMS`` follow ``_C.COLLIDER_KINDS`` (checked at import).
+"""
+import math
+import numbers
+
+import numpy as np
+import torch
+
+from ._extension import _C
+
+CONTACT_PARAMS = ("stiffness", "friction", "friction_eps")
+"""The parameters every collider kind starts with: the contact's ``k_c``, ``k_f`` and ``eps``."""
+
+
+class Collider:
+    """A collider: its geometry's fields (in the subclasses) and its contact constants, each None (the
+    simulator's) or a non-negative number or tensor (``()`` or ``(B,)``)."""
+    KIND = None       # the C++ kinds' name
+    GEOMETRY = ()     # the geometry's parameters as the kernels take them (see step_params)
+    PARAMS = ()       # CONTACT_PARAMS + GEOMETRY: the kernels' order (set below for each kind)
+    CODE = None       # the kind's position in KINDS, the kernels' Collider::kind
+    FIELDS = ()       # the user's fields, as given to the constructor
+
+    def __init__(self, stiffness=None, friction=None, friction_eps=None):
+        self.stiffness, self.friction, self.friction_eps = stiffness, friction, friction_eps
+
+    def step_params(self, sim, batch):
+        """The collider's parameters for one step, in ``PARAMS`` order, as tensors of the body's dtype and device
+        (graphs kept): the contact's (its own, or ``sim``'s), then the geometry's (:meth:`geometry`). ``batch``:
+        the state's batch size, or None; a field with a leading dimension must match it (ValueError naming
+        the field)."""
+        body = sim.body
+        contact = []
+        for name, default in zip(CONTACT_PARAMS, (sim.contact_stiffness, sim.friction, sim.friction_eps)):
+            value = getattr(self, name)
+            value = default if value is None else value
+            contact.append(self._field(name, value, (), body.dtype, body.device, batch, lo=0.0))
+        return (*contact, *self.geometry(body.dim, body.dtype, body.device, batch))
+
+    def geometry(self, dim, dtype, device, batch):
+        """The geometry's parameters (``GEOMETRY``) for a ``dim``-dimensional body, checked (a ValueError or
+        TypeError naming the field)."""
+        raise NotImplementedError
+
+    def step_params_for_one(self, dim):
+        """The geometry's parameters for one creature, float64 on the CPU, values only (a field with a batch
+        dimension is a ValueError): what files and pictures show."""
+        return tuple(t.detach() for t in self.geometry(dim, torch.float64, torch.device("cpu"), None))
+
+    def mesh(self, dim, lo, hi):
+        """The collider's solid within the box ``[lo, hi]`` (``(d,)`` arrays), for pictures and VTK files: in 2D a
+        closed polygon ``(P, 2)`` (its boundary, clipped to the box), in 3D ``(points (P, 3), triangles (T, 3))``
+        of its surface."""
+        raise NotImplementedError
+
+    def to(self, dtype=None, device=None):
+        """A copy with its tensors on ``device`` in ``dtype`` (graphs dropped); numbers stay numbers."""
+        out = object.__new__(type(self))
+        for name, value in vars(self).items():
+            setattr(out, name, value.detach().to(device=device, dtype=dtype) if isinstance(value, torch.Tensor)
+                    else value)
+        return out
+
+    def to_dict(self, dim):
+        """The collider as JSON values (creature files) for a ``dim``-dimensional body: its kind and its fields as
+        numbers or nested lists, one creature's (a field with a batch dimension is a ValueError)."""
+        self.step_params_for_one(dim)
+        out = {"kind": self.KIND}
+        for name in self.FIELDS + CONTACT_PARAMS:
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor):
+                value = value.detach().cpu().tolist()
+            out[name] = value
+        return out
+
+    @staticmethod
+    def from_dict(data, where="collider"):
+        """The collider that :meth:`to_dict` wrote; a ValueError naming ``where`` and the key otherwise."""
+        if not isinstance(data, dict) or data.get("kind") not in _BY_KIND:
+            raise ValueError(f"{where} must be an object with 'kind' one of {sorted(_BY_KIND)}, got {data!r}")
+        cls = _BY_KIND[data["kind"]]
+        missing = [k for k in cls.FIELDS if k not in data]
+        if missing:
+            raise ValueError(f"{where}: a {data['kind']} needs the keys {cls.FIELDS}, missing {missing}")
+        kwargs = {k: data[k] for k in cls.FIELDS + CONTACT_PARAMS if data.get(k) is not None}
+        try:
+            return cls(**kwargs)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{where}: {e}") from None
+
+    def __repr__(self):
+        def show(v):
+            if isinstance(v, torch.Tensor):
+                return f"tensor{tuple(v.shape)}" if v.dim() else f"{v.item():g}"
+            return repr(v)
+
+        fields = ", ".join(f"{k}={show(getattr(self, k))}" for k in self.FIELDS + CONTACT_PARAMS
+                           if getattr(self, k) is not None)
+        return f"{type(self).__name__}({fields})"
+
+    # -- helpers -------------------------------------------------------------------------------------------------
+
+    def _field(self, name, value, shape, dtype, device, batch, lo=None):
+        """``value`` as a tensor of ``shape`` (shared) or ``(batch, *shape)`` (per creature), finite (and
+        ``>= lo``), keeping its graph; a TypeError or ValueError naming ``type(self).name``."""
+        where = f"{type(self).__name__}.{name}"
+        if isinstance(value, torch.Tensor):
+            if value.is_complex() or value.dtype == torch.bool:
+                raise TypeError(f"{where} must be real, got a {value.dtype} tensor")
+            t = value.to(dtype=dtype, device=device)
+        else:
+            try:
+                t = torch.as_tensor(value, dtype=dtype, device=device)
+            except (TypeError, ValueError, RuntimeError):
+                raise TypeError(f"{where} must be a number, a sequence of numbers or a tensor, got {value!r}") from None
+        shape = tuple(shape)
+        if tuple(t.shape) != shape and not (batch is not None and tuple(t.shape) == (batch,) + shape):
+            # as the simulator's own fields (Simulator._check_parameters)
+            if batch is None:
+                raise ValueError(f"{where} has shape {tuple(t.shape)}, but it must be {shape} for one creature: x0 is "
+                                 f"(N, d); one value per creature needs a batch x0 of shape (B, N, d) and {where} of "
+                                 f"shape (B, *{shape})")
+            raise ValueError(f"{where} has shape {tuple(t.shape)}, but it must be {shape} (shared by the batch) or "
+                             f"{(batch,) + shape} (one per creature of x0's batch of {batch})")
+        v = t.detach()
+        if not bool(torch.isfinite(v).all()) or (lo is not None and bool((v < lo).any())):
+            rule = "finite" + ("" if lo is None else f" and >= {lo:g}")
+            raise ValueError(f"{where} must be {rule}, got {value!r}")
+        return t
+
+
+class Plane(Collider):
+    """The half-space on the side of ``normal`` of the plane through ``point``: ``phi = n . (q - point)`` with
+    ``n = normal / |normal|``. ``point`` and ``normal`` are ``(d,)`` (or ``(B, d)``); the normal need not be
+    unit, but not 0. Its kernels' parameters are the unit normal and ``offset = n . point`` (autograd carries
+    their gradients to ``point`` and ``normal``)."""
+    KIND = "plane"
+    GEOMETRY = ("normal", "offset")
+    FIELDS = ("point", "normal")
+
+    def __init__(self, point, normal, stiffness=None, friction=None, friction_eps=None):
+        super().__init__(stiffness, friction, friction_eps)
+        self.point, self.normal = point, normal
+
+    def geometry(self, dim, dtype, device, batch):
+        point = self._field("point", self.point, (dim,), dtype, device, batch)
+        normal = self._field("normal", self.normal, (dim,), dtype, device, batch)
+        length = torch.linalg.vector_norm(normal.detach(), dim=-1)
+        if not bool((length > 0).all()):
+            raise ValueError(f"Plane.normal must not be 0, got {self.normal!r}")
+        n = normal / torch.linalg.vector_norm(normal, dim=-1, keepdim=True)
+        return n, (n * point).sum(-1)
+
+    def mesh(self, dim, lo, hi):
+        n, offset = (t.numpy() for t in self.step_params_for_one(dim))
+        if dim == 2:  # the box's corners inside the plane, and its edges' crossings, around the box
+            corners = np.array([[lo[0], lo[1]], [hi[0], lo[1]], [hi[0], hi[1]], [lo[0], hi[1]]])
+            return _clip(corners, lambda q: q @ n - offset)
+        # a square patch of the plane around the box's centre, as wide as the box's diagonal
+        centre = (np.asarray(lo) + np.asarray(hi)) / 2
+        centre = centre - (centre @ n - offset) * n
+        u = np.cross(n, [1.0, 0.0, 0.0] if abs(n[0]) < 0.9 else [0.0, 0.0, 1.0])
+        u /= np.linalg.norm(u)
+        v = np.cross(n, u)
+        r = 0.5 * np.linalg.norm(np.asarray(hi) - np.asarray(lo))
+        points = np.array([centre + r * (a * u + b * v) for a, b in ((-1, -1), (1, -1), (1, 1), (-1, 1))])
+        return points, np.array([[0, 1, 2], [0, 2, 3]])
+
+    @staticmethod
+    def surface(q, normal, offset):
+        """``(phi, n)`` at ``q`` ``(..., F, d)``; normal ``([B,] d)`` unit, offset ``([B])``."""
+        n = normal.unsqueeze(-2) if normal.dim() > 1 else normal
+        phi = (q * n).sum(-1) - (offset[..., None] if offset.dim() else offset)
+        return phi, n.expand_as(q)
+
+
+class HeightField(Collider):
+    """Terrain ``y = h(x)`` (2D) or ``y = h(x, z)`` (3D), piecewise linear through ``heights`` sampled from ``x0``
+    every ``dx`` (see the module docstring). 2D: ``x0`` and ``dx`` numbers (or ``(B,)``), ``heights`` ``(nx,)``
+    (or ``(B, nx)``); 3D: ``x0`` and ``dx`` ``(2,)`` over x and z (a number for both), ``heights`` ``(nx, nz)``
+    (or ``(B, nx, nz)``); at least 2 samples per axis, ``dx > 0``. ``phi = (y - h) / |(-dh/dx, 1, -dh/dz)|``: the
+    distance to the piece of terrain below (a sloped height field is the plane it samples)."""
+    KIND = "height_field"
+    GEOMETRY = ("origin", "spacing", "heights")
+    FIELDS = ("x0", "dx", "heights")
+
+    def __init__(self, x0, dx, heights, stiffness=None, friction=None, friction_eps=None):
+        super().__init__(stiffness, friction, friction_eps)
+        self.x0, self.dx, self.heights = x0, dx, heights
+
+    def geometry(self, dim, dtype, device, batch):
+        axes = dim - 1
+        heights = self.heights if isinstance(self.heights, torch.Tensor) else torch.as_tensor(self.heights)
+        samples = tuple(heights.shape[heights.dim() - axes:]) if heights.dim() >= axes else ()
+        if len(samples) != axes or min(samples) < 2:
+            raise ValueError(f"HeightField.heights must have at least 2 samples along each of its {axes} axes "
+                             f"({'(nx,)' if axes == 1 else '(nx, nz)'}, or with a leading B), got shape "
+                             f"{tuple(heights.shape)}")
+        heights = self._field("heights", self.heights, samples, dtype, device, batch)
+        origin, spacing = (self._per_axis(name, getattr(self, name), axes, dtype, device, batch) for name in ("x0", "dx"))
+        if not bool((spacing.detach() > 0).all()):
+            raise ValueError(f"HeightField.dx must be > 0, got {self.dx!r}")
+        return origin, spacing, heights
+
+    def _per_axis(self, name, value, axes, dtype, device, batch):
+        """A field given per horizontal axis, as ``([B,] axes)``: in 2D a number (or ``(B,)``); in 3D ``(2,)`` (or
+        ``(B, 2)``), or a number for both axes."""
+        if axes == 1 or _scalar(value):
+            t = self._field(name, value, (), dtype, device, batch)[..., None]
+            return t if axes == 1 else t.expand(*t.shape[:-1], axes)
+        return self._field(name, value, (axes,), dtype, device, batch)
+
+    def mesh(self, dim, lo, hi):
+        origin, spacing, heights = (t.numpy() for t in self.step_params_for_one(dim))
+        if dim == 2:  # the samples (and the flat continuation to the box's sides), then down to its bottom
+            xs = origin[0] + spacing[0] * np.arange(len(heights))
+            left, right = min(lo[0], xs[0]), max(hi[0], xs[-1])
+            top = np.concatenate([[[left, heights[0]]], np.stack([xs, heights], 1), [[right, heights[-1]]]])
+            bottom = min(lo[1], heights.min()) - 0.1 * (hi[1] - lo[1])
+            return np.concatenate([top, [[right, bottom], [left, bottom]]])
+        nx, nz = heights.shape
+        ix, iz = np.meshgrid(np.arange(nx), np.arange(nz), indexing="ij")
+        points = np.stack([origin[0] + spacing[0] * ix, heights, origin[1] + spacing[1] * iz], -1).reshape(-1, 3)
+        cell = (ix[:-1, :-1] * nz + iz[:-1, :-1]).reshape(-1)
+        # each cell's two triangles, split along the diagonal from (i + 1, j) to (i, j + 1), as the kernels'
+        tris = np.concatenate([np.stack([cell, cell + nz, cell + 1], 1), np.stack([cell + nz + 1, cell + 1, cell + nz], 1)])
+        return points, tris
+
+    @staticmethod
+    def surface(q, origin, spacing, heights):
+        """``(phi, n)`` at ``q`` ``(..., F, d)``; origin, spacing ``([B,] d - 1)``, heights ``([B,] nx[, nz])``,
+        as the C++ kernels' (``colliders.h``)."""
+        d = q.shape[-1]
+        axes = d - 1
+        horizontal = q[..., [0]] if d == 2 else q[..., [0, 2]]  # (..., F, A)
+        if origin.dim() > 1:  # per problem: (B, A) against (B, F, A)
+            origin, spacing = origin.unsqueeze(-2), spacing.unsqueeze(-2)
+        coord = (horizontal - origin) / spacing
+        counts = torch.tensor(heights.shape[heights.dim() - axes:], device=q.device)
+        cell = torch.floor(coord.detach())
+        cell = torch.where(cell >= 0, cell, torch.zeros_like(cell))  # NaN too
+        cell = torch.minimum(cell, (counts - 2).to(cell.dtype)).long()
+        frac = coord - cell.to(coord.dtype)
+        clamped = ~((frac >= 0) & (frac <= 1))
+        frac = torch.where(clamped, torch.where(frac < 0, torch.zeros_like(frac), torch.ones_like(frac)), frac)
+        flat = heights.reshape(*heights.shape[:heights.dim() - axes], -1)
+
+        def sample(i):  # the heights at flat indices i (..., F)
+            if flat.dim() == 1:
+                return flat[i]
+            return torch.gather(flat, -1, i)
+
+        if axes == 1:
+            k = cell[..., 0]
+            f = frac[..., 0]
+            h0, h1 = sample(k), sample(k + 1)
+            h = (1 - f) * h0 + f * h1
+            rise = (h1 - h0)[..., None]
+        else:
+            nz = heights.shape[-1]
+            i, j = cell[..., 0], cell[..., 1]
+            fu, fw = frac[..., 0], frac[..., 1]
+            h00, h10, h01, h11 = sample(i * nz + j), sample((i + 1) * nz + j), sample(i * nz + j + 1), \
+                sample((i + 1) * nz + j + 1)
+            lower = fu + fw <= 1
+            h = torch.where(lower, (1 - fu - fw) * h00 + fu * h10 + fw * h01,
+                            (fu + fw - 1) * h11 + (1 - fu) * h01 + (1 - fw) * h10)
+            rise = torch.stack([torch.where(lower, h10 - h00, h11 - h01), torch.where(lower, h01 - h00, h11 - h10)], -1)
+        slope = torch.where(clamped, torch.zeros_like(rise), rise / spacing)
+        length = torch.sqrt(1 + (slope * slope).sum(-1))
+        up = [-slope[..., 0], torch.ones_like(length)] + ([] if d == 2 else [-slope[..., 1]])
+        n = torch.stack(up, -1) / length[..., None]
+        return (q[..., 1] - h) / length, n
+
+
+class Sphere(Collider):
+    """A ball (a disc in 2D): ``phi = |q - center| - radius``. ``center`` ``(d,)`` (or ``(B, d)``), ``radius`` a
+    positive number (or ``(B,)``)."""
+    KIND = "sphere"
+    GEOMETRY = ("center", "radius")
+    FIELDS = ("center", "radius")
+
+    def __init__(self, center, radius, stiffness=None, friction=None, friction_eps=None):
+        super().__init__(stiffness, friction, friction_eps)
+        self.center, self.radius = center, radius
+
+    def geometry(self, dim, dtype, device, batch):
+        center = self._field("center", self.center, (dim,), dtype, device, batch)
+        radius = self._field("radius", self.radius, (), dtype, device, batch, lo=0.0)
+        return center, radius
+
+    def mesh(self, dim, lo, hi):
+        center, radius = (t.numpy() for t in self.step_params_for_one(dim))
+        if dim == 2:
+            a = np.linspace(0, 2 * math.pi, 64, endpoint=False)
+            return center + float(radius) * np.stack([np.cos(a), np.sin(a)], 1)
+        rings, segments = 12, 24
+        theta = np.linspace(0, math.pi, rings + 1)[:, None]
+        phi = np.linspace(0, 2 * math.pi, segments, endpoint=False)[None, :]
+        unit = np.stack([np.sin(theta) * np.cos(phi), np.cos(theta) * np.ones_like(phi), np.sin(theta) * np.sin(phi)], -1)
+        points = (center + float(radius) * unit).reshape(-1, 3)
+        i, j = np.meshgrid(np.arange(rings), np.arange(segments), indexing="ij")
+        a, b = i * segments + j, i * segments + (j + 1) % segments
+        tris = np.concatenate([np.stack([a, a + segments, b], -1).reshape(-1, 3),
+                               np.stack([b, a + segments, b + segments], -1).reshape(-1, 3)])
+        return points, tris
+
+    @staticmethod
+    def surface(q, center, radius):
+        """``(phi, n)`` at ``q`` ``(..., F, d)``; center ``([B,] d)``, radius ``([B])``; at the centre itself n is
+        +y, as the C++ kernels'."""
+        c = center.unsqueeze(-2) if center.dim() > 1 else center
+        r = q - c
+        dist = torch.linalg.vector_norm(r, dim=-1)
+        inside = dist > 0
+        safe = torch.where(inside, dist, torch.ones_like(dist))
+        up = torch.zeros_like(q)
+        up[..., 1] = 1
+        n = torch.where(inside[..., None], r / safe[..., None], up)
+        return dist - (radius[..., None] if radius.dim() else radius), n
+
+
+def _clip(polygon, phi):
+    """The part of a convex ``polygon`` ``(P, 2)`` where ``phi <= 0`` (Sutherland-Hodgman against one plane)."""
+    out = []
+    values = [phi(q) for q in polygon]
+    for k, (q, value) in enumerate(zip(polygon, values)):
+        nxt, nxt_value = polygon[(k + 1) % len(polygon)], values[(k + 1) % len(polygon)]
+        if value <= 0:
+            out.append(q)
+        if (value <= 0) != (nxt_value <= 0):
+            out.append(q + (nxt - q) * value / (value - nxt_value))
+    return np.array(out).reshape(-1, 2)
+
+
+def _scalar(value):
+    return isinstance(value, numbers.Real) or (isinstance(value, torch.Tensor) and value.dim() == 0)
+
+
+KINDS = (Plane, HeightField, Sphere)
+"""The collider kinds, in the C++ kernels' order (``Collider::kind``, ``_C.COLLIDER_KINDS``)."""
+_BY_KIND = {cls.KIND: cls for cls in KINDS}
+for _code, _cls in enumerate(KINDS):
+    _cls.CODE, _cls.PARAMS = _code, CONTACT_PARAMS + _cls.GEOMETRY
+
+if [(cls.KIND, cls.PARAMS) for cls in KINDS] != [(name, tuple(params)) for name, params in _C.COLLIDER_KINDS]:
+    raise ImportError(f"diffsoft.colliders has the kinds {[(c.KIND, c.PARAMS) for c in KINDS]} but the C++ kernels' "
+                      f"are {list(_C.COLLIDER_KINDS)}: rebuild diffsoft, or make both agree")

@@ -1,0 +1,119 @@
+"""A user's energy terms in torch, joining a simulator's step: ``Simulator(body, ..., terms=[Term(...)])``.
+
+A term is a potential energy ``U(x)`` summed over rows of vertices (its stencil): the step minimises
+``1/(2 h^2) |x - x_hat|^2_M + U_builtin(x) + U_user(x)``, so the term's force is ``-dU/dx``. It runs next to the
+built-in terms on both backends: on the C++ one its value, gradient and Hessian blocks (by autograd, or the
+user's own blocks) join the fused kernels' in every Newton step and factorization, and its parameter products
+join the kernels' closed forms in the implicit backward; on the torch backend it is one more term of the
+reference energy, differentiated like the built-in ones (:mod:`diffsoft.term_blocks`).
+
+Examples (``x``, ``x0``: ``(..., K, k, d)`` the rows' positions at the end and the start of the step; ``h`` the
+time step, ``()`` or ``(B, 1)``)::
+
+    # a spring pulling vertex 7 towards a target that moves from step to step (target (d,), or (B, d): one
+    # per creature, hence the unsqueeze against the rows' axis)
+    spring = Term(lambda x, x0, h, target, k: 0.5 * k * ((x[..., 0, :] - target.unsqueeze(-2)) ** 2).sum(-1),
+                  rows=[[7]], params=(target, k))
+    spring.params = (next_target, k)            # before the next step
+    # linear drag -c v on every vertex: c / (2 h) |x - x0|^2
+    drag = Term(lambda x, x0, h, c: c / (2 * h) * ((x - x0) ** 2).sum((-2, -1)), params=(c,))
+    # a soft constraint keeping vertices 3 and 9 at distance 0.5
+    rod = Term(lambda x, x0, h, k: k * ((x[..., 0, :] - x[..., 1, :]).norm(dim=-1) - 0.5) ** 2,
+               rows=[[3, 9]], params=(k,))
+"""
+import copy
+
+import torch
+
+from .energies import StepTerm
+from .step import per_problem
+
+
+class Term:
+    """An energy term written in torch (see the module docstring).
+
+    Args:
+        energy: ``energy(x, x0, h, *params) -> (..., K)``, one energy per row: ``x`` and ``x0`` ``(..., K, k, d)``
+            are each row's vertices' positions at the end of the step (the unknowns; fixed vertices at their
+            ``x0``) and at its start; ``h`` the time step (``()``, or ``(B, 1)`` with one per creature). Each
+            row's energy may read only its own row's positions (the Hessian is assembled from per-row blocks).
+        rows: ``(K, k)`` int64 vertex indices, the term's stencil; default: one row per vertex, ``(N, 1)``.
+        params: a tuple of tensors the energy reads after ``h``: each may require grad (the step's outputs are
+            differentiable with respect to it, through the implicit backward) and may carry a leading batch
+            dimension B (one value per creature; the energy broadcasts it). Assignable between steps
+            (``term.params = ...``).
+        blocks: optional ``blocks(x, x0, h, *params) -> (..., K, kd, kd)``, each row's Hessian (rows and columns
+            ordered (vertex of the row, component)); default: by double backward, ``kd`` probes per step's Newton
+            iteration.
+        name: how messages name the term.
+    """
+
+    def __init__(self, energy, rows=None, params=(), blocks=None, name=None):
+        if not callable(energy):
+            raise TypeError(f"Term: energy must be callable, got {type(energy).__name__}")
+        if blocks is not None and not callable(blocks):
+            raise TypeError(f"Term: blocks must be callable or None, got {type(blocks).__name__}")
+        if rows is not None:
+            rows = torch.as_tensor(rows)
+            if rows.dim() != 2 or rows.shape[1] < 1 or rows.shape[0] < 1 or rows.dtype not in (torch.int32,
+                                                                                                torch.int64):
+                raise ValueError(f"Term: rows must be a (K, k) integer tensor of vertex indices, K, k >= 1, got "
+                                 f"{tuple(rows.shape)} {rows.dtype}")
+            if int(rows.min()) < 0:
+                raise ValueError(f"Term: rows has a negative vertex index {int(rows.min())}")
+            rows = rows.long()
+        self._rows = rows
+        self.energy, self.blocks, self.name = energy, blocks, name or getattr(energy, "__name__", "term")
+        self.params = params
+
+    @property
+    def rows(self):
+        """The stencil, ``(K, k)`` int64 (None: one row per vertex). Fixed: make a new Term for other rows."""
+        return self._rows
+
+    @property
+    def params(self):
+        return self._params
+
+    @params.setter
+    def params(self, value):
+        if isinstance(value, torch.Tensor) or not isinstance(value, (tuple, list)):
+            raise TypeError(f"Term {self.name!r}: params must be a tuple of tensors, got {type(value).__name__}")
+        for j, t in enumerate(value):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"Term {self.name!r}: params[{j}] must be a torch.Tensor, got {type(t).__name__}")
+        self._params = tuple(value)
+
+    def stencil(self, num_vertices, device):
+        """The rows on ``device``: :attr:`rows`, or one per vertex."""
+        if self._rows is None:
+            return torch.arange(num_vertices, device=device)[:, None]
+        if int(self._rows.max()) >= num_vertices:
+            raise ValueError(f"Term {self.name!r}: rows has vertex index {int(self._rows.max())}, but the body has "
+                             f"{num_vertices} vertices")
+        return self._rows.to(device)
+
+    def step_term(self, k):
+        """This term, the ``k``-th of a topology's, as a :class:`~diffsoft.energies.StepTerm` (its parameters are
+        ``StepParams.terms[k]``)."""
+
+        def rows(top):
+            return self.stencil(top.free_index.shape[0], top.free_index.device)
+
+        def energy(x_rows, p, top):
+            return self.energy(x_rows, p.x0[..., rows(top), :], per_problem(p.h), *p.terms[k])
+
+        def blocks(x_rows, p, top):
+            return self.blocks(x_rows, p.x0[..., rows(top), :], per_problem(p.h), *p.terms[k])
+
+        return StepTerm(self.name, rows, energy, None if self.blocks is None else blocks, user=True)
+
+    def to(self, dtype=None, device=None):
+        """A copy with its parameters on ``device`` in ``dtype`` (graphs dropped)."""
+        out = copy.copy(self)
+        out._params = tuple(t.detach().to(device=device, dtype=dtype) for t in self._params)
+        return out
+
+    def __repr__(self):
+        rows = "every vertex" if self._rows is None else f"rows {tuple(self._rows.shape)}"
+        return f"Term({self.name!r}, {rows}, {len(self._params)} params)"

@@ -1,0 +1,465 @@
+"""Colliders (:mod:`diffsoft.colliders`): the kernels' contact and friction against each kind (planes at any slope,
+height fields, spheres) against the reference, in 2D and 3D, shared and per creature; and the oracles, on both
+backends: a block sliding down a frictionless incline follows 1/2 g sin(theta) t^2, a block on a slope creeps at
+the lagged friction law's terminal speed (held on a shallow slope, sliding on a steep one), a ball dropped on a
+sphere stays out of it, a flat height field and a horizontal plane are ``ground=0`` bit for bit, and gradients
+with respect to slope, heights, sphere centre and radius match central differences."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+from diffsoft import fused
+from diffsoft.body import SoftBody
+from diffsoft.colliders import HeightField, Plane, Sphere
+from diffsoft.creatures import biped, tetrapod
+from diffsoft.energies import reference_step_energy
+from diffsoft.fused import step_energy
+from diffsoft.mesh import grid, rectangle, voxels
+from diffsoft.simulator import Simulator
+from diffsoft.step import unpack
+from diffsoft.term_blocks import gradient_and_hessian
+
+from conftest import F64, param_names, reference_param_grads, sheet_sim
+
+BACKENDS = ("cpp", "torch")
+
+
+def _tilt(dim, theta):
+    """The unit normal of a slope rising towards -x at angle theta (its downhill direction is +x)."""
+    n = [math.sin(theta), math.cos(theta), 0.0]
+    return torch.tensor(n[:dim], dtype=F64)
+
+
+def _downhill(dim, theta):
+    t = [math.cos(theta), -math.sin(theta), 0.0]
+    return torch.tensor(t[:dim], dtype=F64)
+
+
+def _every_kind(dim, per_creature=None):
+    """A tilted plane, a bumpy height field and a sphere under the sheet_sim body (its vertices in contact with or
+    near each), with their own contact constants; with per_creature = B, every field one per creature."""
+    g = torch.Generator().manual_seed(dim)
+    heights = 0.004 * torch.rand((9,) if dim == 2 else (9, 5), generator=g, dtype=F64) - 0.004
+    colliders = [
+        Plane([0.0, -0.003, 0.0][:dim], [0.05, 1.0, -0.03][:dim], stiffness=4e3, friction=40.0, friction_eps=0.02),
+        HeightField(-0.1 if dim == 2 else [-0.1, -0.1], 0.075 if dim == 2 else [0.075, 0.1], heights, stiffness=3e3,
+                    friction=30.0, friction_eps=0.02),
+        Sphere([0.2, -0.295, 0.1][:dim], 0.3, stiffness=5e3, friction=50.0, friction_eps=0.02)]
+    if per_creature:
+        scale = 1 + 0.05 * torch.rand(per_creature, 1, generator=g, dtype=F64)
+        c0, c1, c2 = colliders
+        colliders = [Plane(torch.as_tensor(c0.point, dtype=F64) * scale, torch.as_tensor(c0.normal, dtype=F64) * scale,
+                           stiffness=4e3 * scale[:, 0], friction=c0.friction, friction_eps=c0.friction_eps),
+                     HeightField(torch.full((per_creature,) + (() if dim == 2 else (2,)), -0.1, dtype=F64),
+                                 c1.dx, heights * scale.view(-1, *[1] * heights.dim()), stiffness=c1.stiffness,
+                                 friction=30.0 * scale[:, 0], friction_eps=c1.friction_eps),
+                     Sphere(torch.as_tensor(c2.center, dtype=F64) * scale, 0.3 * scale[:, 0], stiffness=c2.stiffness,
+                            friction=c2.friction, friction_eps=0.02 * scale[:, 0])]
+    return colliders
+
+
+def _collider_problem(dim, fixed, batch, per_creature):
+    """The sheet_sim body over every kind of collider (no ground), a batch of states near rest, a point y."""
+    sim = sheet_sim(dim, "neo_hookean", fixed)
+    sim.ground = None
+    sim.colliders = _every_kind(dim, batch if per_creature else None)
+    g = torch.Generator().manual_seed(3)
+    x, _ = sim.rest_state
+    shape = ((batch,) if batch else ()) + tuple(x.shape)
+    x0 = x + 0.003 * torch.randn(shape, generator=g, dtype=F64)
+    v0 = 0.3 * torch.randn(shape, generator=g, dtype=F64)
+    a = 0.6 + 0.4 * torch.rand(((batch,) if batch else ()) + (sim.body.num_muscles,), generator=g, dtype=F64)
+    params, top = sim.step_problem(x0, v0, a)
+    y = params.x0_free + 0.002 * torch.randn(params.x0_free.shape, generator=g, dtype=F64)
+    return sim, params, top, y
+
+
+@pytest.mark.parametrize("dim", (2, 3))
+@pytest.mark.parametrize("batch,per_creature", [(0, False), (2, False), (2, True)])
+def test_kernels_match_the_reference_for_every_kind(dim, batch, per_creature):
+    """The kernels' value, gradient, Hessian products (vertex blocks n n^T, I - n n^T, the sphere's curvature) and
+    every parameter derivative, first order and mixed (the colliders' fields included), against the reference;
+    and the torch backend's derivatives (autograd of the reference's terms) against the kernels."""
+    sim, params, top, y = _collider_problem(dim, [0], batch, per_creature)
+    flat = [t.detach().clone().requires_grad_() for t in params.flat()]
+    # every kind acts: some vertex inside or within the band of each collider
+    for c, kind in enumerate(top.colliders):
+        _, _, eps, *geometry = params.colliders[c]
+        phi, _ = kind.surface(params.x0_free, *geometry)
+        assert (phi < 0.02).any(), kind
+    y = y.detach().requires_grad_()
+    v = torch.randn_like(y)
+    results = []
+    for energy in (reference_step_energy, step_energy):
+        e = energy(y, *flat, top)
+        (g,) = torch.autograd.grad(e.sum(), y, create_graph=True)
+        (hv,) = torch.autograd.grad(g, y, v)
+        results.append((e, g, hv))
+    (e0, g0, h0), (e1, g1, h1) = results
+    torch.testing.assert_close(e1, e0, rtol=1e-12, atol=0)
+    torch.testing.assert_close(g1, g0, rtol=1e-10, atol=1e-10 * g0.abs().max().item())
+    torch.testing.assert_close(h1, h0, rtol=1e-10, atol=1e-10 * h0.abs().max().item())
+    yb = y.detach() if batch else y.detach()[None]
+    p, _ = unpack((*flat, top))
+    if not batch:
+        p = p._replace(x_hat=p.x_hat[None], x0=p.x0[None], x0_free=p.x0_free[None], activation=p.activation[None])
+    g_t, hess_t = gradient_and_hessian(yb, p, top)
+    torch.testing.assert_close(g_t.reshape(g0.shape), g0.detach(), rtol=1e-10, atol=1e-10 * g0.abs().max().item())
+    torch.testing.assert_close(hess_t.apply(v.reshape(yb.shape)).reshape(h0.shape), h0, rtol=1e-10,
+                               atol=1e-10 * h0.abs().max().item())
+    names = param_names(params, top)
+    wanted = list(range(len(flat)))
+    weight = torch.rand(y.shape[:-2], dtype=F64) + 0.5
+    for order, probe in ((1, weight), (2, v)):
+        ours = fused._kernel_param_grads(y, flat, top, wanted, **({"weight": probe} if order == 1 else {"dir": probe}))
+        reference = reference_param_grads(y, flat, top, wanted, probe, order)
+        for name, t, g, r in zip(names, flat, ours, reference):
+            assert g.shape == t.shape, (order, name)
+            r = torch.zeros_like(g) if r is None else r
+            torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10 * max(r.abs().max().item(), 1e-12),
+                                       msg=f"order {order}, parameter {name}")
+
+
+def _same_world(sim, backend, world):
+    """sim with its ground replaced by ``world`` ("ground", "plane" or "height field"), all at y = 0."""
+    dim = sim.body.dim
+    sim.backend = backend
+    if world == "plane":
+        sim.ground, sim.colliders = None, [Plane([0.0] * dim, [0.0, 1.0, 0.0][:dim])]
+    elif world == "height field":
+        heights = torch.zeros((7,) if dim == 2 else (7, 4), dtype=F64)
+        sim.ground, sim.colliders = None, [HeightField(-1.0 if dim == 2 else [-1.0, -0.5], 0.5, heights)]
+    return sim
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("make", [lambda: biped(dtype=F64), lambda: tetrapod(dtype=F64)], ids=["biped", "tetrapod"])
+def test_a_flat_height_field_and_a_horizontal_plane_are_the_ground_bit_for_bit(make, backend):
+    """Rollouts with gradients: ground=0, a horizontal Plane and a flat HeightField (also beyond its samples)
+    give the same states and gradients, exactly (max abs difference 0)."""
+    out = {}
+    for world in ("ground", "plane", "height field"):
+        sim = _same_world(make(), backend, world)
+        x, v = sim.rest_state
+        v = v + torch.tensor([0.5, -0.3, 0.2][:sim.body.dim], dtype=F64)
+        x = x.clone().requires_grad_()
+        acts = torch.full((4, sim.body.num_muscles), 0.7, dtype=F64, requires_grad=True)
+        xs, vs = sim.rollout(x, v, acts)
+        out[world] = (xs.detach(), *torch.autograd.grad((xs[-1] ** 2).sum() + vs[-1].sum(), (x, acts)))
+    assert (out["ground"][0][1:, :, 1] < 0).any(), "the test must exercise contact"
+    for world in ("plane", "height field"):
+        for a, b in zip(out[world], out["ground"]):
+            assert (a - b).abs().max().item() == 0.0, world
+
+
+def _block(dim, cell=0.1, stiffness=1e5):
+    """A stiff unit-density block of 2 x 1 (x 1) cells of ``cell``, its bottom at y = 0, x from 0."""
+    if dim == 2:
+        verts, elements = rectangle(2 * cell, cell, 2, 1, dtype=F64)
+    else:
+        verts, elements = voxels(np.ones((1, 1, 2), dtype=bool), cell_size=cell, dtype=F64)
+    return SoftBody(verts, elements, density=1000.0, youngs_modulus=stiffness, poisson_ratio=0.3)
+
+
+def _on_slope(dim, theta, **collider):
+    """The block resting on a slope through the origin (rotated onto it), the slope its only collider."""
+    body = _block(dim)
+    c, s = math.cos(theta), math.sin(theta)
+    rot = torch.eye(dim, dtype=F64)
+    rot[0, 0], rot[0, 1], rot[1, 0], rot[1, 1] = c, s, -s, c  # x -> downhill, y -> the slope's normal
+    sim = Simulator(body, dt=0.01, ground=None, colliders=[Plane([0.0] * dim, _tilt(dim, theta), **collider)],
+                    on_failure="raise")
+    x = body.rest_positions @ rot.T
+    return sim, x, torch.zeros_like(x)
+
+
+def _tight(sim, scale=1e-2):
+    """Solved below the defaults (the force residual ``scale`` times the default), failures raised."""
+    sim.solver_options.update(on_failure="raise", rtol=1e-11, atol=sim.solver_options["atol"] * scale,
+                              backward_rtol=1e-12)
+    return sim
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dim", (2, 3))
+def test_a_block_slides_down_a_frictionless_incline_at_g_sin_theta(dim, backend):
+    """The centre of mass's motion along a frictionless slope of 30 degrees: contact forces are normal and internal
+    ones cancel, so it accelerates at g sin(theta) and backward Euler's positions are exactly 1/2 a h^2 n (n + 1),
+    that is 1/2 g sin(theta) t^2 up to backward Euler's 1/2 a h t; and the block stays on the slope. (Exact at
+    the default tolerances: the motion along the slope is inertial, which Newton's first step solves exactly.)"""
+    theta = math.radians(30)
+    sim, x, v = _on_slope(dim, theta, friction=0.0)
+    sim.backend = backend
+    steps = 40
+    with torch.no_grad():
+        xs, _ = sim.rollout(x, v, steps=steps)
+    mass = sim.body.mass
+    com = (mass[:, None] * xs).sum(1) / mass.sum()
+    along = (com - com[0]) @ _downhill(dim, theta)
+    a, h = 9.8 * math.sin(theta), sim.dt
+    n = torch.arange(steps + 1, dtype=F64)
+    torch.testing.assert_close(along, 0.5 * a * h * h * n * (n + 1), rtol=1e-12, atol=1e-14)
+    t = n * h
+    assert ((along - 0.5 * a * t * t).abs() <= 0.5 * a * h * t + 1e-10).all()
+    # on the slope, sunk by the weight on its bottom face's vertices over 2 k_c, not through it
+    bottom = (xs[0] @ _tilt(dim, theta)).abs() < 1e-12
+    sag = mass.sum() * 9.8 * math.cos(theta) / (2 * sim.contact_stiffness * bottom.sum())
+    depth = xs[1:] @ _tilt(dim, theta)
+    assert (depth[:, bottom] < 0).all() and depth.min() > -2 * sag
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dim", (2, 3))
+def test_friction_holds_on_a_shallow_slope_and_lets_go_on_a_steep_one(dim, backend):
+    """The lagged friction law (docs/colliders.md): a vertex within eps of a collider pays k_f b |v_t|^2 (b = eps -
+    phi(x0)), a viscous force 2 k_f b v_t / h, so a block settles at the terminal speed
+    v* = M g sin(theta) h / (2 k_f sum_i b_i) along any slope, sum_i b_i = n_c eps + M g cos(theta) / (2 k_c).
+    Both slopes creep at their v* (to 0.1%, once settled); with k_c and k_f per kg of block as below, 5 degrees
+    creeps under 1 mm/s (held), 45 degrees slides over 3 mm/s. (Steeper, this block tips over: friction at its
+    base turns it, as a box's would once tan(theta) nears its width over its height.)"""
+    speeds = {}
+    mass = _block(dim).mass.sum().item()
+    kc, kf, eps = 1e3 * mass, 1.35e3 * mass, 5e-4
+    for degrees in (5, 45):
+        theta = math.radians(degrees)
+        sim, x, v = _on_slope(dim, theta, stiffness=kc, friction=kf, friction_eps=eps)
+        sim.backend = backend
+        # A force residual of 1 mN, 1e-5 of the forces at play: the default (1e-8 of the body's force scale,
+        # 0.1 mN) is where this stiff friction's energy (curvature 2 k_f b / h^2 ~ 1e6 per vertex) stops
+        # resolving the line search's decreases in float64.
+        sim.solver_options["atol"] = 1e-3
+        with torch.no_grad():
+            xs, vs = sim.rollout(x, v, steps=150)
+        m = sim.body.mass
+        velocity = ((m[:, None] * vs[-1]).sum(0) / m.sum()) @ _downhill(dim, theta)
+        band = (eps - xs[-2] @ _tilt(dim, theta)).clamp(min=0)  # b_i, lagged: from the step's start
+        terminal = m.sum() * 9.8 * math.sin(theta) * sim.dt / (2 * kf * band.sum())
+        assert velocity.item() == pytest.approx(terminal.item(), rel=1e-3), degrees
+        # the closed form of sum_i b_i: n_c eps plus the weight's component normal to the slope over 2 k_c
+        n_c = (band > 0).sum()
+        assert band.sum().item() == pytest.approx(n_c * eps + mass * 9.8 * math.cos(theta) / (2 * kc), rel=1e-3)
+        speeds[degrees] = velocity.item()
+    assert 0 < speeds[5] < 1e-3 and speeds[45] > 3e-3, speeds
+
+
+def _disc(dim, radius=0.05, cells=6):
+    """A ball (a disc in 2D) of ``2 cells`` cells across, centred at the origin."""
+    r = np.arange(cells * 2) + 0.5 - cells
+    if dim == 2:
+        mask = (r[None, :] ** 2 + r[:, None] ** 2) <= cells ** 2
+        verts, elements = grid(mask, cell_size=radius / cells, origin=(-radius, -radius), dtype=F64)
+    else:
+        mask = (r[None, None, :] ** 2 + r[None, :, None] ** 2 + r[:, None, None] ** 2) <= cells ** 2
+        verts, elements = voxels(mask, cell_size=radius / cells, origin=(-radius,) * 3, dtype=F64)
+    return SoftBody(verts, elements, density=500.0, youngs_modulus=2e4, poisson_ratio=0.3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dim", (2, 3))
+def test_a_ball_dropped_on_a_sphere_does_not_sink_into_it(dim, backend):
+    """A ball of radius 5 cm falls from 10 cm onto a sphere of radius 1 (2 cm off its top), hitting it at 1.4 m/s:
+    no vertex ever goes deeper into the sphere than 5 mm (with k_c 100 times the default per vertex mass, a
+    vertex's kinetic energy at impact, m v^2 / 2 = k_c depth^2, buys 2 mm), and the ball ends on it, outside."""
+    body = _disc(dim, cells=3 if dim == 3 else 6)
+    radius = 1.0
+    center = torch.tensor([0.0, -radius, 0.0][:dim], dtype=F64)
+    sim = Simulator(body, dt=0.01, ground=None, backend=backend, on_failure="raise")
+    sim.colliders = [Sphere(center, radius, stiffness=100 * sim.contact_stiffness)]
+    x, v = sim.rest_state
+    x = x + torch.tensor([0.02, 0.1 + 0.05, 0.0][:dim], dtype=F64)
+    with torch.no_grad():
+        xs, _ = sim.rollout(x, v, steps=60)
+    depth = (xs - center).norm(dim=-1) - radius
+    assert depth[1:].min().item() > -5e-3
+    assert (depth.min(-1).values < 1e-3).any(), "the ball touches the sphere"
+    assert (xs[-1] - center).norm(dim=-1).min() > radius - 5e-3
+
+
+def _steps_loss(sim, x, v, steps=3):
+    w = torch.randn(x.shape, generator=torch.Generator().manual_seed(5), dtype=F64)
+    xs, vs = sim.rollout(x, v, steps=steps)
+    return (w * xs[-1]).sum() + 0.1 * (vs[-1] ** 2).sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dim", (2, 3))
+def test_gradients_with_respect_to_slope_heights_centre_and_radius_match_central_differences(dim, backend):
+    """Three steps of a block sliding with friction onto a tilted plane, a height field and a sphere at once; the
+    loss differentiated with respect to the plane's normal (its slope) and point, the heights, the height field's
+    origin and spacing, the sphere's centre and radius and the colliders' contact constants (stiffness, friction,
+    friction band), by gradcheck."""
+    body = _block(dim, stiffness=2e4)
+    body_x = body.rest_positions + torch.tensor([0.0, 0.004, 0.0][:dim], dtype=F64)
+
+    def loss(normal, point, heights, origin, spacing, center, radius, kc, kf, eps):
+        colliders = [Plane(point, normal, stiffness=kc, friction=kf, friction_eps=eps),
+                     HeightField(origin, spacing, heights, stiffness=kc, friction=kf, friction_eps=eps),
+                     Sphere(center, radius, stiffness=kc, friction=kf, friction_eps=eps)]
+        sim = _tight(Simulator(body, dt=0.01, ground=None, colliders=colliders, backend=backend))
+        v = torch.zeros_like(body_x) + torch.tensor([0.4, -0.3, 0.1][:dim], dtype=F64)
+        return _steps_loss(sim, body_x, v)
+
+    g = torch.Generator().manual_seed(1)
+    heights = 0.003 * torch.rand((6,) if dim == 2 else (6, 4), generator=g, dtype=F64) - 0.003
+    inputs = (torch.tensor([0.04, 1.0, 0.02][:dim], dtype=F64), torch.tensor([0.0, -0.001, 0.0][:dim], dtype=F64),
+              heights, torch.tensor(-0.1 if dim == 2 else [-0.1, -0.13], dtype=F64),
+              torch.tensor(0.07 if dim == 2 else [0.07, 0.09], dtype=F64),
+              torch.tensor([0.1, -0.298, 0.05][:dim], dtype=F64), torch.tensor(0.3, dtype=F64),
+              torch.tensor(2e3, dtype=F64), torch.tensor(20.0, dtype=F64), torch.tensor(0.01, dtype=F64))
+    inputs = tuple(t.requires_grad_() for t in inputs)
+    grads = torch.autograd.grad(loss(*inputs), inputs)
+    for name, grad in zip(("normal", "point", "heights", "origin", "spacing", "center", "radius", "kc", "kf", "eps"),
+                          grads):
+        assert grad.abs().max() > 0, f"the loss must depend on {name}"
+    assert gradcheck(loss, inputs, eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_creature_colliders_match_per_creature_runs(backend):
+    """A batch of three bipeds, each on its own terrain (heights, a sphere's centre and radius, a slope: fields
+    with a leading B), against each biped stepped alone on its own; gradients with respect to the per-creature
+    fields likewise."""
+    batch = 3
+    g = torch.Generator().manual_seed(2)
+    heights = 0.02 * torch.rand(batch, 12, generator=g, dtype=F64) - 0.02
+    normals = torch.tensor([[0.0, 1.0], [0.05, 1.0], [-0.05, 1.0]], dtype=F64)
+    centers = torch.tensor([[0.2, -0.5], [0.3, -0.49], [0.4, -0.51]], dtype=F64)
+    radii = torch.tensor([0.5, 0.49, 0.52], dtype=F64)
+
+    def run(heights, normals, centers, radii, x, v):
+        leaves = [t.clone().requires_grad_() for t in (heights, normals, centers, radii)]
+        sim = biped(dtype=F64)
+        sim.backend = backend
+        sim.ground = None
+        sim.colliders = [HeightField(-1.0, 0.25, leaves[0], friction=50.0), Plane([0.0, -0.01], leaves[1]),
+                         Sphere(leaves[2], leaves[3], stiffness=5e3)]
+        sim.solver_options.update(on_failure="raise")
+        xs, vs = sim.rollout(x, v, steps=3)
+        loss = (xs[-1] ** 2).sum() + vs[-1].sum()
+        return xs[-1].detach(), torch.autograd.grad(loss, leaves)
+
+    sim = biped(dtype=F64)
+    x, v = sim.rest_state
+    x, v = x.expand(batch, -1, -1).clone(), (v + torch.tensor([0.4, -0.2], dtype=F64)).expand(batch, -1, -1).clone()
+    x1, grads = run(heights, normals, centers, radii, x, v)
+    for b in range(batch):
+        xb, gb = run(heights[b], normals[b], centers[b], radii[b], x[b], v[b])
+        torch.testing.assert_close(x1[b], xb, rtol=0, atol=1e-10)
+        for g_batch, g_alone in zip(grads, gb):
+            torch.testing.assert_close(g_batch[b], g_alone, rtol=1e-6, atol=1e-8)
+
+
+def test_several_colliders_each_with_its_own_constants():
+    """The ground and a sphere at once, each its own stiffness: a vertex pressed into both pays each one's
+    penalty; a collider's constant left at None is the simulator's."""
+    sim = biped(dtype=F64)
+    sphere = Sphere([0.3, -0.45], 0.5, stiffness=123.0)
+    sim.colliders = [sphere]
+    params, top = sim.step_problem(*sim.rest_state, torch.ones(sim.body.num_muscles, dtype=F64))
+    assert [k.KIND for k in top.colliders] == ["plane", "sphere"]
+    assert params.colliders[1][0].item() == 123.0
+    assert params.colliders[1][1].item() == sim.friction.item() and params.colliders[0][0] is sim.contact_stiffness
+    x1, _ = sim.step(*sim.rest_state)
+    assert torch.isfinite(x1).all()
+
+
+def test_bad_colliders_are_refused_by_name():
+    sim = biped(dtype=F64)
+    x, v = sim.rest_state
+    with pytest.raises(TypeError, match=r"colliders\[1\] must be a diffsoft.colliders object"):
+        sim.colliders = [Plane([0.0, 0.0], [0.0, 1.0]), "sphere"]
+    with pytest.raises(TypeError, match="colliders must be a list or tuple"):
+        sim.colliders = Plane([0.0, 0.0], [0.0, 1.0])
+    cases = [(Plane([0.0, 0.0], [0.0, 0.0]), ValueError, "Plane.normal must not be 0"),
+             (Plane([0.0, 0.0, 0.0], [0.0, 1.0]), ValueError, r"Plane.point has shape \(3,\), but it must be \(2,\)"),
+             (HeightField(0.0, 0.1, [0.0]), ValueError, "HeightField.heights must have at least 2 samples"),
+             (HeightField(0.0, -0.1, [0.0, 0.0]), ValueError, "HeightField.dx must be > 0"),
+             (Sphere([0.0, 0.0], -1.0), ValueError, "Sphere.radius must be finite and >= 0"),
+             (Sphere([0.0, float("nan")], 1.0), ValueError, "Sphere.center must be finite"),
+             (Sphere([0.0, 0.0], 1.0, friction=-1.0), ValueError, "Sphere.friction must be finite and >= 0"),
+             (Sphere(torch.zeros(4, 2, dtype=F64), 1.0), ValueError,
+              r"Sphere.center has shape \(4, 2\), but it must be \(2,\) for one creature: x0 is \(N, d\)"),
+             (Sphere("a", 1.0), TypeError, "Sphere.center must be a number")]
+    for collider, error, match in cases:
+        sim.colliders = [collider]
+        with pytest.raises(error, match=match):
+            sim.step(x, v)
+    sim.colliders = [Sphere(torch.zeros(4, 2, dtype=F64), 1.0)]
+    with pytest.raises(ValueError, match=r"Sphere.center has shape \(4, 2\).*x0's batch of 3"):
+        sim.step(x.expand(3, -1, -1), v.expand(3, -1, -1))
+
+
+def _world(dim):
+    """A simulator with the ground and one collider of each kind, as numbers and tensors."""
+    sim = biped(dtype=F64) if dim == 2 else tetrapod(dtype=F64)
+    heights = torch.linspace(0.0, 0.05, 6, dtype=F64)
+    sim.colliders = [Plane([0.0, 0.05, 0.0][:dim], torch.tensor([-0.2, 1.0, 0.1][:dim], dtype=F64), friction=20.0),
+                     HeightField(1.0 if dim == 2 else [1.0, -0.5], 0.2, heights if dim == 2 else heights.outer(
+                         torch.ones(4, dtype=F64)), stiffness=3e3),
+                     Sphere([2.0, -0.3, 0.0][:dim], 0.4, friction_eps=0.02)]
+    return sim
+
+
+@pytest.mark.parametrize("dim", (2, 3))
+def test_creature_files_keep_the_colliders(dim, tmp_path):
+    """creatures.save / load: the same kinds, fields and constants, and the same steps; one collider per creature
+    of a batch is refused by name."""
+    from diffsoft import creatures
+
+    sim = _world(dim)
+    creatures.save(sim, str(tmp_path / "c.json"))
+    loaded = creatures.load(str(tmp_path / "c.json"), dtype=F64)
+    assert [type(c) for c in loaded.colliders] == [Plane, HeightField, Sphere]
+    assert loaded.colliders[0].friction == 20.0 and loaded.colliders[1].stiffness == 3e3
+    assert loaded.colliders[2].friction_eps == 0.02 and loaded.colliders[2].stiffness is None
+    x, v = sim.rest_state
+    torch.testing.assert_close(loaded.step(x, v + 0.3)[0], sim.step(x, v + 0.3)[0], rtol=0, atol=0)
+    sim.colliders = [Sphere(torch.zeros(3, dim, dtype=F64), 0.5)]
+    with pytest.raises(ValueError, match=r"creatures.save writes one creature, but sim.colliders\[0\]: Sphere.center"):
+        creatures.save(sim, str(tmp_path / "d.json"))
+    data = json.loads((tmp_path / "c.json").read_text())
+    data["simulator"]["colliders"][1] = {"kind": "box"}
+    (tmp_path / "e.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"e.json: key 'simulator.colliders\[1\]' must be an object with 'kind' one of"):
+        creatures.load(str(tmp_path / "e.json"))
+
+
+@pytest.mark.parametrize("dim", (2, 3))
+def test_render_and_vtk_files_show_the_colliders(dim, tmp_path):
+    """Pictures draw every collider (they differ from the ground's alone), and write_vtk_series writes each one's
+    surface once, listed in the collection for every frame."""
+    import meshio
+
+    from diffsoft import mesh, render
+
+    sim = _world(dim)
+    x, v = sim.rest_state
+    xs, _ = sim.rollout(x, v, steps=2)
+    bounds = (-0.5, 3.0, -1.0, 1.0)
+    with_colliders = np.asarray(render.render_frame(sim, x, bounds=bounds))
+    alone = _world(dim)
+    alone.colliders = []
+    assert (np.asarray(render.render_frame(alone, x, bounds=bounds)) != with_colliders).any(axis=-1).mean() > 0.01
+    pvd = mesh.write_vtk_series(str(tmp_path), xs, sim.body.elements, colliders=sim.all_colliders)
+    text = open(pvd).read()
+    assert text.count('part="1"') == text.count('part="4"') == len(xs)
+    for k in range(4):  # the ground, then the three
+        surface = meshio.read(str(tmp_path / f"frame_collider{k}.vtu"))
+        assert len(surface.points) >= 2 and surface.cells[0].type == ("line" if dim == 2 else "triangle")
+
+
+def test_the_docs_example_runs():
+    """docs/colliders.md's example: a slope, terrain and a sphere, with gradients."""
+    import os
+    import re
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "colliders.md")
+    with open(path) as f:
+        (block,) = re.findall(r"^```python\n(.*?)^```", f.read(), flags=re.S | re.M)
+    scope = {}
+    exec(block, scope)
+    assert scope["heights"].grad.abs().sum() > 0
