@@ -2,7 +2,7 @@
 
 Newton's method; each Newton system solved by CG on Hessian-vector products from torch double backward
 through the plain-torch energy; the same forcing term, truncation, line search and tolerances as diffsoft's
-C++ solver (see csrc/core/newton.cpp), so that both do the same mathematical work.
+C++ solver (see csrc/diffsoft/core/newton.cpp), so that both do the same mathematical work.
 """
 import math
 

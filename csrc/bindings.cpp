@@ -2,10 +2,10 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/extension.h>
 
-#include "core/solver.h"
-#include "core/timers.h"
+#include "diffsoft/core/solver.h"
+#include "diffsoft/core/timers.h"
 #include "ops.h"
-#include "physics/step_solver.h"
+#include "diffsoft/physics/step_solver.h"
 
 namespace py = pybind11;
 using diffsoft::AnalyticEnergy;

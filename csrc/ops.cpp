@@ -30,8 +30,8 @@
 #include <string>
 #include <vector>
 
-#include "physics/kernels.h"
-#include "physics/step_energy.h"
+#include "diffsoft/physics/kernels.h"
+#include "diffsoft/physics/step_energy.h"
 
 namespace diffsoft {
 

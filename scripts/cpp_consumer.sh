@@ -15,6 +15,10 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
 fi
 cmake --build "$build" -j "${MAX_JOBS:-2}" --target diffsoft_core diffsoft_physics
 cmake --install "$build" --prefix "$tmp/prefix" > "$tmp/install.log"
+# Every header under include/diffsoft/: consumers write <diffsoft/core/solver.h>, nothing collision-prone.
+if [ "$(ls "$tmp/prefix/include")" != diffsoft ]; then
+  echo "cpp_consumer.sh: the install put headers outside include/diffsoft: $(ls "$tmp/prefix/include")"; exit 1
+fi
 # The prefixes the core found its torch in (a pip torch's, set by setup.py), after the package's own.
 torch_prefixes=$(sed -n 's/^CMAKE_PREFIX_PATH:[A-Z]*=//p' "$build/CMakeCache.txt")
 cmake -S examples/cpp -B "$tmp/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \

@@ -4,8 +4,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/factor.h"
-#include "core/solver.h"
+#include <diffsoft/core/factor.h>
+#include <diffsoft/core/solver.h>
 
 namespace {
 

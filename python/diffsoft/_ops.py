@@ -23,7 +23,7 @@ if FIELDS != tuple(_C.KERNEL_MODEL_FIELDS):
 
 
 class KernelModel(typing.NamedTuple):
-    """The C++ kernels' step model (``StepModel`` of ``csrc/physics/model.h``) as the operators take it:
+    """The C++ kernels' step model (``StepModel`` of ``csrc/diffsoft/physics/model.h``) as the operators take it:
     ``tensors``, one per name of :data:`FIELDS` (None where absent), the material's code, each collider's kind
     (its ``CODE``, :mod:`diffsoft.colliders`), every collider's parameters one after the other (its kind's
     ``PARAMS``), and the factorizations' shared analysis (a ``_C.FactorCache`` or None; the solver's path only)."""

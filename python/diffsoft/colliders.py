@@ -9,7 +9,7 @@ with its own contact stiffness and friction; ``ground=h`` is shorthand for a hor
   samples the terrain continues flat at its edge's heights.
 * :class:`Sphere` ``(center, radius)``: a ball; a disc in 2D.
 
-The model (the C++ kernels' ``csrc/physics/contact.h``, and its reference :func:`diffsoft.energies.contact_energy`):
+The model (the C++ kernels' ``csrc/diffsoft/physics/contact.h``, and its reference :func:`diffsoft.energies.contact_energy`):
 each collider is a signed distance ``phi`` (negative inside) whose gradient is the unit outward normal ``n``; a free
 vertex pays ``k_c min(phi(y), 0)^2`` for its depth inside, and a lagged friction ``w |P0 (y - x0)|^2 / h^2`` on its
 slip in the collider's tangent plane at the start of the step (``P0 = I - n(x0) n(x0)^T``), with the weight
@@ -79,11 +79,12 @@ class Collider:
         raise NotImplementedError
 
     def to(self, dtype=None, device=None):
-        """A copy with its tensors on ``device`` in ``dtype`` (graphs dropped); numbers stay numbers."""
+        """A copy with its tensors ``t.to(device, dtype)``: differentiable, as :meth:`Simulator.to
+        <diffsoft.simulator.Simulator.to>`'s constants (gradients flow back to this collider's tensors); numbers
+        stay numbers."""
         out = object.__new__(type(self))
         for name, value in vars(self).items():
-            setattr(out, name, value.detach().to(device=device, dtype=dtype) if isinstance(value, torch.Tensor)
-                    else value)
+            setattr(out, name, value.to(device=device, dtype=dtype) if isinstance(value, torch.Tensor) else value)
         return out
 
     def to_dict(self, dim):
@@ -168,6 +169,7 @@ class Plane(Collider):
         self.point, self.normal = point, normal
 
     def geometry(self, dim, dtype, device, batch):
+        """The unit normal ``n`` and ``offset = n . point`` (``([B,] d)``, ``([B])``)."""
         point = self._field("point", self.point, (dim,), dtype, device, batch)
         normal = self._field("normal", self.normal, (dim,), dtype, device, batch)
         length = torch.linalg.vector_norm(normal.detach(), dim=-1)
@@ -177,6 +179,7 @@ class Plane(Collider):
         return n, (n * point).sum(-1)
 
     def mesh(self, dim, lo, hi):
+        """In 2D the solid side (phi < 0) clipped to the box; in 3D a square patch of the plane around its centre."""
         n, offset = (t.numpy() for t in self.step_params_for_one(dim))
         if dim == 2:  # the box's corners inside the plane, and its edges' crossings, around the box
             corners = np.array([[lo[0], lo[1]], [hi[0], lo[1]], [hi[0], hi[1]], [lo[0], hi[1]]])
@@ -214,6 +217,7 @@ class HeightField(Collider):
         self.x0, self.dx, self.heights = x0, dx, heights
 
     def geometry(self, dim, dtype, device, batch):
+        """``origin`` and ``spacing`` (``([B,] A)``, A = d - 1 horizontal axes) and ``heights``."""
         axes = dim - 1
         heights = self.heights if isinstance(self.heights, torch.Tensor) else torch.as_tensor(self.heights)
         samples = tuple(heights.shape[heights.dim() - axes:]) if heights.dim() >= axes else ()
@@ -236,6 +240,7 @@ class HeightField(Collider):
         return self._field(name, value, (axes,), dtype, device, batch)
 
     def mesh(self, dim, lo, hi):
+        """In 2D the terrain's polygon down to the box's floor, in 3D its surface's triangles within the box."""
         origin, spacing, heights = (t.numpy() for t in self.step_params_for_one(dim))
         if dim == 2:  # the samples (and the flat continuation to the box's sides), then down to its bottom
             xs = origin[0] + spacing[0] * np.arange(len(heights))
@@ -310,11 +315,13 @@ class Sphere(Collider):
         self.center, self.radius = center, radius
 
     def geometry(self, dim, dtype, device, batch):
+        """``center`` (``([B,] d)``) and ``radius`` (``([B])``)."""
         center = self._field("center", self.center, (dim,), dtype, device, batch)
         radius = self._field("radius", self.radius, (), dtype, device, batch, lo=0.0)
         return center, radius
 
     def mesh(self, dim, lo, hi):
+        """In 2D the disc as a polygon, in 3D the sphere's triangulated surface."""
         center, radius = (t.numpy() for t in self.step_params_for_one(dim))
         if dim == 2:
             a = np.linspace(0, 2 * math.pi, 64, endpoint=False)

@@ -205,7 +205,7 @@ def _contact(y, x0, h, stiffness, friction, friction_eps, surface, geometry):
 
 class StepTerm(typing.NamedTuple):
     """A term of the step energy, as the torch side sums and differentiates it (the C++ kernels register the same
-    terms in ``csrc/physics/terms.h``). ``rows(top)``: its stencil, ``(K, k)`` int64 indices of all vertices (one row
+    terms in ``csrc/diffsoft/physics/terms.h``). ``rows(top)``: its stencil, ``(K, k)`` int64 indices of all vertices (one row
     per element, muscle, ...), or None for one row per free vertex (the term reads ``y``); ``energy(x_rows, p,
     top)``: one energy per row ``(..., K)``, from the rows' positions ``x_rows`` ``(..., K, k, d)`` and the step's
     :class:`~diffsoft.step.StepParams` ``p``. ``blocks(x_rows, p, top)``: optional, each row's Hessian

@@ -4,7 +4,7 @@ The plain-torch step energy (:func:`diffsoft.energies.reference_step_energy`) is
 tests. Differentiated by double backward, each Hessian-vector product walks its autograd graph of about a
 hundred small nodes; Newton-CG makes several per Newton iteration. Here, on CPU tensors:
 
-- ``StepEnergy`` returns the same value (the fused kernels of ``csrc/physics/``, the operators ``torch.ops.diffsoft.*``
+- ``StepEnergy`` returns the same value (the fused kernels of ``csrc/diffsoft/physics/``, the operators ``torch.ops.diffsoft.*``
   of ``csrc/ops.cpp``: one loop over the registered terms
   stencils, no autograd graph at all); its backward returns the gradient through ``StepGradient``;
 - ``StepGradient`` computes the gradient in closed form, and the Hessian as a sum of local blocks (one per

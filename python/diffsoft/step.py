@@ -7,7 +7,7 @@ minimises, as two records.
   backward returns a gradient for each one that requires grad) and the arguments of every step energy (the
   plain-torch reference :func:`diffsoft.energies.reference_step_energy` and the fused
   :func:`diffsoft.fused.step_energy`). The first 12 follow the C++ kernels' ``enum class StepParam``
-  (``csrc/physics/model.h``), checked at import against ``_C.STEP_PARAM_NAMES``; each collider's follow its
+  (``csrc/diffsoft/physics/model.h``), checked at import against ``_C.STEP_PARAM_NAMES``; each collider's follow its
   kind's order (:mod:`diffsoft.colliders`, checked against ``_C.COLLIDER_KINDS``).
 * :class:`StepTopology`: everything else the energy needs, none of it differentiable: indices, the
   material, the colliders' kinds, the user terms, the factorizations' shared analysis, and (on the fused path)

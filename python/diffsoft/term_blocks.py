@@ -117,6 +117,7 @@ class BlockHessian:
         self.vertex = vertex  # (B, F, d, d)
 
     def apply(self, v):
+        """``H v`` for ``v`` of shape ``(F, d)`` or ``(B, F, d)``."""
         squeeze = v.dim() == 2
         vb = v.unsqueeze(0) if squeeze else v
         b, _, d = vb.shape

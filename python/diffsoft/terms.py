@@ -73,6 +73,7 @@ class Term:
 
     @property
     def params(self):
+        """The tensors the energy reads after ``h`` (a tuple); assignable between steps."""
         return self._params
 
     @params.setter
@@ -109,9 +110,10 @@ class Term:
         return StepTerm(self.name, rows, energy, None if self.blocks is None else blocks, user=True)
 
     def to(self, dtype=None, device=None):
-        """A copy with its parameters on ``device`` in ``dtype`` (graphs dropped)."""
+        """A copy with its parameters ``t.to(device, dtype)``: differentiable, as :meth:`Simulator.to
+        <diffsoft.simulator.Simulator.to>`'s constants (gradients flow back to this term's parameters)."""
         out = copy.copy(self)
-        out._params = tuple(t.detach().to(device=device, dtype=dtype) for t in self._params)
+        out._params = tuple(t.to(device=device, dtype=dtype) for t in self._params)
         return out
 
     def __repr__(self):

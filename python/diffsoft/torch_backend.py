@@ -147,7 +147,16 @@ def solve_step(params, top, linear_solver, rtol=None, atol=0.0, max_iter=100, cg
         params = params._replace(x_hat=params.x_hat[None], x0=params.x0[None], x0_free=params.x0_free[None],
                                  activation=None if act is None else act.reshape(1, -1))
     info = SolveInfo()
-    y = ImplicitStep.apply(options, info, top, *params.flat())
+    if torch.is_inference_mode_enabled():
+        # As diffsoft.minimize: Newton's derivatives are autograd's (diffsoft.term_blocks), which inference mode
+        # turns off and whose tensors cannot enter autograd; copies made outside it can, and nothing can be
+        # differentiated under inference mode anyway (hence no_grad for the result).
+        with torch.inference_mode(False):
+            flat = [t.clone() if isinstance(t, torch.Tensor) else t for t in params.flat()]
+            with torch.no_grad():
+                y = ImplicitStep.apply(options, info, top, *flat)
+    else:
+        y = ImplicitStep.apply(options, info, top, *params.flat())
     return (y[0] if squeeze else y), info
 
 

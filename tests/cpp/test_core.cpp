@@ -6,7 +6,7 @@
 
 #include <torch/version.h>
 
-#include "core/solver.h"
+#include "diffsoft/core/solver.h"
 
 using diffsoft::EnergyFn;
 using torch::Tensor;

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/factor.h"
+#include "diffsoft/core/factor.h"
 
 namespace {
 

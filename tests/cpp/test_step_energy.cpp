@@ -3,8 +3,8 @@
 // factorizations; bad shapes and indices are refused.
 #include <gtest/gtest.h>
 
-#include "physics/step_energy.h"
-#include "physics/step_solver.h"
+#include "diffsoft/physics/step_energy.h"
+#include "diffsoft/physics/step_solver.h"
 
 using torch::Tensor;
 

@@ -463,3 +463,19 @@ def test_the_docs_example_runs():
     scope = {}
     exec(block, scope)
     assert scope["heights"].grad.abs().sum() > 0
+
+
+def test_to_copies_colliders_and_terms_differentiably():
+    """Simulator.to has tensor.to's semantics for the colliders and user terms too: the copy's tensors are
+    differentiable functions of the original's, so a loss on the copy reaches the original's leaves."""
+    from diffsoft.terms import Term
+    sim = biped(dtype=F64)
+    radius = torch.tensor(0.3, dtype=F64, requires_grad=True)
+    weight = torch.tensor(1e-3, dtype=F64, requires_grad=True)
+    sim.colliders = [Sphere([0.2, -0.28], radius, stiffness=5e3)]
+    sim.terms = [Term(lambda x, x0, h, w: w * (x * x).sum((-2, -1)), params=(weight,), name="pull")]
+    small = sim.to(torch.float32)
+    assert small.colliders[0].radius.dtype == torch.float32 and small.terms[0].params[0].dtype == torch.float32
+    x1, _ = small.step(*small.rest_state)
+    g_radius, g_weight = torch.autograd.grad(x1[:, 1].sum(), [radius, weight])
+    assert g_radius.dtype == F64 and g_weight.dtype == F64 and torch.isfinite(g_radius) and g_weight != 0

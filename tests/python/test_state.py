@@ -289,7 +289,7 @@ def test_the_step_problems_constants_changed_in_place_do_not_leak_into_later_ste
     before = _step(sim)
     x, v = sim.rest_state
     params, _ = sim.step_problem(x, v, torch.full((2,), 0.8, dtype=F64))
-    params.friction_eps.add_(1.0)  # a number's tensor (friction_eps is given as a number)
+    params.colliders[0][2].add_(1.0)  # the ground's friction_eps: a number's tensor (given as a number)
     torch.testing.assert_close(_step(sim), before, rtol=0, atol=0)
 
 

@@ -1,5 +1,5 @@
 // Gradients and Hessian-vector products of a scalar energy by torch double backward (matrix-free).
-#include "solver.h"
+#include "diffsoft/core/solver.h"
 
 #include <sstream>
 

@@ -1,5 +1,5 @@
 // The process-wide phase timers; see timers.h.
-#include "core/timers.h"
+#include "diffsoft/core/timers.h"
 
 namespace diffsoft {
 

@@ -4,7 +4,7 @@
 // gravity, h.
 #pragma once
 
-#include "physics/kernels.h"
+#include "diffsoft/physics/kernels.h"
 
 namespace diffsoft::kernels {
 

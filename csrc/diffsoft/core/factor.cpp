@@ -1,6 +1,6 @@
 // Cholesky factorizations; see factor.h.
-#include "core/factor.h"
-#include "core/timers.h"
+#include "diffsoft/core/factor.h"
+#include "diffsoft/core/timers.h"
 
 #include <Eigen/Dense>
 #include <Eigen/SparseCholesky>

@@ -1,8 +1,8 @@
 // The implicit layer: x* = argmin_x E(x, theta) as an autograd Function whose backward uses the implicit
 // function theorem instead of differentiating through Newton's iterations.
-#include "core/factor.h"
-#include "core/timers.h"
-#include "solver.h"
+#include "diffsoft/core/factor.h"
+#include "diffsoft/core/timers.h"
+#include "diffsoft/core/solver.h"
 
 #include <sstream>
 

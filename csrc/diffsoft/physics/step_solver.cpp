@@ -1,5 +1,5 @@
 // The step energy as the solver's analytic path; see step_solver.h.
-#include "physics/step_solver.h"
+#include "diffsoft/physics/step_solver.h"
 
 #include <ATen/ExpandUtils.h>
 
@@ -8,9 +8,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "core/timers.h"
-#include "physics/hessian_blocks.h"
-#include "physics/kernels.h"
+#include "diffsoft/core/timers.h"
+#include "diffsoft/physics/hessian_blocks.h"
+#include "diffsoft/physics/kernels.h"
 
 namespace diffsoft {
 

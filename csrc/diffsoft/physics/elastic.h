@@ -3,7 +3,7 @@
 // Hessian block is B^T (dP/dF) B. Parameters: Dm_inv, mu, lam, and x0 (the fixed vertices' positions).
 #pragma once
 
-#include "physics/materials.h"
+#include "diffsoft/physics/materials.h"
 
 namespace diffsoft::kernels {
 

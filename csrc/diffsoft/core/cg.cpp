@@ -1,5 +1,5 @@
 // Conjugate gradient over rows of independent systems, matrix-free, optionally preconditioned.
-#include "solver.h"
+#include "diffsoft/core/solver.h"
 
 #include <algorithm>
 #include <cmath>

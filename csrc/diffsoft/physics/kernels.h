@@ -12,7 +12,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "physics/model.h"
+#include "diffsoft/physics/model.h"
 
 namespace diffsoft::kernels {
 

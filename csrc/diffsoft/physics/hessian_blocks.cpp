@@ -1,5 +1,5 @@
 // Products, diagonal and factorization of the step Hessian from its blocks; see step_energy.h.
-#include "physics/hessian_blocks.h"
+#include "diffsoft/physics/hessian_blocks.h"
 
 #include <ATen/Parallel.h>
 
@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/timers.h"
-#include "physics/kernels.h"
-#include "physics/step_energy.h"
+#include "diffsoft/core/timers.h"
+#include "diffsoft/physics/kernels.h"
+#include "diffsoft/physics/step_energy.h"
 
 namespace diffsoft {
 

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#include "physics/kernels.h"
+#include "diffsoft/physics/kernels.h"
 
 namespace diffsoft::kernels {
 

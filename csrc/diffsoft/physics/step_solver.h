@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/solver.h"
-#include "physics/step_energy.h"
+#include "diffsoft/core/solver.h"
+#include "diffsoft/physics/step_energy.h"
 
 namespace diffsoft {
 

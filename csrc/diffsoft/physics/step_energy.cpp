@@ -1,6 +1,6 @@
 // The step energy's fused CPU kernels over a batch: each problem's loops sum the registered terms (terms.h) over
 // their stencils' rows. See step_energy.h for the model and the shapes.
-#include "physics/step_energy.h"
+#include "diffsoft/physics/step_energy.h"
 
 #include <ATen/Parallel.h>
 
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "physics/kernels.h"
-#include "physics/terms.h"
+#include "diffsoft/physics/kernels.h"
+#include "diffsoft/physics/terms.h"
 
 namespace diffsoft {
 

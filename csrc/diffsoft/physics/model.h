@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/factor.h"
+#include "diffsoft/core/factor.h"
 
 namespace diffsoft {
 

@@ -5,8 +5,8 @@
 #include <limits>
 #include <stdexcept>
 
-#include "core/factor.h"
-#include "solver.h"
+#include "diffsoft/core/factor.h"
+#include "diffsoft/core/solver.h"
 
 namespace diffsoft {
 

@@ -6,10 +6,10 @@
 // dispatches over are registered in colliders.h.
 #pragma once
 
-#include "physics/contact.h"
-#include "physics/elastic.h"
-#include "physics/inertia.h"
-#include "physics/muscle.h"
+#include "diffsoft/physics/contact.h"
+#include "diffsoft/physics/elastic.h"
+#include "diffsoft/physics/inertia.h"
+#include "diffsoft/physics/muscle.h"
 
 namespace diffsoft::kernels {
 

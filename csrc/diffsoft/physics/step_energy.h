@@ -16,7 +16,7 @@
 
 #include <torch/torch.h>
 
-#include "physics/model.h"
+#include "diffsoft/physics/model.h"
 
 namespace diffsoft {
 

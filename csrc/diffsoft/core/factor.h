@@ -8,7 +8,7 @@
 #include <Eigen/Core>
 #include <Eigen/SparseCore>
 
-#include "core/solver.h"
+#include "diffsoft/core/solver.h"
 
 #include <functional>
 #include <memory>

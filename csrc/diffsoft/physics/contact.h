@@ -12,7 +12,7 @@
 
 #include <algorithm>
 
-#include "physics/colliders.h"
+#include "diffsoft/physics/colliders.h"
 
 namespace diffsoft::kernels {
 

@@ -1,7 +1,7 @@
 // Newton's method with a backtracking line search; each Newton system solved by truncated CG on
 // Hessian-vector products. Vectors are handled as (B, n) rows: B independent problems of n unknowns.
-#include "core/timers.h"
-#include "solver.h"
+#include "diffsoft/core/timers.h"
+#include "diffsoft/core/solver.h"
 
 #include <algorithm>
 #include <cmath>

@@ -5,8 +5,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/factor.h"
-#include "physics/model.h"
+#include "diffsoft/core/factor.h"
+#include "diffsoft/physics/model.h"
 
 namespace diffsoft {
 
