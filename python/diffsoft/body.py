@@ -33,6 +33,25 @@ class _Values:
         return isinstance(other, _Values) and torch.equal(self.values, other.values)
 
 
+class Stamped:
+    """A value as part of a cache's key: equal to another while it is the same object (a tensor: unchanged in
+    place since). It holds the object: an ``id`` alone can be reused by a new tensor once the old one is
+    collected, with the same version 0, and a cache keyed on it would miss the change."""
+
+    def __init__(self, value):
+        self.value = value
+        self.stamp = stamp(value) if isinstance(value, torch.Tensor) else None
+
+    def __eq__(self, other):
+        if not isinstance(other, Stamped):
+            return NotImplemented
+        if isinstance(self.value, torch.Tensor):
+            return self.value is other.value and self.stamp == other.stamp
+        return type(self.value) is type(other.value) and self.value == other.value
+
+    __hash__ = None
+
+
 def _field(name):
     """The property of the tensor field ``name`` of a :class:`SoftBody`: assigned through its check."""
     def get(self):
@@ -217,9 +236,9 @@ class SoftBody:
     @property
     def free(self):
         """``(N - K,)`` int64: the vertices the solver moves, the complement of :attr:`fixed`. Read-only."""
-        key = (id(self._fixed), stamp(self._fixed))
-        if self._free_of is not None and self._free_of[0] == key:
-            if stamp(self._free) != self._free_of[1]:
+        # The fixed tensor itself, not its id: a new tensor may reuse a collected one's id (and version 0).
+        if self._free_of is not None and self._free_of[0] is self._fixed and self._free_of[1] == stamp(self._fixed):
+            if stamp(self._free) != self._free_of[2]:
                 raise ValueError("body.free was changed in place, but it is the complement of body.fixed: assign "
                                  "body.fixed instead")
             return self._free
@@ -228,7 +247,7 @@ class SoftBody:
             is_free = torch.ones(self.num_vertices, dtype=torch.bool, device=self._fixed.device)
             is_free[self._fixed] = False
             self._free = torch.nonzero(is_free).flatten()
-        self._free_of = (key, stamp(self._free))
+        self._free_of = (self._fixed, stamp(self._fixed), stamp(self._free))
         return self._free
 
     @property
@@ -282,7 +301,7 @@ class SoftBody:
     def structure(self):
         """What a simulator's step topology is built from (elements, muscles, free vertices, material), as a
         key that changes whenever one of them is assigned or modified in place."""
-        return (self._material,) + tuple((id(t), stamp(t)) for t in (self.elements, self.muscles, self.free))
+        return (self._material,) + tuple(Stamped(t) for t in (self.elements, self.muscles, self.free))
 
     @property
     def _tiny(self):

@@ -21,7 +21,7 @@ from ._checks import is_finite_real
 from ._compat import eager_under_compile
 from ._extension import _C
 from ._minimize import minimize, refuse_transforms
-from .body import SoftBody, stamp
+from .body import SoftBody, Stamped, stamp
 from .colliders import Collider, Plane
 from .energies import (contact_energy, deformation_gradient, determinant, elastic_energy, gravity_energy,
                        muscle_energy, reference_step_energy)
@@ -262,7 +262,7 @@ class Simulator:
             self._default_atol = None  # the user's own
             return
         b = self.body
-        source = (b.material,) + tuple((id(t), stamp(t)) for t in (b.mass, b.mu, b.Dm_inv, self._gravity))
+        source = (b.material,) + tuple(Stamped(t) for t in (b.mass, b.mu, b.Dm_inv, self._gravity))
         if atol is not None and default[1] == source:
             return
         atol = (1e-8 if b.dtype == torch.float64 else 1e-5) * self._force_scale()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from diffsoft import creatures, mesh
-from diffsoft.body import SoftBody
+from diffsoft.body import SoftBody, Stamped
 from diffsoft.simulator import Simulator
 
 from conftest import F32, F64, small_sim
@@ -313,3 +313,26 @@ def test_the_default_atol_follows_the_body():
     small.step_problem(*small.rest_state, torch.full((2,), 0.8, dtype=F32))
     assert small.solver_options["atol"] == pytest.approx(Simulator(small.body, dt=0.02).solver_options["atol"])
     assert small.solver_options["atol"] > 100 * sim.solver_options["atol"]
+
+
+def test_cache_keys_hold_their_tensors_not_their_ids():
+    """The step's topology, the default atol and body.free are cached on keys of the tensors they came from.
+    A key of ``id(t)`` and its version missed a reassignment whenever the new tensor reused a collected one's
+    id (both at version 0): the stateful campaign met a stale body.free (a valid state refused) and a stale
+    default atol. A key that holds the tensor tells the new one from the old whatever their ids."""
+    old = torch.zeros(3)
+    assert Stamped(old) == Stamped(old) and Stamped(old) != Stamped(torch.zeros(3))
+    key = Stamped(old)
+    old.add_(1.0)
+    assert key != Stamped(old)
+    sim = small_sim()
+    body = sim.body
+    with torch.no_grad():
+        body.free.add_(0)  # in place: free is derived from fixed
+    with pytest.raises(ValueError, match="body.free was changed in place"):
+        body.free
+    body.fixed = body.fixed.clone()  # a new tensor: free is made again from it
+    assert torch.equal(body.free, torch.arange(body.num_vertices)[~torch.isin(torch.arange(body.num_vertices), body.fixed)])
+    before = body.structure()
+    body.elements = body.elements.clone()
+    assert body.structure() != before
