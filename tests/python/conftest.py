@@ -70,6 +70,23 @@ def sheet_sim(dim, material, fixed=None):
     return Simulator(body, dt=0.02, ground=0.0)
 
 
+def assert_fused_matches_reference(y, flat, top, v):
+    """The fused step energy's value, gradient and Hessian product along ``v`` (through its autograd nodes)
+    against the plain-torch reference's at ``y``; returns the reference's ``(e, g, hv)``."""
+    from diffsoft.fused import step_energy
+    results = []
+    for energy in (reference_step_energy, step_energy):
+        e = energy(y, *flat, top)
+        (g,) = torch.autograd.grad(e.sum(), y, create_graph=True)
+        (hv,) = torch.autograd.grad(g, y, v)
+        results.append((e, g, hv))
+    (e0, g0, h0), (e1, g1, h1) = results
+    torch.testing.assert_close(e1, e0, rtol=1e-12, atol=0)
+    torch.testing.assert_close(g1, g0, rtol=1e-10, atol=1e-10 * g0.abs().max().item())
+    torch.testing.assert_close(h1, h0, rtol=1e-10, atol=1e-10 * h0.abs().max().item())
+    return e0, g0, h0
+
+
 def reference_param_grads(y, flat, top, wanted, weight, order):
     """Through the reference energy, for the parameters at the indices ``wanted`` of ``flat``
     (``StepParams.flat()``): ``weight . d/dtheta E`` (order 1, ``weight`` shaped like the energy), or
