@@ -230,7 +230,7 @@ def test_friction_holds_on_a_shallow_slope_and_lets_go_on_a_steep_one(dim, backe
         assert velocity.item() == pytest.approx(terminal.item(), rel=1e-3), degrees
         # the closed form of sum_i b_i: n_c eps plus the weight's component normal to the slope over 2 k_c
         n_c = (band > 0).sum()
-        assert band.sum().item() == pytest.approx(n_c * eps + mass * 9.8 * math.cos(theta) / (2 * kc), rel=1e-3)
+        assert band.sum().item() == pytest.approx(float(n_c * eps + mass * 9.8 * math.cos(theta) / (2 * kc)), rel=1e-3)
         speeds[degrees] = velocity.item()
     assert 0 < speeds[5] < 1e-3 and speeds[45] > 3e-3, speeds
 
