@@ -511,18 +511,17 @@ class Sequence:
         d_mu = torch.randn(mu.shape, generator=g, dtype=mu.dtype) * self.model["mu"].to(mu.dtype)
         d_x = torch.randn(self.x.shape, generator=g, dtype=self.x.dtype) * 1e-2
 
-        def loss(scale, h):
+        def loss(scale, h, tight):
             oracle = self.fresh()
-            # Solved far below the default tolerances: at h = 1e-6 a residual at the default atol moves the
-            # difference by ~1e-4 of the gradient (sequence 4993 met that), the judgement's own tolerance.
-            atol = oracle.solver_options["atol"]
-            oracle.solver_options.update(rtol=1e-14, atol=None if atol is None else 1e-4 * atol, max_iter=200)
+            if tight:  # far below the default tolerances (see below)
+                atol = oracle.solver_options["atol"]
+                oracle.solver_options.update(rtol=1e-14, atol=None if atol is None else 1e-4 * atol, max_iter=50)
             oracle.body.mu = (self.model["mu"] + h * scale * d_mu).to(self.dtype)
             x = self.x + (h * scale * d_x if g_x is not None else 0.0)
             return (self.step(oracle, x=x)[0] * w).sum().item()
 
-        def central(h):
-            return (loss(1, h) - loss(-1, h)) / (2 * h)
+        def central(h, tight=False):
+            return (loss(1, h, tight) - loss(-1, h, tight)) / (2 * h)
 
         fd, fd_coarse = central(1e-6), central(1e-5)
         ours = (g_mu * d_mu).sum().item() + ((g_x * d_x).sum().item() if g_x is not None else 0.0)
@@ -531,6 +530,11 @@ class Sequence:
             self.record(label, "right answer", f"not judged: differences not smooth ({fd:.6g}, {fd_coarse:.6g})")
             return
         ok = abs(ours - fd) <= 1e-4 * abs(fd) + 1e-9
+        if not ok:
+            # At h = 1e-6 a residual at the default atol moves the difference by ~1e-4 of the gradient, the
+            # judgement's own tolerance (sequence 4993 met that): the verdict is the tightly solved difference's.
+            fd = central(1e-6, tight=True)
+            ok = abs(ours - fd) <= 1e-4 * abs(fd) + 1e-9
         self.record(label, "right answer" if ok else "silent", f"gradient {ours:.9g}, central differences {fd:.9g}")
 
     def rule_to(self):
