@@ -225,8 +225,8 @@ class Sequence:
                         f"converged {info.converged}, the oracle's {oracle_info.converged}, {err:.3g} apart")
             return False
         if info.converged != oracle_info.converged:
-            # One of the two stopped short (a kink of the contact's penalty can make Newton cycle from a start
-            # that differs in the last bits), and warned; both stand at the same point.
+            # One of the two stopped short (its Newton stalled near the point, from a start that differs in
+            # the last bits) and warned; both stand at the same point.
             self.record(rule, "right answer", f"converged {info.converged}, the oracle's {oracle_info.converged}, "
                                               f"at the same point ({err:.3g} apart)")
         elif info.converged and not same:
