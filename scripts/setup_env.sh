@@ -25,7 +25,7 @@ else
   pip_args=(".[test,rl]")  # not editable: the source tree's extension is the Debian leg's
 fi
 torch_version=$("$VENV/bin/python" -c "import torch; print(torch.__version__)")
-echo "setup_env.sh: building diffsoft against torch $torch_version in $BUILD (about 5 minutes on 2 cores the first" \
+echo "setup_env.sh: building diffsoft against torch $torch_version in $BUILD (about 4 minutes on 2 cores the first" \
      "time; $BUILD.log has the full output)"
 # pip hides the build's output: show each compiled file as it goes, and the whole log if it fails.
 if ! DIFFSOFT_BUILD_DIR="$BUILD" "$VENV/bin/python" -m pip install -v --no-build-isolation "${pip_args[@]}" \
