@@ -308,6 +308,24 @@ def test_gradients_with_respect_to_slope_heights_centre_and_radius_match_central
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_tight_solves_converge_where_the_step_energy_nearly_cancels(backend):
+    """A 3D block sliding onto a sphere, solved to 1e-2 of the default force residual: there the step energy's
+    total is about 11x smaller than the sum of its terms' magnitudes, which is the scale of its round-off. The
+    C++ Newton's line search allows for that round-off, as the torch backend's does. When it allowed only for
+    the total's, it stopped with "no decrease of the energy" at ||g|| = 1.7e-6, against a tolerance of 3e-8."""
+    body = _block(3, stiffness=2e4)
+    body_x = body.rest_positions + torch.tensor([0.0, 0.004, 0.0], dtype=F64)
+    for shift in (0.0, 1e-6, -1e-6, 2e-6):
+        center = torch.tensor([0.05, -0.3, 0.1 + shift], dtype=F64)
+        sim = _tight(Simulator(body, dt=0.01, ground=None, backend=backend,
+                               colliders=[Sphere(center, 0.3, stiffness=2e3, friction=20.0, friction_eps=0.01)]))
+        x, v = body_x, torch.zeros_like(body_x) + torch.tensor([0.4, -0.3, 0.1], dtype=F64)
+        for _ in range(3):
+            x, v, info = sim.step(x, v, return_info=True)  # on_failure="raise"
+            assert info.converged
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_per_creature_colliders_match_per_creature_runs(backend):
     """A batch of three bipeds, each on its own terrain (heights, a sphere's centre and radius, a slope: fields
     with a leading B), against each biped stepped alone on its own; gradients with respect to the per-creature

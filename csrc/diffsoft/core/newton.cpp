@@ -102,7 +102,8 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
   const double rtol = opt.rtol > 0 ? opt.rtol : default_rtol(x0.scalar_type());
   const int64_t cg_max_iter = opt.cg_max_iter > 0 ? opt.cg_max_iter : n;
   // Round-off allowance in the sufficient-decrease test: near the minimum E changes by less than its
-  // own rounding error, and an exact Armijo test would then reject every step.
+  // own rounding error, and an exact Armijo test would then reject every step. Relative to the energy's
+  // round-off scale (AnalyticDerivatives::energy_scale, the sum of its terms' magnitudes; else |E|).
   const double e_noise = 16 * (x0.scalar_type() == torch::kFloat64 ? std::numeric_limits<double>::epsilon()
                                                                     : std::numeric_limits<float>::epsilon());
 
@@ -129,6 +130,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     AnalyticDerivatives point = derivatives_at(energy, analytic, x, shape, consts, opt.batched);
     const torch::Tensor& g = point.grad;
     const torch::Tensor e = groups(point.energy);
+    const torch::Tensor e_scale = point.energy_scale.defined() ? groups(point.energy_scale) : e.abs();
     const bool per_problem = e.size(0) == batch && batch > 1;
     g_norm = row_norm(g);
     torch::Tensor row_finite = torch::isfinite(g_norm) & (per_problem ? torch::isfinite(e) : torch::isfinite(e).expand({batch}));
@@ -214,7 +216,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       torch::Tensor trial = x + (per_problem ? step : step.expand({batch})).unsqueeze(1) * p;
       torch::Tensor e_trial = eval(trial);
       ++info.line_search_steps;
-      torch::Tensor ok = torch::isfinite(e_trial) & (e_trial <= e + opt.ls_c1 * step * slope + e_noise * e.abs()) &
+      torch::Tensor ok = torch::isfinite(e_trial) & (e_trial <= e + opt.ls_c1 * step * slope + e_noise * e_scale) &
                          accepted.logical_not();
       x_next = torch::where((per_problem ? ok : ok.expand({batch})).unsqueeze(1), trial, x_next);
       accepted = accepted | ok;

@@ -39,6 +39,9 @@ struct FactorCounts {
 
 struct AnalyticDerivatives {
   torch::Tensor energy;  // 0-dim, or (B,) per problem
+  // Optional, shaped like energy: the scale of its round-off, such as the sum of its terms' magnitudes (a total
+  // whose terms nearly cancel rounds like its terms); the line search's allowance for it. Default |energy|.
+  torch::Tensor energy_scale;
   torch::Tensor grad;    // (B, n)
   LinearOperator hvp;
   LinearOperator precondition;  // optional: M^-1 v for a symmetric positive definite M ~ H (CG's preconditioner)

@@ -45,23 +45,26 @@ StepModel contiguous(const StepModel& m) {
 
 namespace {
 
+// The problem's energy, and the sum of its rows' magnitudes into *scale (the value's round-off scale).
 template <typename S, int D>
-S problem_energy(const View<S, D>& v, const Point<S>& pt) {
-  S e = 0;
+S problem_energy(const View<S, D>& v, const Point<S>& pt, S* scale) {
+  S e = 0, magnitude = 0;
+  auto add = [&](S row) { e += row, magnitude += std::abs(row); };
   StepTerms::each<Stencil::element>([&](auto term) {
-    for (int64_t k = 0; k < v.e; ++k) e += decltype(term)::energy(v, pt, k);
+    for (int64_t k = 0; k < v.e; ++k) add(decltype(term)::energy(v, pt, k));
   });
   StepTerms::each<Stencil::muscle>([&](auto term) {
-    for (int64_t k = 0; k < v.nm; ++k) e += decltype(term)::energy(v, pt, k);
+    for (int64_t k = 0; k < v.nm; ++k) add(decltype(term)::energy(v, pt, k));
   });
   for (int64_t i = 0; i < v.n; ++i) {
     const int64_t s = v.slot[i];
     if (s < 0) continue;
-    StepTerms::each<Stencil::vertex>([&](auto term) { e += decltype(term)::energy(v, pt, s); });
+    StepTerms::each<Stencil::vertex>([&](auto term) { add(decltype(term)::energy(v, pt, s)); });
     StepTerms::each<Stencil::vertex_collider>([&](auto term) {
-      for (size_t c = 0; c < v.colliders.size(); ++c) e += decltype(term)::energy(v, pt, s, c);
+      for (size_t c = 0; c < v.colliders.size(); ++c) add(decltype(term)::energy(v, pt, s, c));
     });
   }
+  *scale = magnitude;
   return e;
 }
 
@@ -221,13 +224,15 @@ void for_each_state(const StepModel& model, const StepState& state, F&& f) {
 }  // namespace
 }  // namespace kernels
 
-torch::Tensor step_energy_value(const StepModel& model, const StepState& state) {
+torch::Tensor step_energy_value(const StepModel& model, const StepState& state, torch::Tensor* scale) {
   kernels::check(model, state);
   torch::Tensor out = torch::empty({state.y.size(0)}, state.y.options());
+  torch::Tensor magnitudes = torch::empty_like(out);
   kernels::for_each_state(model, state, [&](const auto& v, int64_t b, const auto& pt) {
     using S = typename std::decay_t<decltype(v)>::scalar;
-    out.data_ptr<S>()[b] = kernels::problem_energy(v, pt);
+    out.data_ptr<S>()[b] = kernels::problem_energy(v, pt, magnitudes.data_ptr<S>() + b);
   });
+  if (scale) *scale = magnitudes;
   return out;
 }
 

@@ -20,8 +20,10 @@
 
 namespace diffsoft {
 
-// Per-problem energies, (B,). +inf where a neo-Hookean element is inverted.
-torch::Tensor step_energy_value(const StepModel& model, const StepState& state);
+// Per-problem energies, (B,). +inf where a neo-Hookean element is inverted. With scale, also each problem's sum
+// of its terms' magnitudes (the sum of |row energy| over every term's rows), the scale of the value's round-off:
+// a total whose terms nearly cancel rounds like its terms, not like itself.
+torch::Tensor step_energy_value(const StepModel& model, const StepState& state, torch::Tensor* scale = nullptr);
 
 // The gradient and the Hessian's blocks at state.y.
 StepDerivatives step_energy_derivatives(const StepModel& model, const StepState& state);

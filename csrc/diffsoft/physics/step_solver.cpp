@@ -72,8 +72,12 @@ AnalyticEnergy step_analytic_energy(const StepModel& model, const StepState& sta
       return r / *d;
     };
     AnalyticDerivatives out;
-    out.energy = step_energy_value(*m, s);
-    if (extra) out.energy = out.energy + extra->value(s.y);
+    out.energy = step_energy_value(*m, s, &out.energy_scale);
+    if (extra) {
+      const torch::Tensor theirs = extra->value(s.y);
+      out.energy = out.energy + theirs;
+      out.energy_scale = out.energy_scale + theirs.abs();
+    }
     out.grad = blocks->grad.view({shape[0], -1});
     out.hvp = hvp;
     out.precondition = precondition;
