@@ -22,7 +22,7 @@ from ._compat import eager_under_compile
 from ._extension import _C
 from ._minimize import minimize, refuse_transforms
 from .body import SoftBody, Stamped, stamp
-from .colliders import Collider, Plane
+from .colliders import KINDS, Collider, Plane
 from .energies import (contact_energy, deformation_gradient, determinant, elastic_energy, gravity_energy,
                        muscle_energy, reference_step_energy)
 from .fused import analytic_energy, step_energy, with_kernel_model
@@ -38,6 +38,7 @@ _CONTACT_PER_MASS = 14000.0 / ALGOVIVO_VERTEX_MASS
 _FRICTION_PER_MASS = 300.0 / ALGOVIVO_VERTEX_MASS
 # The smallest activation: a muscle's target length a l0 stays a normal float, and its energy finite.
 _MIN_ACTIVATION = 1e-6
+_KIND_NAMES = ", ".join(cls.__name__ for cls in KINDS)  # the collider kinds, for messages
 
 
 def _constant(value, dtype, device):
@@ -84,9 +85,8 @@ class Simulator:
             the colliders); default algovivo's 300 per 6.0714 of mean vertex mass.
         friction_eps: ``eps``, the height above the ground (the distance from a collider) under which friction
             acts.
-        colliders: more colliders (:mod:`diffsoft.colliders`: :class:`~diffsoft.colliders.Plane`,
-            :class:`~diffsoft.colliders.HeightField`, :class:`~diffsoft.colliders.Sphere`), each with its own
-            contact constants (None: the simulator's); with ``ground=None`` they are the only ones.
+        colliders: more colliders (of the kinds in :mod:`diffsoft.colliders`: planes, height fields, ...), each
+            with its own contact constants (None: the simulator's); with ``ground=None`` they are the only ones.
         terms: the user's energy terms in torch (:class:`diffsoft.terms.Term`), added to the step on both
             backends, differentiably (their parameters get gradients).
         rtol, atol: the step's convergence test, ``|grad E| <= max(atol, rtol |grad E(x_hat)|)`` per problem,
@@ -187,11 +187,11 @@ class Simulator:
     @colliders.setter
     def colliders(self, value):
         if isinstance(value, Collider) or not isinstance(value, (list, tuple)):
-            raise TypeError(f"colliders must be a list or tuple of diffsoft.colliders objects (Plane, HeightField, "
-                            f"Sphere), got {type(value).__name__}")
+            raise TypeError(f"colliders must be a list or tuple of diffsoft.colliders objects ({_KIND_NAMES}), got "
+                            f"{type(value).__name__}")
         for k, c in enumerate(value):
             if not isinstance(c, Collider):
-                raise TypeError(f"colliders[{k}] must be a diffsoft.colliders object (Plane, HeightField, Sphere), got "
+                raise TypeError(f"colliders[{k}] must be a diffsoft.colliders object ({_KIND_NAMES}), got "
                                 f"{type(c).__name__}")
         self._colliders = tuple(value)
 
