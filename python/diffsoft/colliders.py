@@ -8,6 +8,7 @@ with its own contact stiffness and friction; ``ground=h`` is shorthand for a hor
   and each grid cell is two triangles (split along the diagonal from ``(i + 1, j)`` to ``(i, j + 1)``). Beyond its
   samples the terrain continues flat at its edge's heights.
 * :class:`Sphere` ``(center, radius)``: a ball; a disc in 2D.
+* :class:`Capsule` ``(start, end, radius)``: the points within ``radius`` of a segment; a stadium in 2D.
 
 The model (the C++ kernels' ``csrc/diffsoft/physics/contact.h``, and its reference :func:`diffsoft.energies.contact_energy`):
 each collider is a signed distance ``phi`` (negative inside) whose gradient is the unit outward normal ``n``; a free
@@ -352,6 +353,73 @@ class Sphere(Collider):
         return dist - (radius[..., None] if radius.dim() else radius), n
 
 
+class Capsule(Collider):
+    """The points within ``radius`` of the segment from ``start`` to ``end`` (a stadium in 2D): ``phi = |q - p| -
+    radius`` with ``p`` the segment's point nearest ``q``. ``start`` and ``end`` ``(d,)`` (or ``(B, d)``; equal
+    ones make a sphere), ``radius`` a non-negative number (or ``(B,)``)."""
+    KIND = "capsule"
+    GEOMETRY = ("start", "end", "radius")
+    FIELDS = ("start", "end", "radius")
+
+    def __init__(self, start, end, radius, stiffness=None, friction=None, friction_eps=None):
+        super().__init__(stiffness, friction, friction_eps)
+        self.start, self.end, self.radius = start, end, radius
+
+    def geometry(self, dim, dtype, device, batch):
+        """``start``, ``end`` (``([B,] d)``) and ``radius`` (``([B])``)."""
+        start = self._field("start", self.start, (dim,), dtype, device, batch)
+        end = self._field("end", self.end, (dim,), dtype, device, batch)
+        return start, end, self._field("radius", self.radius, (), dtype, device, batch, lo=0.0)
+
+    def mesh(self, dim, lo, hi):
+        """In 2D the stadium as a polygon, in 3D the capsule's triangulated surface (a cylinder and two caps)."""
+        start, end, radius = (t.numpy() for t in self.step_params_for_one(dim))
+        r = float(radius)
+        w = end - start
+        length = np.linalg.norm(w)
+        u = w / length if length > 0 else np.eye(dim)[0]
+        if dim == 2:  # half a circle around each end
+            a = np.linspace(-math.pi / 2, math.pi / 2, 33)[:, None]
+            v = np.array([-u[1], u[0]])
+            cap = np.cos(a) * u + np.sin(a) * v
+            return np.concatenate([end + r * cap, start - r * cap])
+        v = np.cross(u, [1.0, 0.0, 0.0] if abs(u[0]) < 0.9 else [0.0, 0.0, 1.0])
+        v /= np.linalg.norm(v)
+        v2 = np.cross(u, v)
+        half = np.linspace(0, math.pi / 2, 7)
+        theta = np.concatenate([half, half + math.pi / 2])[:, None]  # end's cap (about u), then start's (about -u)
+        centre = np.repeat(np.stack([end, start]), len(half), 0)[:, None, :]
+        rings, segments = len(theta) - 1, 24
+        phi = np.linspace(0, 2 * math.pi, segments, endpoint=False)[None, :]
+        unit = (np.cos(theta)[..., None] * u + (np.sin(theta) * np.cos(phi))[..., None] * v +
+                (np.sin(theta) * np.sin(phi))[..., None] * v2)
+        points = (centre + r * unit).reshape(-1, 3)
+        i, j = np.meshgrid(np.arange(rings), np.arange(segments), indexing="ij")
+        a, b = i * segments + j, i * segments + (j + 1) % segments
+        tris = np.concatenate([np.stack([a, a + segments, b], -1).reshape(-1, 3),
+                               np.stack([b, a + segments, b + segments], -1).reshape(-1, 3)])
+        return points, tris
+
+    @staticmethod
+    def surface(q, start, end, radius):
+        """``(phi, n)`` at ``q`` ``(..., F, d)``; start, end ``([B,] d)``, radius ``([B])``; on the segment itself
+        n is +y, as the C++ kernels'."""
+        a = start.unsqueeze(-2) if start.dim() > 1 else start
+        w = (end.unsqueeze(-2) if end.dim() > 1 else end) - a
+        ww = (w * w).sum(-1, keepdim=True)
+        long = ww > 0
+        t = torch.where(long, ((q - a) * w).sum(-1, keepdim=True) / torch.where(long, ww, torch.ones_like(ww)),
+                        torch.zeros_like(ww)).clamp(0, 1)
+        r = q - a - t * w
+        dist = torch.linalg.vector_norm(r, dim=-1)
+        off = dist > 0
+        safe = torch.where(off, dist, torch.ones_like(dist))
+        up = torch.zeros_like(q)
+        up[..., 1] = 1
+        n = torch.where(off[..., None], r / safe[..., None], up)
+        return dist - (radius[..., None] if radius.dim() else radius), n
+
+
 def _clip(polygon, phi):
     """The part of a convex ``polygon`` ``(P, 2)`` where ``phi <= 0`` (Sutherland-Hodgman against one plane)."""
     out = []
@@ -369,7 +437,7 @@ def _scalar(value):
     return isinstance(value, numbers.Real) or (isinstance(value, torch.Tensor) and value.dim() == 0)
 
 
-KINDS = (Plane, HeightField, Sphere)
+KINDS = (Plane, HeightField, Sphere, Capsule)
 """The collider kinds, in the C++ kernels' order (``Collider::kind``, ``_C.COLLIDER_KINDS``)."""
 _BY_KIND = {cls.KIND: cls for cls in KINDS}
 for _code, _cls in enumerate(KINDS):

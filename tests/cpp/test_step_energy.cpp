@@ -67,7 +67,11 @@ Problem make(int d, int64_t material, bool per_problem = false) {
                {torch::full({d - 1}, -0.5, f64), torch::full({d - 1}, 0.3, f64), samples}),
       collider("sphere", 60.0, 4.0, 0.05,
                {d == 2 ? torch::tensor({1.0, -0.45}, f64) : torch::tensor({1.0, -0.45, 0.05}, f64),
-                torch::tensor(0.5, f64)})};
+                torch::tensor(0.5, f64)}),
+      collider("capsule", 45.0, 3.5, 0.05,
+               {d == 2 ? torch::tensor({0.2, -0.5}, f64) : torch::tensor({0.2, -0.5, 0.1}, f64),
+                d == 2 ? torch::tensor({1.3, -0.4}, f64) : torch::tensor({1.3, -0.4, -0.1}, f64),
+                torch::tensor(0.45, f64)})};
   if (per_problem) {
     std::vector<Tensor*> model_params = {&p.model.mass, &p.model.Dm_inv, &p.model.mu, &p.model.lam,
                                          &p.model.rest_length, &p.model.stiffness, &p.model.h, &p.model.gravity};

@@ -14,7 +14,7 @@ from torch.autograd import gradcheck
 
 from diffsoft import fused
 from diffsoft.body import SoftBody
-from diffsoft.colliders import HeightField, Plane, Sphere
+from diffsoft.colliders import Capsule, HeightField, Plane, Sphere
 from diffsoft.creatures import biped, tetrapod
 from diffsoft.mesh import grid, rectangle, voxels
 from diffsoft.simulator import Simulator
@@ -46,17 +46,23 @@ def _every_kind(dim, per_creature=None):
         Plane([0.0, -0.003, 0.0][:dim], [0.05, 1.0, -0.03][:dim], stiffness=4e3, friction=40.0, friction_eps=0.02),
         HeightField(-0.1 if dim == 2 else [-0.1, -0.1], 0.075 if dim == 2 else [0.075, 0.1], heights, stiffness=3e3,
                     friction=30.0, friction_eps=0.02),
-        Sphere([0.2, -0.295, 0.1][:dim], 0.3, stiffness=5e3, friction=50.0, friction_eps=0.02)]
+        Sphere([0.2, -0.295, 0.1][:dim], 0.3, stiffness=5e3, friction=50.0, friction_eps=0.02),
+        # its ends' caps under the sheet's first and last columns, its side under the middle ones
+        Capsule([0.05, -0.19, 0.05][:dim], [0.35, -0.2, 0.15][:dim], 0.2, stiffness=6e3, friction=60.0,
+                friction_eps=0.02)]
     if per_creature:
         scale = 1 + 0.05 * torch.rand(per_creature, 1, generator=g, dtype=F64)
-        c0, c1, c2 = colliders
+        c0, c1, c2, c3 = colliders
         colliders = [Plane(torch.as_tensor(c0.point, dtype=F64) * scale, torch.as_tensor(c0.normal, dtype=F64) * scale,
                            stiffness=4e3 * scale[:, 0], friction=c0.friction, friction_eps=c0.friction_eps),
                      HeightField(torch.full((per_creature,) + (() if dim == 2 else (2,)), -0.1, dtype=F64),
                                  c1.dx, heights * scale.view(-1, *[1] * heights.dim()), stiffness=c1.stiffness,
                                  friction=30.0 * scale[:, 0], friction_eps=c1.friction_eps),
                      Sphere(torch.as_tensor(c2.center, dtype=F64) * scale, 0.3 * scale[:, 0], stiffness=c2.stiffness,
-                            friction=c2.friction, friction_eps=0.02 * scale[:, 0])]
+                            friction=c2.friction, friction_eps=0.02 * scale[:, 0]),
+                     Capsule(torch.as_tensor(c3.start, dtype=F64) * scale, torch.as_tensor(c3.end, dtype=F64) * scale,
+                             0.2 * scale[:, 0], stiffness=6e3 * scale[:, 0], friction=c3.friction,
+                             friction_eps=c3.friction_eps)]
     return colliders
 
 
@@ -249,23 +255,31 @@ def _disc(dim, radius=0.05, cells=6):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dim", (2, 3))
-def test_a_ball_dropped_on_a_sphere_does_not_sink_into_it(dim, backend):
+@pytest.mark.parametrize("kind", ("sphere", "capsule"))
+def test_a_ball_dropped_on_a_sphere_does_not_sink_into_it(kind, dim, backend):
     """A ball of radius 5 cm falls from 10 cm onto a sphere of radius 1 (2 cm off its top), hitting it at 1.4 m/s:
     no vertex ever goes deeper into the sphere than 5 mm (with k_c 100 times the default per vertex mass, a
-    vertex's kinetic energy at impact, m v^2 / 2 = k_c depth^2, buys 2 mm), and the ball ends on it, outside."""
+    vertex's kinetic energy at impact, m v^2 / 2 = k_c depth^2, buys 2 mm), and the ball ends on it, outside.
+    Likewise on the side of a capsule of radius 1 (a log lying across the ball's path, its axis along z and
+    slanting down in x in 2D, where the capsule is a stadium)."""
     body = _disc(dim, cells=3 if dim == 3 else 6)
     radius = 1.0
     center = torch.tensor([0.0, -radius, 0.0][:dim], dtype=F64)
     sim = Simulator(body, dt=0.01, ground=None, backend=backend, on_failure="raise")
-    sim.colliders = [Sphere(center, radius, stiffness=100 * sim.contact_stiffness)]
+    if kind == "sphere":
+        collider = Sphere(center, radius, stiffness=100 * sim.contact_stiffness)
+    else:
+        axis = torch.tensor([1.0, -0.1] if dim == 2 else [0.0, 0.0, 1.0], dtype=F64)
+        collider = Capsule(center - axis, center + axis, radius, stiffness=100 * sim.contact_stiffness)
+    sim.colliders = [collider]
     x, v = sim.rest_state
     x = x + torch.tensor([0.02, 0.1 + 0.05, 0.0][:dim], dtype=F64)
     with torch.no_grad():
         xs, _ = sim.rollout(x, v, steps=60)
-    depth = (xs - center).norm(dim=-1) - radius
+    depth = collider.surface(xs, *collider.step_params_for_one(dim))[0]
     assert depth[1:].min().item() > -5e-3
-    assert (depth.min(-1).values < 1e-3).any(), "the ball touches the sphere"
-    assert (xs[-1] - center).norm(dim=-1).min() > radius - 5e-3
+    assert (depth.min(-1).values < 1e-3).any(), f"the ball touches the {kind}"
+    assert depth[-1].min() > -5e-3
 
 
 def _steps_loss(sim, x, v, steps=3):
@@ -303,6 +317,36 @@ def test_gradients_with_respect_to_slope_heights_centre_and_radius_match_central
     grads = torch.autograd.grad(loss(*inputs), inputs)
     for name, grad in zip(("normal", "point", "heights", "origin", "spacing", "center", "radius", "kc", "kf", "eps"),
                           grads):
+        assert grad.abs().max() > 0, f"the loss must depend on {name}"
+    assert gradcheck(loss, inputs, eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dim", (2, 3))
+def test_gradients_with_respect_to_a_capsules_ends_and_radius_match_central_differences(dim, backend):
+    """Three steps of a block sliding with friction over a capsule, its vertices on both the side and an end's
+    cap; the loss differentiated with respect to the capsule's start, end, radius and contact constants, by
+    gradcheck."""
+    body = _block(dim, stiffness=2e4)
+    body_x = body.rest_positions + torch.tensor([0.0, 0.004, 0.0][:dim], dtype=F64)
+
+    def loss(start, end, radius, kc, kf):
+        sim = _tight(Simulator(body, dt=0.01, ground=None, backend=backend,
+                               colliders=[Capsule(start, end, radius, stiffness=kc, friction=kf, friction_eps=0.01)]))
+        v = torch.zeros_like(body_x) + torch.tensor([0.4, -0.3, 0.1][:dim], dtype=F64)
+        return _steps_loss(sim, body_x, v)
+
+    lo, hi = body_x.min(0).values, body_x.max(0).values
+    mid = (lo + hi) / 2
+    inputs = (torch.tensor([-0.3, -0.303, -0.05][:dim], dtype=F64) + mid * torch.tensor([0.0, 0.0, 1.0][:dim]),
+              torch.tensor([0.0, -0.3, 0.05][:dim], dtype=F64) + mid * torch.tensor([1.0, 0.0, 1.0][:dim]),
+              torch.tensor(0.3, dtype=F64), torch.tensor(2e3, dtype=F64), torch.tensor(20.0, dtype=F64))
+    inputs = tuple(t.requires_grad_() for t in inputs)
+    capsule = Capsule(*inputs[:3])
+    phi = capsule.surface(body_x, *capsule.step_params_for_one(dim))[0]
+    assert (phi < 0.01).sum() >= 2, "the block starts on the capsule"
+    grads = torch.autograd.grad(loss(*inputs), inputs)
+    for name, grad in zip(("start", "end", "radius", "kc", "kf"), grads):
         assert grad.abs().max() > 0, f"the loss must depend on {name}"
     assert gradcheck(loss, inputs, eps=1e-6, atol=1e-5, rtol=1e-4)
 
@@ -407,7 +451,8 @@ def _world(dim):
     sim.colliders = [Plane([0.0, 0.05, 0.0][:dim], torch.tensor([-0.2, 1.0, 0.1][:dim], dtype=F64), friction=20.0),
                      HeightField(1.0 if dim == 2 else [1.0, -0.5], 0.2, heights if dim == 2 else heights.outer(
                          torch.ones(4, dtype=F64)), stiffness=3e3),
-                     Sphere([2.0, -0.3, 0.0][:dim], 0.4, friction_eps=0.02)]
+                     Sphere([2.0, -0.3, 0.0][:dim], 0.4, friction_eps=0.02),
+                     Capsule([2.5, -0.3, -0.2][:dim], [3.0, -0.2, 0.2][:dim], 0.3, friction=10.0)]
     return sim
 
 
@@ -420,7 +465,7 @@ def test_creature_files_keep_the_colliders(dim, tmp_path):
     sim = _world(dim)
     creatures.save(sim, str(tmp_path / "c.json"))
     loaded = creatures.load(str(tmp_path / "c.json"), dtype=F64)
-    assert [type(c) for c in loaded.colliders] == [Plane, HeightField, Sphere]
+    assert [type(c) for c in loaded.colliders] == [Plane, HeightField, Sphere, Capsule]
     assert loaded.colliders[0].friction == 20.0 and loaded.colliders[1].stiffness == 3e3
     assert loaded.colliders[2].friction_eps == 0.02 and loaded.colliders[2].stiffness is None
     x, v = sim.rest_state
@@ -453,8 +498,8 @@ def test_render_and_vtk_files_show_the_colliders(dim, tmp_path):
     assert (np.asarray(render.render_frame(alone, x, bounds=bounds)) != with_colliders).any(axis=-1).mean() > 0.01
     pvd = mesh.write_vtk_series(str(tmp_path), xs, sim.body.elements, colliders=sim.all_colliders)
     text = open(pvd).read()
-    assert text.count('part="1"') == text.count('part="4"') == len(xs)
-    for k in range(4):  # the ground, then the three
+    assert text.count('part="1"') == text.count('part="5"') == len(xs)
+    for k in range(5):  # the ground, then the four
         surface = meshio.read(str(tmp_path / f"frame_collider{k}.vtu"))
         assert len(surface.points) >= 2 and surface.cells[0].type == ("line" if dim == 2 else "triangle")
 

@@ -185,7 +185,55 @@ struct Sphere {
   }
 };
 
+// A capsule (a stadium in 2D): the points within radius of the segment from start to end, phi = |q - p| - radius
+// with p = start + t (end - start) the segment's nearest point (t = (q - start) . w / |w|^2 clamped to [0, 1],
+// w = end - start) and n = (q - p) / |q - p|. Its Hessian is (I - n n^T) / |q - p| on the end caps (a sphere's)
+// and (I - n n^T - u u^T) / |q - p| along the side (u = w / |w|, normal to n there). A segment of length 0 is a
+// sphere; on the segment itself (no normal) n is +y.
+struct Capsule {
+  static constexpr const char* name = "capsule";
+  static constexpr std::array<const char*, 3> params = {"start", "end", "radius"};
+  static Shape shape(size_t j, int64_t d) { return j < 2 ? Shape{d} : Shape{}; }
+
+  template <typename S, int D>
+  static void at(const ColliderParams<S>& c, const Vec<S, D>& q, bool entries, Surface<S, D>& out) {
+    Eigen::Map<const Vec<S, D>> a(c.geometry[0]), b(c.geometry[1]);
+    const Vec<S, D> w = b - a, qa = q - a;
+    const S ww = w.squaredNorm();
+    S t = ww > 0 ? qa.dot(w) / ww : S(0);
+    const bool side = t > 0 && t < 1;
+    if (!side) t = t <= 0 ? S(0) : S(1);
+    const Vec<S, D> r = qa - t * w;
+    const S dist = r.norm();
+    out.curved = true;
+    if (dist > 0) {
+      out.n = r / dist;
+      const Mat<S, D> across = Mat<S, D>::Identity() - out.n * out.n.transpose();
+      out.hess = side ? Mat<S, D>((across - w * w.transpose() / ww) / dist) : Mat<S, D>(across / dist);
+    } else {
+      out.n = Vec<S, D>::Unit(1);
+      out.hess = Mat<S, D>::Zero();
+    }
+    out.phi = dist - c.geometry[2][0];
+    if (!entries) return;
+    // p moves with start by (1 - t) I + w dt/dstart and with end by t I + w dt/dend (dt = 0 on the caps);
+    // phi = |q - p| - radius: dphi = -n . dp = -(weight) n (w is normal to n along the side), and
+    // dn = -(I - n n^T) dp / |q - p| = -hess-like terms: -(weight (I - n n^T) e_k + w dt) / |q - p|.
+    const Mat<S, D> across = dist > 0 ? Mat<S, D>(Mat<S, D>::Identity() - out.n * out.n.transpose()) : Mat<S, D>::Zero();
+    const S inv = dist > 0 ? 1 / dist : S(0);
+    for (int end = 0; end < 2; ++end) {
+      const S weight = end ? t : 1 - t;
+      for (int k = 0; k < D; ++k) {
+        // dt/dstart_k = (2 t w_k - w_k - qa_k) / ww, dt/dend_k = (qa_k - 2 t w_k) / ww, on the side only
+        const S dt = !side ? S(0) : end ? (qa(k) - 2 * t * w(k)) / ww : (2 * t * w(k) - w(k) - qa(k)) / ww;
+        out.add(end, k, -weight * out.n(k), -(weight * across.col(k) + w * dt) * inv);
+      }
+    }
+    out.add(2, 0, S(-1), Vec<S, D>::Zero());
+  }
+};
+
 // The registered kinds: Collider::kind indexes this list; diffsoft.colliders has a class per entry, in order.
-using ColliderKinds = KindList<Plane, HeightField, Sphere>;
+using ColliderKinds = KindList<Plane, HeightField, Sphere, Capsule>;
 
 }  // namespace diffsoft::kernels
