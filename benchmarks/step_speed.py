@@ -21,12 +21,24 @@ best of diffsoft's solvers (goal <= 1.2). Then the default step's
 time by phase (diffsoft._C's phase timers: kernels, assembly, symbolic analysis, numeric factorization,
 back-substitutions, the rest of the C++ Newton loop, and the Python around it) and its floor: one numeric
 factorization plus one solve of that Hessian alone (``reuse_factor=False``'s mean times per call).
+
+``--before DIR`` compares this checkout with another (an older commit's checkout with its own ``.venv``, e.g. a
+``git worktree``): each runs its own step_speed.py on the creatures (``--only``, default biped, quadruped and
+biped x64, x16 with ``--quick``) in its own process, alternately, ``--rounds`` times; the table gives each side's
+median forward and backward ms and the ratio after / before of the medians, with the range of the rounds' own
+ratios.
+    git worktree add ../before COMMIT && (cd ../before && bash scripts/setup_env.sh)
+    .venv/bin/python benchmarks/step_speed.py --before ../before --quick --rounds 10 --repeat 10 --threads 1
 """
 import argparse
 import json
 import math
 import os
 import platform
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 # Idle OpenMP threads sleep instead of spinning: read once, when torch loads OpenMP (benchmarks/README.md,
@@ -261,6 +273,40 @@ def family(args, dtype):
     return rows
 
 
+def before_after(args):
+    """``--before``: the creatures' step time of this checkout against another's, in alternated processes."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sides = {"before": (os.path.join(args.before, ".venv", "bin", "python"), args.before), "after": (sys.executable, here)}
+    only = args.only or ["biped", "quadruped", "biped x16" if args.quick else "biped x64"]
+    runs = {side: [] for side in sides}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for side in ("before", "after") if r % 2 == 0 else ("after", "before"):  # neither always goes first
+                python, root = sides[side]
+                out = os.path.join(tmp, "rows.json")
+                cmd = [python, os.path.join(root, "benchmarks", "step_speed.py"), "--only", *only, "--json", out,
+                       "--threads", str(args.threads), "--repeat", str(args.repeat or 3), "--dtype", args.dtype]
+                cmd += ["--quick"] if args.quick else []
+                subprocess.run(cmd, check=True, cwd=root, capture_output=True, text=True)
+                runs[side].append({row["problem"]: row for row in json.load(open(out))})
+            print(f"round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
+    print(f"{machine(args)}; {args.rounds} alternated rounds, best of {args.repeat or 3} steps per round; "
+          f"before: {args.before}")
+    print(f"{'problem':<12} {'':>8} {'before ms':>10} {'after ms':>9} {'after/before':>12} {'rounds':>13}")
+    rows = []
+    for name in only:
+        for part in ("forward_ms", "backward_ms"):
+            b, a = ([rs[name][part] for rs in runs[side]] for side in ("before", "after"))
+            paired = sorted(x / y for x, y in zip(a, b))
+            row = dict(problem=name, part=part, before_ms=statistics.median(b), after_ms=statistics.median(a),
+                       rounds_lo=paired[0], rounds_hi=paired[-1])
+            row["ratio"] = row["after_ms"] / row["before_ms"]
+            rows.append(row)
+            print(f"{name:<12} {part[:-3]:>8} {row['before_ms']:>10.3f} {row['after_ms']:>9.3f} {row['ratio']:>12.3f} "
+                  f"{row['rounds_lo']:>6.2f}-{row['rounds_hi']:<6.2f}")
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small problems only, fewer repeats")
@@ -272,8 +318,16 @@ def main():
                                                "above 40x40)")
     ap.add_argument("--threads", type=int, default=2, help="torch and OpenBLAS threads (default 2)")
     ap.add_argument("--only", nargs="+", help="only the problems of these names (e.g. biped 'grid 70x70')")
+    ap.add_argument("--before", metavar="DIR", help="compare with the checkout in DIR (with its .venv), alternately")
+    ap.add_argument("--rounds", type=int, default=10, help="--before: alternated rounds (default 10)")
     args = ap.parse_args()
     set_num_threads(args.threads)
+    if args.before:
+        rows = before_after(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return
     dtype = getattr(torch, args.dtype)
     if args.family:
         rows = family(args, dtype)
