@@ -47,7 +47,7 @@ import torch
 from diffsoft import ppo, training
 from diffsoft._compat import load_checkpoint
 from diffsoft.creatures import CREATURES, make_creature
-from diffsoft.policy import FramePolicy, distance_walked
+from diffsoft.policy import FramePolicy, distance_walked, gait
 from diffsoft.task import LocomotionTask
 from diffsoft.threads import set_num_threads
 
@@ -78,8 +78,9 @@ def summarize(run):
     seconds before it]`` (distance to 1e-6, seconds to 1 ms: finer than any table prints; the CPU seconds
     only where the history has them), the totals, ``terminated`` (early terminations over the run),
     ``not_converged`` (creature-steps whose Newton solve did not converge, left out of their iteration) and,
-    where recorded, ``machine`` (:func:`machine`, at the run's start and end). A 400-iteration run's full
-    history is some 0.3 MB; this is some 10 kB.
+    where recorded, ``machine`` (:func:`machine`, at the run's start and end) and ``gait`` (the final policy's
+    over 1,000 steps, :meth:`diffsoft.policy.Gait.summary`; the differentiable method's runs). A 400-iteration
+    run's full history is some 0.3 MB; this is some 10 kB.
     """
     if "evaluations" in run:
         return run
@@ -93,8 +94,9 @@ def summarize(run):
     cpu = [r["cpu_seconds"] for r in history if "cpu_seconds" in r]
     if cpu:
         out["train_cpu_seconds"] = round(cpu[-1], 3)
-    if "machine" in run:
-        out["machine"] = run["machine"]
+    for key in ("machine", "gait"):
+        if key in run:
+            out[key] = run[key]
     return out
 
 
@@ -138,9 +140,11 @@ def run_differentiable(args, seed):
     t = time.perf_counter()
     policy, history = training.train(cfg, progress=not args.no_progress)
     wall = time.perf_counter() - t
-    final = distance_walked(make_creature(cfg.creature), policy, cfg.eval_horizon)
+    sim = make_creature(cfg.creature)
+    final = distance_walked(sim, policy, cfg.eval_horizon)
     history.append({"eval_distance": final, "eval_sim_steps": history[-1]["sim_steps"]})
     return {"config": dataclasses.asdict(cfg), "history": history, "wall_seconds": wall,
+            "gait": gait(sim, policy).summary(),
             "train_seconds": history[-2]["seconds"], "sim_steps": history[-2]["sim_steps"],
             "machine": {"start": start, "end": machine(args.threads)}}
 
@@ -266,6 +270,14 @@ def table(results, targets=(0.5, 1.0, 2.0)):
             ratios.append(" / ".join(parts[:2] + ([f"{parts[2]} CPU"] if timed["differentiable"] and timed[best_ppo]
                                                    else [])))
         lines.append(f"| {PPO_NAMES[best_ppo]} / differentiable | medians' ratio | " + " | ".join(ratios) + " | | | | |")
+    gaits = [(m, seed, r["gait"]) for m, rs in runs.items() for seed, r in sorted(rs.items()) if "gait" in r]
+    if gaits:
+        lines.append("\nGaits of the final policies over 1,000 steps from rest (diffsoft.policy.gait: the last 100 "
+                     "steps' distance over the first 100's, >= 0.7 to keep walking; the least height over rest's, "
+                     ">= 0.3 to stay up): " + "; ".join(
+                         f"{m} seed {seed} {g['last'] / g['first'] if g['first'] > 0 else 0:.2f}, "
+                         f"{g['least_height']:.2f} ({'lasts' if g['keeps_walking'] and g['stays_up'] else 'fails'})"
+                         for m, seed, g in gaits) + ".")
     lines.append("\nMedian rows: the median over seeds (a seed that did not reach counts as never; with an even "
                  "number of seeds, the mean of the middle two; (n/N): seeds that reached).")
     where = machines(results)

@@ -276,7 +276,8 @@ def family(args, dtype):
 def before_after(args):
     """``--before``: the creatures' step time of this checkout against another's, in alternated processes."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sides = {"before": (os.path.join(args.before, ".venv", "bin", "python"), args.before), "after": (sys.executable, here)}
+    sides = {"before": (os.path.join(args.before, ".venv", "bin", "python"), args.before),
+             "after": (sys.executable, here)}
     only = args.only or ["biped", "quadruped", "biped x16" if args.quick else "biped x64"]
     runs = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as tmp:

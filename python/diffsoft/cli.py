@@ -16,7 +16,7 @@ import torch
 
 from ._optional import require
 from .creatures import make_creature
-from .policy import FramePolicy, center_of_mass_x, distance_walked, run_policy
+from .policy import KEEPS_WALKING, STAYS_UP, FramePolicy, distance_walked, gait, run_policy
 from .threads import set_num_threads
 from .training import TrainConfig, distributed_world, train
 
@@ -47,24 +47,6 @@ def render_policy(sim, policy, steps, path, every=2):
     """A GIF of one creature running ``policy`` from rest for ``steps`` steps, the camera following it."""
     from .render import render_rollout
     render_rollout(sim, *run_policy(sim, policy, steps), gif=path, every=every, camera="follow")
-
-
-def gait_summary(sim, policy, horizons=(100, 200, 300)):
-    """How a policy's gait holds up past the training horizon: one creature from rest, deterministic.
-
-    Returns:
-        ``({steps: distance along +x}, upright)``; upright is the minimum over ``max(horizons)`` steps of
-        the vertical extent from the mean of the lowest fifth of the vertices to that of the highest fifth
-        (chosen at rest), divided by its value at rest: about 1 standing, negative when the creature has
-        turned over.
-    """
-    xs, _ = run_policy(sim, policy, max(horizons))
-    com = center_of_mass_x(sim, xs[:, 0])
-    distances = {h: (com[h] - com[0]).item() for h in horizons}
-    y = sim.body.rest_positions[:, 1]
-    top, bottom = y >= y.quantile(0.8), y <= y.quantile(0.2)
-    extent = xs[:, 0][:, top, 1].mean(-1) - xs[:, 0][:, bottom, 1].mean(-1)
-    return distances, (extent.min() / extent[0]).item()
 
 
 QUICK = dict(iterations=120, lr_decay_iterations=120, eval_every=5, keep_best=True)
@@ -163,13 +145,15 @@ def main(argv=None):
     plot_learning_curve(history, os.path.join(cfg.out_dir, "learning_curve.png"),
                         f"{cfg.creature}: batch {cfg.batch}, window {cfg.window}, episode {cfg.episode}")
     render_policy(sim, policy, max(eval_horizon, 100), os.path.join(cfg.out_dir, "walk.gif"))
-    distances, upright = gait_summary(sim, policy)
+    g = gait(sim, policy)
     steps = history[-1]["sim_steps"] if history else 0
     print(f"distance walked along +x in {eval_horizon} steps ({eval_horizon * sim.dt:.2f} s): "
           f"before training {before:.3f}, after training {after:.3f}")
-    print(f"after training, in {' / '.join(map(str, distances))} steps: "
-          f"{' / '.join(f'{d:.2f}' for d in distances.values())}; upright (least vertical extent over "
-          f"{max(distances)} steps / at rest): {upright:.2f}")
+    n = len(g.distance) - 1
+    print(f"after training, in 100 / 300 / {n} steps: {g.distance[100]:.2f} / {g.distance[300]:.2f} / "
+          f"{g.distance[n]:.2f}; the last {g.window} steps cover {g.last / g.first if g.first > 0 else 0:.2f} of the "
+          f"first {g.window} (a lasting gait: >= {KEEPS_WALKING}); least height {g.least_height:.2f} of rest "
+          f"(>= {STAYS_UP}): {'lasts' if g.lasts else 'does not last'}")
     print(f"{len(history)} iterations, {steps} simulated creature-steps, training {history[-1]['seconds'] if history else 0:.0f} s, "
           f"total {time.perf_counter() - t0:.0f} s; outputs in {cfg.out_dir}/ (checkpoint.pt, policy.json, "
           f"history.json, learning_curve.png, walk.gif)")

@@ -9,6 +9,7 @@ body, and outputs a change of each muscle's activation:
 
 Both trainers use it: :mod:`diffsoft.training` (gradients through the simulator) and :mod:`diffsoft.ppo`.
 """
+import dataclasses
 import json
 
 import torch
@@ -272,3 +273,71 @@ def distance_walked(sim, policy, steps):
     policy from the rest pose (relaxed muscles)."""
     xs, _ = run_policy(sim, policy, steps)
     return (center_of_mass_x(sim, xs[-1]) - center_of_mass_x(sim, xs[0])).item()
+
+
+KEEPS_WALKING = 0.7
+"""A lasting gait's last ``window`` steps cover at least this fraction of its first ``window`` steps' distance."""
+WALKS = 0.5
+"""The least distance along +x a gait's first ``window`` steps cover to count as walking at all (the
+sample-efficiency benchmark's first threshold): a creature standing still drifts by some 1e-4."""
+STAYS_UP = 0.3
+"""A lasting gait's height (:func:`gait`) never drops below this fraction of the rest pose's."""
+
+
+@dataclasses.dataclass
+class Gait:
+    """One creature's deterministic gait from rest (:func:`gait`): ``distance[t]``, the centre of mass's
+    distance along +x after t steps (``steps + 1`` values), and ``height[t]``, the body's vertical extent (from
+    the mean of the lowest fifth of the vertices to that of the highest fifth, both chosen at rest) over its
+    value at rest: about 1 standing, lower crouching, negative turned over."""
+    distance: list
+    height: list
+    window: int
+
+    @property
+    def first(self):
+        """The distance covered in the first ``window`` steps."""
+        return self.distance[self.window] - self.distance[0]
+
+    @property
+    def last(self):
+        """The distance covered in the last ``window`` steps."""
+        return self.distance[-1] - self.distance[-1 - self.window]
+
+    @property
+    def least_height(self):
+        return min(self.height)
+
+    @property
+    def keeps_walking(self):
+        """It walks at first (:data:`WALKS`), and its last window covers at least :data:`KEEPS_WALKING` of its
+        first."""
+        return self.first >= WALKS and self.last >= KEEPS_WALKING * self.first
+
+    @property
+    def stays_up(self):
+        """Its height never drops below :data:`STAYS_UP` of the rest pose's."""
+        return self.least_height >= STAYS_UP
+
+    @property
+    def lasts(self):
+        return self.keeps_walking and self.stays_up
+
+    def summary(self):
+        """The record a benchmark keeps: steps, first, last, least height and the verdicts."""
+        return {"steps": len(self.distance) - 1, "window": self.window, "first": round(self.first, 6),
+                "last": round(self.last, 6), "least_height": round(self.least_height, 6),
+                "keeps_walking": self.keeps_walking, "stays_up": self.stays_up}
+
+
+def gait(sim, policy, steps=1000, window=100):
+    """How a policy's gait lasts: one creature running the deterministic ``policy`` from rest for ``steps``
+    steps (:class:`Gait`: its distances and heights; ``lasts`` when it keeps walking and never falls)."""
+    if not 0 < window <= steps:
+        raise ValueError(f"gait needs 0 < window <= steps, got window={window!r}, steps={steps!r}")
+    xs, _ = run_policy(sim, policy, steps)
+    com = center_of_mass_x(sim, xs[:, 0])
+    y = sim.body.rest_positions[:, 1]
+    top, bottom = y >= y.quantile(0.8), y <= y.quantile(0.2)
+    extent = xs[:, 0][:, top, 1].mean(-1) - xs[:, 0][:, bottom, 1].mean(-1)
+    return Gait(distance=(com - com[0]).tolist(), height=(extent / extent[0]).tolist(), window=window)

@@ -359,18 +359,23 @@ def test_stop_on_failure_keeps_the_checkpoint_and_resumes(tmp_path, monkeypatch)
     assert len(history) == 3
 
 
-def test_gait_summary_distances_match_distance_walked_and_a_standing_creature_is_upright():
-    from diffsoft.cli import gait_summary
+def test_gait_distances_match_distance_walked_and_a_standing_creature_stays_up_but_does_not_walk():
+    from diffsoft.policy import gait
     sim = creatures.make_creature("biped", F64)
     torch.manual_seed(0)
     policy = FramePolicy.for_simulator(sim)
-    distances, _ = gait_summary(sim, policy, (4, 8))
-    assert distances[8] == distance_walked(sim, policy, 8) and distances[4] != distances[8]
+    g = gait(sim, policy, steps=8, window=4)
+    assert g.distance[8] == distance_walked(sim, policy, 8) and g.distance[4] != g.distance[8]
+    assert g.first == g.distance[4] and g.last == g.distance[8] - g.distance[4] and len(g.height) == 9
+    assert g.summary()["steps"] == 8 and g.lasts == (g.keeps_walking and g.stays_up)
     with torch.no_grad():
         policy.fc2.weight.zero_()
         policy.fc2.bias.zero_()  # no activation change: the relaxed creature stands
-    _, upright = gait_summary(sim, policy, (8,))
-    assert 0.9 < upright <= 1.0 + 1e-9
+    g = gait(sim, policy, steps=8, window=4)
+    assert 0.9 < g.least_height <= 1.0 + 1e-9 and g.stays_up
+    assert abs(g.first) < 1e-3 and not g.lasts  # standing is not walking
+    with pytest.raises(ValueError, match="gait needs 0 < window <= steps"):
+        gait(sim, policy, steps=8, window=10)
 
 
 def test_randomize_gives_each_creature_its_own_materials_masses_and_friction(tmp_path, monkeypatch):
