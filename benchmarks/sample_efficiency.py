@@ -392,7 +392,10 @@ TUNING = [{}, {"lr": 1e-3}, {"minibatch": 1600}, {"entropy_coef": 0.01}, {"clip_
 # (learning rate, rollout length, minibatch, epochs, clip range, creatures, VecNormalize, network size) and the
 # initial log std (SB3's 0 against diffsoft.ppo's -1.5: actions are clamped to +-0.3, so a std of 1 saturates).
 SB3_TUNING = [{}, {"lr": 1e-3}, {"n_steps": 200}, {"batch_size": 400}, {"n_epochs": 5}, {"clip_range": 0.1},
-              {"envs": 64}, {"normalize": True}, {"net": "ours"}, {"log_std_init": -1.5}]
+              {"envs": 64}, {"normalize": True}, {"net": "ours"}, {"log_std_init": -1.5},
+              # the second round: the first round's best (normalize) with the next best ones
+              {"normalize": True, "n_epochs": 5}, {"normalize": True, "lr": 1e-3}, {"normalize": True, "net": "ours"},
+              {"normalize": True, "n_epochs": 5, "lr": 1e-3}]
 
 
 def tune_ppo(args, method="ppo"):
