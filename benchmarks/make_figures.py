@@ -10,7 +10,8 @@ From ``results/sample_efficiency/``:
 * ``NAME/ppo_seeds_3-5.json``, where there is one, gives ``NAME/results_ppo_six_seeds.md`` (the same table
   with PPO's extra seeds);
 * the runs of :data:`PLOTS` give ``NAME/sample_efficiency.png``;
-* ``NAME/tuning.json`` gives ``NAME/tuning.md`` (PPO's settings search);
+* ``NAME/tuning.json`` gives ``NAME/tuning.md`` (PPO's settings search), ``NAME/tuning_sb3.json``
+  ``NAME/tuning_sb3.md`` (Stable-Baselines3's);
 * the runs of :data:`HEADLINE` give ``headline.md``, the table in the first screen of ``benchmarks/README.md``
   (between its ``<!-- headline -->`` markers, which the in-place run rewrites).
 
@@ -114,8 +115,10 @@ def make(out):
             os.makedirs(os.path.join(out, name), exist_ok=True)
             plot(summary, os.path.join(out, name, "sample_efficiency.png"))
             written.append(os.path.join(out, name, "sample_efficiency.png"))
-    for path in sorted(glob.glob(os.path.join(RESULTS, "*", "tuning.json"))):
-        write(os.path.join(os.path.basename(os.path.dirname(path)), "tuning.md"), tuning_table(_load(path)))
+    for suffix, label in (("", "PPO"), ("_sb3", "SB3")):
+        for path in sorted(glob.glob(os.path.join(RESULTS, "*", f"tuning{suffix}.json"))):
+            write(os.path.join(os.path.basename(os.path.dirname(path)), f"tuning{suffix}.md"),
+                  tuning_table(_load(path), label))
     write("headline.md", headline(RESULTS))
     return written
 
