@@ -29,6 +29,10 @@ median forward and backward ms and the ratio after / before of the medians, with
 ratios.
     git worktree add ../before COMMIT && (cd ../before && bash scripts/setup_env.sh)
     .venv/bin/python benchmarks/step_speed.py --before ../before --quick --rounds 10 --repeat 10 --threads 1
+
+``--loop N`` only steps 16 bipeds N times (forward and backward), untimed: valgrind's instruction count of N
+steps less that of 2 steps is load-free (any checkout's package runs it: put this script beside it).
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null .venv/bin/python benchmarks/step_speed.py --loop N
 """
 import argparse
 import json
@@ -273,6 +277,20 @@ def family(args, dtype):
     return rows
 
 
+def loop(n, dtype, batch=16):
+    """``--loop``: ``n`` steps of ``batch`` bipeds at rest pushed at 0.5 m/s (activations 0.8), each with the
+    backward of ``|x1|^2`` to ``x0``; valgrind counts the instructions of ``n`` against 2 such steps."""
+    sim = biped(dtype=dtype)
+    x, v = sim.rest_state
+    push = torch.tensor([0.5, 0.0], dtype=dtype)
+    x, v = x.expand(batch, -1, -1).clone(), (v + push).expand(batch, -1, -1).clone()
+    a = activation(sim, batch)
+    for _ in range(n):
+        x0 = x.clone().requires_grad_()
+        x1, _ = sim.step(x0, v, a)
+        (x1 * x1).sum().backward()
+
+
 def before_after(args):
     """``--before``: the creatures' step time of this checkout against another's, in alternated processes."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -319,10 +337,14 @@ def main():
                                                "above 40x40)")
     ap.add_argument("--threads", type=int, default=2, help="torch and OpenBLAS threads (default 2)")
     ap.add_argument("--only", nargs="+", help="only the problems of these names (e.g. biped 'grid 70x70')")
+    ap.add_argument("--loop", type=int, metavar="N", help="only step 16 bipeds N times forward and backward, "
+                                                           "untimed: for counting instructions (valgrind)")
     ap.add_argument("--before", metavar="DIR", help="compare with the checkout in DIR (with its .venv), alternately")
     ap.add_argument("--rounds", type=int, default=10, help="--before: alternated rounds (default 10)")
     args = ap.parse_args()
     set_num_threads(args.threads)
+    if args.loop is not None:
+        return loop(args.loop, getattr(torch, args.dtype))
     if args.before:
         rows = before_after(args)
         if args.json:
