@@ -306,6 +306,7 @@ class Gait:
 
     @property
     def least_height(self):
+        """The least height over the run (1: as at rest)."""
         return min(self.height)
 
     @property
@@ -321,6 +322,7 @@ class Gait:
 
     @property
     def lasts(self):
+        """It keeps walking and stays up: a lasting gait."""
         return self.keeps_walking and self.stays_up
 
     def summary(self):
