@@ -217,9 +217,10 @@ struct Capsule {
     out.phi = dist - c.geometry[2][0];
     if (!entries) return;
     // p moves with start by (1 - t) I + w dt/dstart and with end by t I + w dt/dend (dt = 0 on the caps);
-    // phi = |q - p| - radius: dphi = -n . dp = -(weight) n (w is normal to n along the side), and
-    // dn = -(I - n n^T) dp / |q - p| = -hess-like terms: -(weight (I - n n^T) e_k + w dt) / |q - p|.
-    const Mat<S, D> across = dist > 0 ? Mat<S, D>(Mat<S, D>::Identity() - out.n * out.n.transpose()) : Mat<S, D>::Zero();
+    // phi = |q - p| - radius: dphi = -n . dp = -weight n_k (w is normal to n along the side), and
+    // dn = -(I - n n^T) dp / |q - p| = -(weight (I - n n^T) e_k + w dt) / |q - p|.
+    const Mat<S, D> across =
+        dist > 0 ? Mat<S, D>(Mat<S, D>::Identity() - out.n * out.n.transpose()) : Mat<S, D>::Zero();
     const S inv = dist > 0 ? 1 / dist : S(0);
     for (int end = 0; end < 2; ++end) {
       const S weight = end ? t : 1 - t;
