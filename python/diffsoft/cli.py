@@ -11,6 +11,7 @@ import os
 import re
 import sys
 import time
+import warnings
 
 import torch
 
@@ -145,7 +146,13 @@ def main(argv=None):
     plot_learning_curve(history, os.path.join(cfg.out_dir, "learning_curve.png"),
                         f"{cfg.creature}: batch {cfg.batch}, window {cfg.window}, episode {cfg.episode}")
     render_policy(sim, policy, max(eval_horizon, 100), os.path.join(cfg.out_dir, "walk.gif"))
-    g = gait(sim, policy)
+    with warnings.catch_warnings(record=True) as caught:  # counted below, not printed one per step
+        warnings.simplefilter("always")
+        g = gait(sim, policy)
+    short = sum("did not converge" in str(w.message) for w in caught)
+    for w in caught:
+        if "did not converge" not in str(w.message):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     steps = history[-1]["sim_steps"] if history else 0
     print(f"distance walked along +x in {eval_horizon} steps ({eval_horizon * sim.dt:.2f} s): "
           f"before training {before:.3f}, after training {after:.3f}")
@@ -153,7 +160,8 @@ def main(argv=None):
     print(f"after training, in 100 / 300 / {n} steps: {g.distance[100]:.2f} / {g.distance[300]:.2f} / "
           f"{g.distance[n]:.2f}; the last {g.window} steps cover {g.last / g.first if g.first > 0 else 0:.2f} of the "
           f"first {g.window} (a lasting gait: >= {KEEPS_WALKING}); least height {g.least_height:.2f} of rest "
-          f"(>= {STAYS_UP}): {'lasts' if g.lasts else 'does not last'}")
+          f"(>= {STAYS_UP}): {'lasts' if g.lasts else 'does not last'}" +
+          (f" ({short} of its {n} steps stopped short of Newton's tolerance)" if short else ""))
     print(f"{len(history)} iterations, {steps} simulated creature-steps, training {history[-1]['seconds'] if history else 0:.0f} s, "
           f"total {time.perf_counter() - t0:.0f} s; outputs in {cfg.out_dir}/ (checkpoint.pt, policy.json, "
           f"history.json, learning_curve.png, walk.gif)")
