@@ -332,11 +332,7 @@ class Sphere(Collider):
         phi = np.linspace(0, 2 * math.pi, segments, endpoint=False)[None, :]
         unit = np.stack([np.sin(theta) * np.cos(phi), np.cos(theta) * np.ones_like(phi), np.sin(theta) * np.sin(phi)], -1)
         points = (center + float(radius) * unit).reshape(-1, 3)
-        i, j = np.meshgrid(np.arange(rings), np.arange(segments), indexing="ij")
-        a, b = i * segments + j, i * segments + (j + 1) % segments
-        tris = np.concatenate([np.stack([a, a + segments, b], -1).reshape(-1, 3),
-                               np.stack([b, a + segments, b + segments], -1).reshape(-1, 3)])
-        return points, tris
+        return points, _ring_triangles(rings, segments)
 
     @staticmethod
     def surface(q, center, radius):
@@ -394,11 +390,7 @@ class Capsule(Collider):
         unit = (np.cos(theta)[..., None] * u + (np.sin(theta) * np.cos(phi))[..., None] * v +
                 (np.sin(theta) * np.sin(phi))[..., None] * v2)
         points = (centre + r * unit).reshape(-1, 3)
-        i, j = np.meshgrid(np.arange(rings), np.arange(segments), indexing="ij")
-        a, b = i * segments + j, i * segments + (j + 1) % segments
-        tris = np.concatenate([np.stack([a, a + segments, b], -1).reshape(-1, 3),
-                               np.stack([b, a + segments, b + segments], -1).reshape(-1, 3)])
-        return points, tris
+        return points, _ring_triangles(rings, segments)
 
     @staticmethod
     def surface(q, start, end, radius):
@@ -418,6 +410,14 @@ class Capsule(Collider):
         up[..., 1] = 1
         n = torch.where(off[..., None], r / safe[..., None], up)
         return dist - (radius[..., None] if radius.dim() else radius), n
+
+
+def _ring_triangles(rings, segments):
+    """The triangles ``(T, 3)`` between ``rings + 1`` rings of ``segments`` points each, numbered ring by ring."""
+    i, j = np.meshgrid(np.arange(rings), np.arange(segments), indexing="ij")
+    a, b = i * segments + j, i * segments + (j + 1) % segments
+    return np.concatenate([np.stack([a, a + segments, b], -1).reshape(-1, 3),
+                           np.stack([b, a + segments, b + segments], -1).reshape(-1, 3)])
 
 
 def _clip(polygon, phi):
