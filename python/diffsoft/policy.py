@@ -275,6 +275,13 @@ def distance_walked(sim, policy, steps):
     return (center_of_mass_x(sim, xs[-1]) - center_of_mass_x(sim, xs[0])).item()
 
 
+def upright_ends(sim):
+    """The masks ``(N,)`` of the highest and the lowest fifth of the vertices at rest (the ends of the body's
+    vertical extent: :func:`gait`, :func:`diffsoft.training.uprightness`)."""
+    y = sim.body.rest_positions[:, 1]
+    return y >= y.quantile(0.8), y <= y.quantile(0.2)
+
+
 KEEPS_WALKING = 0.7
 """A lasting gait's last ``window`` steps cover at least this fraction of its first ``window`` steps' distance."""
 WALKS = 0.5
@@ -339,7 +346,6 @@ def gait(sim, policy, steps=1000, window=100):
         raise ValueError(f"gait needs 0 < window <= steps, got window={window!r}, steps={steps!r}")
     xs, _ = run_policy(sim, policy, steps)
     com = center_of_mass_x(sim, xs[:, 0])
-    y = sim.body.rest_positions[:, 1]
-    top, bottom = y >= y.quantile(0.8), y <= y.quantile(0.2)
+    top, bottom = upright_ends(sim)
     extent = xs[:, 0][:, top, 1].mean(-1) - xs[:, 0][:, bottom, 1].mean(-1)
     return Gait(distance=(com - com[0]).tolist(), height=(extent / extent[0]).tolist(), window=window)

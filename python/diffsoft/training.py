@@ -63,7 +63,7 @@ from ._checks import check_fields
 from ._compat import load_checkpoint
 from ._optional import require
 from .creatures import check_device, fingerprint, make_creature
-from .policy import FramePolicy, center_of_mass_x, distance_walked, observe, save_algovivo_policy
+from .policy import FramePolicy, center_of_mass_x, distance_walked, observe, save_algovivo_policy, upright_ends
 
 
 @dataclasses.dataclass
@@ -225,12 +225,6 @@ def uprightness(sim, x, ends=None):
     top, bottom = upright_ends(sim) if ends is None else ends
     axis = x[..., top, :].mean(-2) - x[..., bottom, :].mean(-2)
     return axis[..., 1] / axis.norm(dim=-1).clamp_min(1e-12)
-
-
-def upright_ends(sim):
-    """The masks ``(N,)`` of the highest and the lowest fifth of the vertices at rest (:func:`uprightness`)."""
-    y = sim.body.rest_positions[:, 1]
-    return y >= y.quantile(0.8), y <= y.quantile(0.2)
 
 
 class Critic(nn.Module):
