@@ -57,9 +57,13 @@ struct Contact {
     G::at(c, xi0, false, at_0);
     const S depth = std::min(at_y.phi, S(0));
     const S wf = c.friction * std::max(c.friction_eps - at_0.phi, S(0));
-    const Vec<S, D> slip = yi - xi0;
-    const Vec<S, D> t = slip - at_0.n * at_0.n.dot(slip);
-    return c.stiffness * depth * depth + wf * t.squaredNorm() / h2;
+    S out = c.stiffness * depth * depth;
+    if (wf != 0) {  // outside the band (most vertices, on flat ground) the friction adds an exact 0
+      const Vec<S, D> slip = yi - xi0;
+      const Vec<S, D> t = slip - at_0.n * at_0.n.dot(slip);
+      out += wf * t.squaredNorm() / h2;
+    }
+    return out;
   }
 
   template <typename G, typename S, int D>
@@ -80,6 +84,7 @@ struct Contact {
       if (at_y.curved) K += (k2 * depth) * at_y.hess;
     }
     const S wf = 2 * c.friction * std::max(c.friction_eps - at_0.phi, S(0)) / h2;
+    if (wf == 0) return;
     const Vec<S, D> slip = yi - xi0;
     const Mat<S, D> P0 = Mat<S, D>::Identity() - at_0.n * at_0.n.transpose();
     gi += wf * (P0 * (P0 * slip));
@@ -95,10 +100,13 @@ struct Contact {
     S* step = o[StepParam::h];
     S *stiffness = oc[0], *friction = oc[1], *eps = oc[2];
     Surface<S, D> at_y, at_0;
+    G::at(c, yi, false, at_y);
+    G::at(c, xi0, false, at_0);
+    const S m = std::min(at_y.phi, S(0)), b = std::max(c.friction_eps - at_0.phi, S(0));
+    if (m == 0 && b == 0) return;  // neither in contact nor in the friction band: every derivative is 0
     G::at(c, yi, true, at_y);
     G::at(c, xi0, true, at_0);
     const Vec<S, D>&n = at_y.n, &n0 = at_0.n;
-    const S m = std::min(at_y.phi, S(0)), b = std::max(c.friction_eps - at_0.phi, S(0));
     const S in_contact = m < 0 ? S(1) : S(0), in_band = b > 0 ? S(1) : S(0);
     const Vec<S, D> sl = yi - xi0;
     const S ns = n0.dot(sl);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <mutex>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -31,13 +32,18 @@ struct ProblemBlocks {
   std::vector<Rows> rows;  // elements, muscles, then the extra terms'
 };
 
-// Calls f(idx, width, block) for every row of every stencil of the problem's blocks.
+// Calls f(idx, width, block) for every row of every stencil of the problem's blocks. The elements' and muscles'
+// widths come as compile-time constants (std::integral_constant), so that f's loops over them unroll as in
+// fixed-size code; the extra terms' as ints.
 template <typename S, int D, typename F>
 void for_each_row(const ProblemBlocks<S>& blocks, F&& f) {
-  for (const auto& st : blocks.rows) {
-    const int64_t size = int64_t(st.width) * D * st.width * D;
-    for (int64_t k = 0; k < st.count; ++k) f(st.rows + k * st.width, st.width, st.values + k * size);
-  }
+  auto rows = [&](const auto& st, auto width) {
+    const int64_t size = int64_t(width) * D * width * D;
+    for (int64_t k = 0; k < st.count; ++k) f(st.rows + k * width, width, st.values + k * size);
+  };
+  rows(blocks.rows[0], std::integral_constant<int, D + 1>());
+  rows(blocks.rows[1], std::integral_constant<int, 2>());
+  for (size_t t = 2; t < blocks.rows.size(); ++t) rows(blocks.rows[t], blocks.rows[t].width);
 }
 
 template <typename S, int D>
@@ -94,7 +100,7 @@ template <typename S, int D>
 void problem_hessian_diagonal(const View<S, D>& v, const ProblemBlocks<S>& blocks, S* out) {
   for (int64_t s = 0; s < v.f; ++s)
     Eigen::Map<Vec<S, D>>(out + s * D) = Eigen::Map<const Mat<S, D>>(blocks.vertex + s * D * D).diagonal();
-  for_each_row<S, D>(blocks, [&](const int64_t* idx, int count, const S* block) {
+  for_each_row<S, D>(blocks, [&](const int64_t* idx, auto count, const S* block) {
     for (int j = 0; j < count; ++j) {
       const int64_t s = v.slot[idx[j]];
       if (s >= 0)
@@ -110,7 +116,7 @@ void for_each_entry(const View<S, D>& v, const ProblemBlocks<S>& blocks, F&& f) 
   for (int64_t s = 0; s < v.f; ++s)
     for (int a = 0; a < D; ++a)
       for (int c = 0; c < D; ++c) f(s * D + a, s * D + c, double(blocks.vertex[(s * D + a) * D + c]));
-  for_each_row<S, D>(blocks, [&](const int64_t* idx, int count, const S* block) {
+  for_each_row<S, D>(blocks, [&](const int64_t* idx, auto count, const S* block) {
     for (int j = 0; j < count; ++j) {
       const int64_t sj = v.slot[idx[j]];
       if (sj < 0) continue;

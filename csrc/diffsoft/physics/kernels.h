@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <initializer_list>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -103,6 +104,15 @@ struct ColliderParams {
   std::array<std::array<int64_t, kMaxGeometryDims>, kMaxGeometryParams> sizes{};
 };
 
+// A problem's colliders: a view of the batch's table, which the problem's View shares rather than copies.
+template <typename S>
+struct ColliderSpan {
+  const ColliderParams<S>* data = nullptr;
+  size_t count = 0;
+  size_t size() const { return count; }
+  const ColliderParams<S>& operator[](size_t c) const { return data[c]; }
+};
+
 // The dimensions of geometry parameter j of a collider of this kind in d dimensions, when shared by the batch
 // (colliders.h's shapes; defined with the kinds in step_energy.cpp).
 int64_t geometry_rank(int64_t kind, size_t j, int64_t d);
@@ -124,10 +134,11 @@ struct View {
   // Problem b's (see problem()).
   const S *mass, *dm_inv, *mu, *lam, *rest_length, *stiffness;
   S h, gravity;
-  std::vector<ColliderParams<S>> colliders;
+  ColliderSpan<S> colliders;
 
-  // Problem 0's view.
-  explicit View(const StepModel& model)
+  // Problem 0's view, of a batch of `batch` problems (the colliders' table has one row per problem: views of
+  // the batch's problems share it, so that problem() allocates nothing).
+  explicit View(const StepModel& model, int64_t batch = 1)
       : m(model),
         n(model.slot.size(0)),
         f(model.mass.size(-1)),
@@ -136,7 +147,6 @@ struct View {
         elements(model.elements.data_ptr<int64_t>()),
         muscles(model.muscles.data_ptr<int64_t>()),
         slot(model.slot.data_ptr<int64_t>()),
-        colliders(model.colliders.size()),
         mass_(model.mass, 1),
         dm_inv_(model.Dm_inv, 3),
         mu_(model.mu, 1),
@@ -144,21 +154,34 @@ struct View {
         rest_length_(model.rest_length, 1),
         stiffness_(model.stiffness, 1),
         h_(model.h, 0),
-        gravity_(model.gravity, 0),
-        collider_params_(model.colliders.size()) {
-    for (size_t c = 0; c < model.colliders.size(); ++c) {
+        gravity_(model.gravity, 0) {
+    const size_t count = model.colliders.size();
+    batch = std::max<int64_t>(batch, 1);
+    auto table = std::make_shared<std::vector<ColliderParams<S>>>(count * batch);
+    for (size_t c = 0; c < count; ++c) {
       const Collider& col = model.colliders[c];
-      colliders[c].kind = col.kind;
+      ColliderParams<S> shared;
+      shared.kind = col.kind;
+      std::vector<PerProblem<S>> params;
       for (size_t j = 0; j < col.params.size(); ++j) {
         // The contact's three scalars, then the geometry's: a parameter per problem has one more dimension than
         // the kind's shape (step_energy.cpp checked them against it).
         const int64_t dims = j < 3 ? 0 : geometry_rank(col.kind, j - 3, D);
-        collider_params_[c].push_back(PerProblem<S>(col.params[j], dims));
+        params.push_back(PerProblem<S>(col.params[j], dims));
         if (j >= 3)
           for (int64_t k = 0; k < dims && k < kMaxGeometryDims; ++k)
-            colliders[c].sizes[j - 3][k] = col.params[j].size(col.params[j].dim() - dims + k);
+            shared.sizes[j - 3][k] = col.params[j].size(col.params[j].dim() - dims + k);
+      }
+      for (int64_t b = 0; b < batch; ++b) {
+        ColliderParams<S>& out = (*table)[b * count + c];
+        out = shared;
+        auto value = [&](size_t j) { return j < params.size() ? params[j].value(b) : S(0); };
+        out.stiffness = value(0), out.friction = value(1), out.friction_eps = value(2);
+        for (size_t j = 3; j < params.size() && j - 3 < kMaxGeometryParams; ++j)
+          out.geometry[j - 3] = params[j].at(b);
       }
     }
+    collider_table_ = std::move(table);
     select(0);
   }
 
@@ -206,18 +229,14 @@ struct View {
  private:
   PerProblem<S> mass_, dm_inv_, mu_, lam_, rest_length_, stiffness_;
   PerProblem<S> h_, gravity_;
-  std::vector<std::vector<PerProblem<S>>> collider_params_;
+  std::shared_ptr<const std::vector<ColliderParams<S>>> collider_table_;  // (batch, colliders), row-major
 
   void select(int64_t b) {
     mass = mass_.at(b), dm_inv = dm_inv_.at(b), mu = mu_.at(b), lam = lam_.at(b);
     rest_length = rest_length_.at(b), stiffness = stiffness_.at(b);
     h = h_.value(b), gravity = gravity_.value(b);
-    for (size_t c = 0; c < colliders.size(); ++c) {
-      const std::vector<PerProblem<S>>& p = collider_params_[c];
-      ColliderParams<S>& out = colliders[c];
-      out.stiffness = p[0].value(b), out.friction = p[1].value(b), out.friction_eps = p[2].value(b);
-      for (size_t j = 3; j < p.size(); ++j) out.geometry[j - 3] = p[j].at(b);
-    }
+    const size_t count = m.colliders.size();
+    colliders = {collider_table_->data() + b * count, count};
   }
 };
 
