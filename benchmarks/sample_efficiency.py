@@ -47,7 +47,7 @@ import torch
 from diffsoft import ppo, training
 from diffsoft._compat import load_checkpoint
 from diffsoft.creatures import CREATURES, make_creature
-from diffsoft.policy import FramePolicy, distance_walked, gait
+from diffsoft.policy import FramePolicy, Gait, distance_walked, gait
 from diffsoft.task import LocomotionTask
 from diffsoft.threads import set_num_threads
 
@@ -79,7 +79,8 @@ def summarize(run):
     only where the history has them), the totals, ``terminated`` (early terminations over the run),
     ``not_converged`` (creature-steps whose Newton solve did not converge, left out of their iteration) and,
     where recorded, ``machine`` (:func:`machine`, at the run's start and end) and ``gait`` (the final policy's
-    over 1,000 steps, :meth:`diffsoft.policy.Gait.summary`; the differentiable method's runs). A 400-iteration
+    over 1,000 steps from rest, :meth:`diffsoft.policy.Gait.summary`; every method's runs since ``gait``
+    existed, PPO's and SB3's through ``LocomotionTask.rollout`` of their deterministic policies). A 400-iteration
     run's full history is some 0.3 MB; this is some 10 kB.
     """
     if "evaluations" in run:
@@ -171,8 +172,12 @@ def run_ppo(args, seed, budget, **overrides):
     settings.update(overrides)
     cfg = ppo.PPOConfig(**settings)
     start, t = machine(args.threads), time.perf_counter()
-    _, history = ppo.train_ppo(cfg, progress=not args.no_progress)
-    return {"config": dataclasses.asdict(cfg), "history": history, "wall_seconds": time.perf_counter() - t,
+    model, history = ppo.train_ppo(cfg, progress=not args.no_progress)
+    wall = time.perf_counter() - t
+    task = LocomotionTask(make_creature(cfg.creature, getattr(torch, cfg.dtype), cfg.device), cfg.horizon,
+                          cfg.min_a, cfg.max_abs_da)
+    return {"config": dataclasses.asdict(cfg), "history": history, "wall_seconds": wall,
+            "gait": Gait.of(task.sim, task.rollout(ppo.mean_action(model), 1000)).summary(),
             "train_seconds": history[-1]["seconds"], "sim_steps": history[-1]["sim_steps"],
             "machine": {"start": start, "end": machine(args.threads)}}
 
@@ -193,9 +198,9 @@ def sb3_settings(pairs):
 def run_sb3(args, seed, budget, **overrides):
     from sb3_ppo import train_sb3
     start, t = machine(args.threads), time.perf_counter()
-    config, history = train_sb3(args.creature, args.horizon, budget, seed, eval_every=args.ppo_eval_every,
-                                device=args.device, **{**sb3_settings(args.sb3_set), **overrides})
-    return {"config": config, "history": history, "wall_seconds": time.perf_counter() - t,
+    config, history, final = train_sb3(args.creature, args.horizon, budget, seed, eval_every=args.ppo_eval_every,
+                                       device=args.device, **{**sb3_settings(args.sb3_set), **overrides})
+    return {"config": config, "history": history, "wall_seconds": time.perf_counter() - t, "gait": final.summary(),
             "train_seconds": history[-1]["seconds"], "sim_steps": history[-1]["sim_steps"],
             "machine": {"start": start, "end": machine(args.threads)}}
 
@@ -272,7 +277,7 @@ def table(results, targets=(0.5, 1.0, 2.0)):
         lines.append(f"| {PPO_NAMES[best_ppo]} / differentiable | medians' ratio | " + " | ".join(ratios) + " | | | | |")
     gaits = [(m, seed, r["gait"]) for m, rs in runs.items() for seed, r in sorted(rs.items()) if "gait" in r]
     if gaits:
-        lines.append("\nGaits of the final policies over 1,000 steps from rest (diffsoft.policy.gait: the last 100 "
+        lines.append("\nGaits of the final policies over 1,000 steps from rest (diffsoft.policy.Gait: the last 100 "
                      "steps' distance over the first 100's, >= 0.7 to keep walking; the least height over rest's, "
                      ">= 0.3 to stay up): " + "; ".join(
                          f"{m} seed {seed} {g['last'] / g['first'] if g['first'] > 0 else 0:.2f}, "

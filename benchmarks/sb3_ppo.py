@@ -17,6 +17,7 @@ from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 from torch import nn
 
 from diffsoft.envs import LocomotionVectorEnv
+from diffsoft.policy import Gait
 
 BASELINE = dict(envs=32, lr=3e-4, n_steps=100, batch_size=64, n_epochs=10, clip_range=0.2, normalize=False,
                 net="sb3", log_std_init=0.0)
@@ -71,17 +72,26 @@ class SB3VecEnv(VecEnv):
         return [False] * len(list(self._get_indices(indices)))
 
 
-def evaluate(model, norm, task):
-    """The deterministic policy's distance from rest over the task's horizon (observations normalised by
-    ``norm``'s statistics when there is one)."""
-    state = task.reset(1)
+def deterministic(model, norm, task):
+    """The deterministic policy as a function of the task's observation (normalised by ``norm``'s statistics
+    when there is one), for ``task.rollout``."""
     body = task.sim.body
-    while not task.truncated(state).all():
-        obs = task.observe(state).cpu().numpy()
+
+    def act(obs):
+        obs = obs.cpu().numpy()
         if norm is not None:
             obs = norm.normalize_obs(obs)
         action, _ = model.predict(obs, deterministic=True)
-        state, _ = task.step(state, torch.as_tensor(action, dtype=body.dtype, device=body.device))
+        return torch.as_tensor(action, dtype=body.dtype, device=body.device)
+    return act
+
+
+def evaluate(model, norm, task):
+    """The deterministic policy's distance from rest over the task's horizon."""
+    state = task.reset(1)
+    act = deterministic(model, norm, task)
+    while not task.truncated(state).all():
+        state, _ = task.step(state, act(task.observe(state)))
     return task.distance(state).item()
 
 
@@ -124,7 +134,8 @@ class Recorder(BaseCallback):
 
 def train_sb3(creature, horizon, budget, seed, eval_every=2, device="cpu", **settings):
     """SB3's PPO for ``budget`` creature-steps with :data:`BASELINE` updated by ``settings``. Returns
-    ``(config, history)`` in diffsoft.ppo's history format, the final evaluation last."""
+    ``(config, history, gait)``: the history in diffsoft.ppo's format, the final evaluation last, and the final
+    policy's :class:`~diffsoft.policy.Gait` over 1,000 steps from rest."""
     cfg = {**BASELINE, **settings}
     unknown = set(cfg) - set(BASELINE)
     if unknown:
@@ -143,4 +154,6 @@ def train_sb3(creature, horizon, budget, seed, eval_every=2, device="cpu", **set
     history.append({"update": len(history), "eval_distance": evaluate(model, norm, venv.task),
                     "eval_sim_steps": model.num_timesteps, "sim_steps": model.num_timesteps,
                     "seconds": history[-1]["seconds"], "cpu_seconds": history[-1]["cpu_seconds"]})
-    return dict(cfg, creature=creature, horizon=horizon, steps=budget, seed=seed), history
+    task = venv.task
+    gait = Gait.of(task.sim, task.rollout(deterministic(model, norm, task), 1000))
+    return dict(cfg, creature=creature, horizon=horizon, steps=budget, seed=seed), history, gait

@@ -332,6 +332,22 @@ class Gait:
         """It keeps walking and stays up: a lasting gait."""
         return self.keeps_walking and self.stays_up
 
+    @classmethod
+    def of(cls, sim, xs, window=100):
+        """The gait of one creature of ``sim`` whose positions over a run from rest are ``xs (steps + 1, N, d)``
+        (a policy's: :func:`gait`; any trainer's deterministic rollout:
+        :meth:`~diffsoft.task.LocomotionTask.rollout`)."""
+        if xs.dim() != 3 or xs.shape[1:] != (sim.body.num_vertices, sim.body.dim):
+            raise ValueError(f"xs must be one creature's positions (steps + 1, {sim.body.num_vertices}, "
+                             f"{sim.body.dim}), got shape {tuple(xs.shape)}")
+        steps = xs.shape[0] - 1
+        if not 0 < window <= steps:
+            raise ValueError(f"a gait needs 0 < window <= steps, got window={window!r}, steps={steps!r}")
+        com = center_of_mass_x(sim, xs)
+        top, bottom = upright_ends(sim)
+        extent = xs[:, top, 1].mean(-1) - xs[:, bottom, 1].mean(-1)
+        return cls(distance=(com - com[0]).tolist(), height=(extent / extent[0]).tolist(), window=window)
+
     def summary(self):
         """The record a benchmark keeps: steps, first, last, least height and the verdicts."""
         return {"steps": len(self.distance) - 1, "window": self.window, "first": round(self.first, 6),
@@ -343,9 +359,6 @@ def gait(sim, policy, steps=1000, window=100):
     """How a policy's gait lasts: one creature running the deterministic ``policy`` from rest for ``steps``
     steps (:class:`Gait`: its distances and heights; ``lasts`` when it keeps walking and never falls)."""
     if not 0 < window <= steps:
-        raise ValueError(f"gait needs 0 < window <= steps, got window={window!r}, steps={steps!r}")
+        raise ValueError(f"a gait needs 0 < window <= steps, got window={window!r}, steps={steps!r}")
     xs, _ = run_policy(sim, policy, steps)
-    com = center_of_mass_x(sim, xs[:, 0])
-    top, bottom = upright_ends(sim)
-    extent = xs[:, 0][:, top, 1].mean(-1) - xs[:, 0][:, bottom, 1].mean(-1)
-    return Gait(distance=(com - com[0]).tolist(), height=(extent / extent[0]).tolist(), window=window)
+    return Gait.of(sim, xs[:, 0], window)

@@ -121,14 +121,20 @@ class GaussianFramePolicy(nn.Module):
         return torch.distributions.Normal(mu, self.log_std.exp().expand_as(mu)), self.value(z).squeeze(-1)
 
 
+def mean_action(model):
+    """The model's deterministic policy as a function of the observation: its mean activation change (for
+    :meth:`~diffsoft.task.LocomotionTask.rollout`)."""
+    return lambda obs: model.distribution(obs)[0].mean
+
+
 def evaluate(task, model):
     """Distance along +x of one creature running the mean action from rest for the task's horizon (as
     :func:`~diffsoft.policy.distance_walked`)."""
     state = task.reset(1)
+    act = mean_action(model)
     with torch.no_grad():
         while not task.truncated(state).all():
-            dist, _ = model.distribution(task.observe(state))
-            state, _ = task.step(state, dist.mean)
+            state, _ = task.step(state, act(task.observe(state)))
     return task.distance(state).item()
 
 

@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from diffsoft import ppo
+from diffsoft import creatures, ppo
+from diffsoft.policy import Gait, center_of_mass_x
 from diffsoft.ppo import PPOConfig
 from diffsoft.task import LocomotionTask
 
@@ -57,6 +58,12 @@ def test_train_ppo_smoke():
     assert [r["sim_steps"] for r in history] == [6, 12, 12]
     assert 0 < history[0]["cpu_seconds"] < history[1]["cpu_seconds"] == history[2]["cpu_seconds"]
     assert all(math.isfinite(r["eval_distance"]) for r in history)
+    # The final evaluation is the mean action's rollout, which runs past the horizon for a gait.
+    task = LocomotionTask(creatures.make_creature("biped", torch.float64), horizon=3)
+    xs = task.rollout(ppo.mean_action(model), 4)
+    assert history[-1]["eval_distance"] == pytest.approx(
+        (center_of_mass_x(task.sim, xs[3]) - center_of_mass_x(task.sim, xs[0])).item(), abs=1e-12)
+    assert Gait.of(task.sim, xs, window=2).summary()["steps"] == 4
 
 
 def test_ppo_device_is_checked():

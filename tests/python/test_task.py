@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from diffsoft import creatures
-from diffsoft.policy import FramePolicy, distance_walked
+from diffsoft.policy import FramePolicy, Gait, distance_walked, gait, run_policy
 from diffsoft.task import LocomotionTask
 
 F64 = torch.float64
@@ -27,6 +27,23 @@ def test_an_episode_is_the_frame_policys_rollout(task):
     assert state.steps.tolist() == [3]
     assert total == pytest.approx(task.distance(state).item(), abs=1e-12)
     assert task.distance(state).item() == pytest.approx(distance_walked(task.sim, policy, 3), abs=1e-12)
+
+
+def test_a_rollout_runs_past_the_horizon_and_is_the_frame_policys_gait(task):
+    """rollout's positions, past the task's horizon of 3, are run_policy's, so a gait from them is
+    policy.gait's."""
+    policy = FramePolicy.for_simulator(task.sim, center_vertex_id=task.center_vertex_id,
+                                       forward_vertex_id=task.forward_vertex_id)
+    xs = task.rollout(lambda obs: policy.head(obs), 6)
+    assert xs.shape == (7, task.sim.body.num_vertices, task.sim.body.dim)
+    assert torch.equal(xs, run_policy(task.sim, policy, 6)[0][:, 0])
+    assert Gait.of(task.sim, xs, window=3) == gait(task.sim, policy, steps=6, window=3)
+    with pytest.raises(ValueError, match="xs must be one creature's positions"):
+        Gait.of(task.sim, xs[None], window=3)
+    with pytest.raises(ValueError, match="a gait needs 0 < window <= steps"):
+        Gait.of(task.sim, xs, window=7)
+    with pytest.raises(ValueError, match="steps must be a positive integer"):
+        task.rollout(lambda obs: policy.head(obs), 0)
 
 
 def test_actions_are_clamped_to_max_abs_da_and_activations_to_min_a(task):

@@ -374,7 +374,7 @@ def test_gait_distances_match_distance_walked_and_a_standing_creature_stays_up_b
     g = gait(sim, policy, steps=8, window=4)
     assert 0.9 < g.least_height <= 1.0 + 1e-9 and g.stays_up
     assert abs(g.first) < 1e-3 and not g.lasts  # standing is not walking
-    with pytest.raises(ValueError, match="gait needs 0 < window <= steps"):
+    with pytest.raises(ValueError, match="a gait needs 0 < window <= steps"):
         gait(sim, policy, steps=8, window=10)
 
 
