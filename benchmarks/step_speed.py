@@ -30,8 +30,9 @@ ratios.
     git worktree add ../before COMMIT && (cd ../before && bash scripts/setup_env.sh)
     .venv/bin/python benchmarks/step_speed.py --before ../before --quick --rounds 10 --repeat 10 --threads 1
 
-``--loop N`` only steps 16 bipeds N times (forward and backward), untimed: valgrind's instruction count of N
-steps less that of 2 steps is load-free (any checkout's package runs it: put this script beside it).
+``--loop N`` only steps 16 bipeds (``--loop-batch B``: B) N times (forward and backward), untimed: valgrind's
+instruction count of N steps less that of 2 steps is load-free (any checkout's package runs it: put this script
+beside it).
     valgrind --tool=callgrind --callgrind-out-file=/dev/null .venv/bin/python benchmarks/step_speed.py --loop N
 """
 import argparse
@@ -339,12 +340,13 @@ def main():
     ap.add_argument("--only", nargs="+", help="only the problems of these names (e.g. biped 'grid 70x70')")
     ap.add_argument("--loop", type=int, metavar="N", help="only step 16 bipeds N times forward and backward, "
                                                            "untimed: for counting instructions (valgrind)")
+    ap.add_argument("--loop-batch", type=int, default=16, metavar="B", help="--loop: bipeds per step (default 16)")
     ap.add_argument("--before", metavar="DIR", help="compare with the checkout in DIR (with its .venv), alternately")
     ap.add_argument("--rounds", type=int, default=10, help="--before: alternated rounds (default 10)")
     args = ap.parse_args()
     set_num_threads(args.threads)
     if args.loop is not None:
-        return loop(args.loop, getattr(torch, args.dtype))
+        return loop(args.loop, getattr(torch, args.dtype), args.loop_batch)
     if args.before:
         rows = before_after(args)
         if args.json:

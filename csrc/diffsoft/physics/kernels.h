@@ -185,8 +185,8 @@ struct View {
     select(0);
   }
 
-  // Problem b's view: its own parameters where they are per problem (a batch of creatures with different
-  // bodies or worlds, domain randomisation), else the shared ones.
+  // Problem b's view (b < the batch this view was made for): its own parameters where they are per problem (a
+  // batch of creatures with different bodies or worlds, domain randomisation), else the shared ones.
   View problem(int64_t b) const {
     View out = *this;
     out.select(b);
