@@ -51,7 +51,7 @@ StepModel kernel_model(const std::vector<torch::Tensor>& t, int64_t material,
     if (!index->defined() || index->scalar_type() != torch::kInt64 || !index->device().is_cpu())
       throw std::invalid_argument("the step model's elements, muscles and slot must be int64 CPU tensors");
   m.material = material;
-  const std::vector<ColliderKindInfo> kinds = collider_kinds();
+  const std::vector<ColliderKindInfo>& kinds = collider_kinds();
   size_t count = 0;
   for (const int64_t kind : collider_kinds_of_model) {
     if (kind < 0 || kind >= static_cast<int64_t>(kinds.size()))

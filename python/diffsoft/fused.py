@@ -108,6 +108,21 @@ def step_energy(y, *args):
     return StepEnergy.apply(y, *args[:kernel_params(p)], top) + terms_energy(y, p, top, step_terms(top, builtin=False))
 
 
+def step_energy_values(ys, *args):
+    """:func:`step_energy`'s value at each ``y`` of ``ys``, without autograd (the solver's choice of a start):
+    on the CPU without user terms, one kernel call each, skipping the autograd Function's bookkeeping."""
+    top = args[-1]
+    if not _on_cpu(ys[0]) or top.terms:
+        return [step_energy(y, *args) for y in ys]
+    p, _ = unpack(args, terms=False)
+    values = []
+    for y in ys:
+        model, *state = _kernel_args(y, p, top)
+        value = ops.step_energy(*model.args, *state)
+        values.append(value if y.dim() == 3 else value[0])
+    return values
+
+
 class StepEnergy(torch.autograd.Function):
     """The kernels' terms (``args``: :func:`~diffsoft.step.kernel_params` parameters, then the topology)."""
 

@@ -25,7 +25,7 @@ from .body import SoftBody, Stamped, stamp
 from .colliders import KINDS, Collider, Plane
 from .energies import (contact_energy, deformation_gradient, determinant, elastic_energy, gravity_energy,
                        muscle_energy, reference_step_energy)
-from .fused import analytic_energy, step_energy, with_kernel_model
+from .fused import analytic_energy, step_energy, step_energy_values, with_kernel_model
 from .step import Material, StepParams, StepTopology
 from .terms import Term
 from . import torch_backend
@@ -597,7 +597,11 @@ class Simulator:
             # vertices, float32); x0, a valid state, cannot, and NaN or inf at the prediction selects x0.
             x_hat, start = params.x_hat.detach(), params.x0_free.detach()
             flat = params.flat()
-            better = energy(x_hat, *flat, top) <= energy(start, *flat, top)
+            if self.fused:
+                at_hat, at_start = step_energy_values((x_hat, start), *flat, top)
+            else:
+                at_hat, at_start = (energy(y, *flat, top) for y in (x_hat, start))
+            better = at_hat <= at_start
             guess = torch.where(better[..., None, None], x_hat, start)
         analytic = analytic_energy(guess, *flat, top, factorize=factorize) if self.fused else None
         return minimize(energy, guess, *flat, top, batched=batched, return_info=True, _analytic=analytic,

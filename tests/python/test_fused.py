@@ -8,11 +8,12 @@ from diffsoft._extension import _C
 from diffsoft.body import SoftBody
 from diffsoft.creatures import biped, tetrapod
 from diffsoft.energies import reference_step_energy
-from diffsoft.fused import step_energy
+from diffsoft.fused import step_energy, step_energy_values
 from diffsoft.mesh import box
 from diffsoft.simulator import Simulator
 from diffsoft.step import unpack
 from diffsoft.term_blocks import gradient_and_hessian
+from diffsoft.terms import Term
 
 from conftest import F64, param_names, reference_param_grads, sheet_sim
 
@@ -61,6 +62,26 @@ def test_value_gradient_and_hvp_match_the_reference(dim, material, fixed, batch)
     torch.testing.assert_close(e1, e0, rtol=1e-13, atol=0)
     torch.testing.assert_close(g1, g0, rtol=1e-10, atol=1e-10 * g0.abs().max().item())
     torch.testing.assert_close(h1, h0, rtol=1e-10, atol=1e-10 * h0.abs().max().item())
+
+
+@pytest.mark.parametrize("user_term", [False, True])
+@pytest.mark.parametrize("batch", [0, 2])
+def test_values_without_autograd_are_the_step_energys(batch, user_term):
+    # The solver's choice of a start reads the kernels directly: the same values as the autograd path, a user
+    # term's energy included.
+    sim = sheet_sim(2, "neo_hookean", [0])
+    if user_term:
+        sim.terms = [Term(lambda x, x0, h, k: k * (x ** 2).sum((-2, -1)), params=(torch.tensor(3.0, dtype=F64),))]
+    x0, v0, a, y = _state(sim, batch, seed=5)
+    params = _params(sim, x0, v0, a)
+    ys = (y, params[0].detach())
+    with torch.no_grad():
+        got = step_energy_values(ys, *params)
+        want = [step_energy(z, *params) for z in ys]
+    assert len(got) == 2
+    for g, w in zip(got, want):
+        assert g.shape == w.shape == y.shape[:-2]
+        assert torch.equal(g, w)
 
 
 @pytest.mark.parametrize("dim,material,fixed", CASES)

@@ -118,11 +118,11 @@ struct StepDerivatives {
 };
 
 // The collider kinds, in the order of Collider::kind: each one's name and its parameters' names (the contact's,
-// then the geometry's). Defined with the kinds (colliders.h).
+// then the geometry's), made once. Defined with the kinds (colliders.h).
 struct ColliderKindInfo {
   std::string name;
   std::vector<std::string> params;
 };
-std::vector<ColliderKindInfo> collider_kinds();
+const std::vector<ColliderKindInfo>& collider_kinds();
 
 }  // namespace diffsoft

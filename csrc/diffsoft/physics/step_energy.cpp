@@ -14,14 +14,17 @@
 
 namespace diffsoft {
 
-std::vector<ColliderKindInfo> collider_kinds() {
-  std::vector<ColliderKindInfo> out;
-  kernels::ColliderKinds::each([&](auto g) {
-    ColliderKindInfo info{decltype(g)::name, {"stiffness", "friction", "friction_eps"}};
-    for (const char* p : decltype(g)::params) info.params.push_back(p);
-    out.push_back(info);
-  });
-  return out;
+const std::vector<ColliderKindInfo>& collider_kinds() {
+  static const std::vector<ColliderKindInfo> kinds = [] {
+    std::vector<ColliderKindInfo> out;
+    kernels::ColliderKinds::each([&](auto g) {
+      ColliderKindInfo info{decltype(g)::name, {"stiffness", "friction", "friction_eps"}};
+      for (const char* p : decltype(g)::params) info.params.push_back(p);
+      out.push_back(info);
+    });
+    return out;
+  }();
+  return kinds;
 }
 
 namespace kernels {
