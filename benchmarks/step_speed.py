@@ -30,16 +30,19 @@ ratios.
     git worktree add ../before COMMIT && (cd ../before && bash scripts/setup_env.sh)
     .venv/bin/python benchmarks/step_speed.py --before ../before --quick --rounds 10 --repeat 10 --threads 1
 
-``--loop N`` only steps 16 bipeds (``--loop-batch B``: B) N times (forward and backward), untimed: valgrind's
-instruction count of N steps less that of 2 steps is load-free (any checkout's package runs it: put this script
-beside it).
+``--loop N`` only steps 16 bipeds (``--loop-batch B``: B) N times (forward and backward) after 2 warm-up steps,
+and prints their mean wall-clock and CPU time per step; valgrind's instruction count of N steps less that of
+N = 2 is load-free. Any checkout's package runs it (this file, run by that checkout's Python from its root), and
+with ``--before`` both sides run it, alternately, instead of the creatures' best steps:
     valgrind --tool=callgrind --callgrind-out-file=/dev/null .venv/bin/python benchmarks/step_speed.py --loop N
+    .venv/bin/python benchmarks/step_speed.py --before ../before --loop 400 --loop-batch 1 --rounds 8 --threads 1
 """
 import argparse
 import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -280,16 +283,26 @@ def family(args, dtype):
 
 def loop(n, dtype, batch=16):
     """``--loop``: ``n`` steps of ``batch`` bipeds at rest pushed at 0.5 m/s (activations 0.8), each with the
-    backward of ``|x1|^2`` to ``x0``; valgrind counts the instructions of ``n`` against 2 such steps."""
+    backward of ``|x1|^2`` to ``x0``, after 2 such steps (warm-up); prints their mean wall-clock and CPU ms per
+    step. valgrind counts the instructions of ``n`` against 2."""
     sim = biped(dtype=dtype)
     x, v = sim.rest_state
     push = torch.tensor([0.5, 0.0], dtype=dtype)
     x, v = x.expand(batch, -1, -1).clone(), (v + push).expand(batch, -1, -1).clone()
     a = activation(sim, batch)
-    for _ in range(n):
-        x0 = x.clone().requires_grad_()
-        x1, _ = sim.step(x0, v, a)
-        (x1 * x1).sum().backward()
+
+    def steps(k):
+        for _ in range(k):
+            x0 = x.clone().requires_grad_()
+            x1, _ = sim.step(x0, v, a)
+            (x1 * x1).sum().backward()
+
+    steps(2)
+    wall, cpu = time.perf_counter(), time.process_time()
+    steps(n)
+    if n:
+        print(f"{batch} bipeds, {n} steps forward and backward: {(time.perf_counter() - wall) / n * 1e3:.4f} ms "
+              f"wall-clock, {(time.process_time() - cpu) / n * 1e3:.4f} ms CPU per step")
 
 
 def before_after(args):
@@ -298,24 +311,34 @@ def before_after(args):
     sides = {"before": (os.path.join(args.before, ".venv", "bin", "python"), args.before),
              "after": (sys.executable, here)}
     only = args.only or ["biped", "quadruped", "biped x16" if args.quick else "biped x64"]
+    parts = ("forward_ms", "backward_ms")
+    if args.loop:  # both sides run this script's --loop, each with its own package
+        only, parts = [f"{args.loop_batch} bipeds"], ("wall_ms", "cpu_ms")
     runs = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for side in ("before", "after") if r % 2 == 0 else ("after", "before"):  # neither always goes first
                 python, root = sides[side]
                 out = os.path.join(tmp, "rows.json")
+                if args.loop:
+                    cmd = [python, os.path.abspath(__file__), "--loop", str(args.loop), "--loop-batch",
+                           str(args.loop_batch), "--threads", str(args.threads), "--dtype", args.dtype]
+                    wall, cpu = map(float, re.findall(r"([\d.]+) ms", subprocess.run(
+                        cmd, check=True, cwd=root, capture_output=True, text=True).stdout))
+                    runs[side].append({only[0]: dict(wall_ms=wall, cpu_ms=cpu)})
+                    continue
                 cmd = [python, os.path.join(root, "benchmarks", "step_speed.py"), "--only", *only, "--json", out,
                        "--threads", str(args.threads), "--repeat", str(args.repeat or 3), "--dtype", args.dtype]
                 cmd += ["--quick"] if args.quick else []
                 subprocess.run(cmd, check=True, cwd=root, capture_output=True, text=True)
                 runs[side].append({row["problem"]: row for row in json.load(open(out))})
             print(f"round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
-    print(f"{machine(args)}; {args.rounds} alternated rounds, best of {args.repeat or 3} steps per round; "
-          f"before: {args.before}")
+    each = f"the mean of {args.loop} steps" if args.loop else f"best of {args.repeat or 3} steps"
+    print(f"{machine(args)}; {args.rounds} alternated rounds, {each} per round; before: {args.before}")
     print(f"{'problem':<12} {'':>8} {'before ms':>10} {'after ms':>9} {'after/before':>12} {'rounds':>13}")
     rows = []
     for name in only:
-        for part in ("forward_ms", "backward_ms"):
+        for part in parts:
             b, a = ([rs[name][part] for rs in runs[side]] for side in ("before", "after"))
             paired = sorted(x / y for x, y in zip(a, b))
             row = dict(problem=name, part=part, before_ms=statistics.median(b), after_ms=statistics.median(a),
@@ -339,13 +362,13 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="torch and OpenBLAS threads (default 2)")
     ap.add_argument("--only", nargs="+", help="only the problems of these names (e.g. biped 'grid 70x70')")
     ap.add_argument("--loop", type=int, metavar="N", help="only step 16 bipeds N times forward and backward, "
-                                                           "untimed: for counting instructions (valgrind)")
+                                                           "after 2 steps, and print their mean time per step")
     ap.add_argument("--loop-batch", type=int, default=16, metavar="B", help="--loop: bipeds per step (default 16)")
     ap.add_argument("--before", metavar="DIR", help="compare with the checkout in DIR (with its .venv), alternately")
     ap.add_argument("--rounds", type=int, default=10, help="--before: alternated rounds (default 10)")
     args = ap.parse_args()
     set_num_threads(args.threads)
-    if args.loop is not None:
+    if args.loop is not None and not args.before:
         return loop(args.loop, getattr(torch, args.dtype), args.loop_batch)
     if args.before:
         rows = before_after(args)
