@@ -137,7 +137,7 @@ class TrainConfig:
     creature: str = "biped"
     batch: int = 32
     window: int = 32
-    episode: int = 256
+    episode: int = 128
     iterations: int = 300
     lr: float = 6e-3
     lr_end: float = 1e-3
@@ -147,7 +147,7 @@ class TrainConfig:
     lam: float = 0.95
     reward_scale: float = 100.0
     upright_weight: float = 0.0
-    terminate_upright: float = -1.0
+    terminate_upright: float = 0.0
     critic_lr: float = 2e-3
     critic_hidden: int = 64
     critic_iterations: int = 16
@@ -157,9 +157,9 @@ class TrainConfig:
     min_a: float = 0.25
     max_abs_da: float = 0.3
     init_activation: float = 0.3
-    action_noise: float = 0.2
+    action_noise: float = 0.4
     action_noise_end: float = 0.1
-    noise_decay_iterations: int = 0
+    noise_decay_iterations: int = 60
     saturation_penalty: float = 1.0
     straight_through: bool = False
     randomize: float = 0.0

@@ -277,14 +277,16 @@ def test_a_checkpoint_without_a_later_setting_resumes_with_its_default(tmp_path)
 
 
 def test_the_exploration_noise_decays_as_configured():
-    # Constant by default; with noise_decay_iterations, linear from action_noise to action_noise_end, then
-    # constant; and the iteration's noise is the same standard draw times that std, so a run without the
-    # decay draws exactly what it drew before the setting existed.
-    assert [TrainConfig(action_noise=0.4).noise_std(i) for i in (0, 100, 10 ** 6)] == [0.4, 0.4, 0.4]
+    # Constant without noise_decay_iterations; with it, linear from action_noise to action_noise_end, then
+    # constant (by default from 0.4 to 0.1 over 60 iterations); and the iteration's noise is the same standard
+    # draw times that std, so a run without the decay draws exactly what it drew before the setting existed.
+    assert [TrainConfig(action_noise=0.4, noise_decay_iterations=0).noise_std(i)
+            for i in (0, 100, 10 ** 6)] == [0.4, 0.4, 0.4]
+    assert [round(TrainConfig().noise_std(i), 12) for i in (0, 30, 60, 10 ** 6)] == [0.4, 0.25, 0.1, 0.1]
     cfg = TrainConfig(action_noise=0.4, action_noise_end=0.1, noise_decay_iterations=200)
     assert [round(cfg.noise_std(i), 12) for i in (0, 100, 200, 500)] == [0.4, 0.25, 0.1, 0.1]
     sim = creatures.make_creature("biped", F64)
-    constant = TrainConfig(action_noise=0.4, batch=4, dtype="float64")
+    constant = TrainConfig(action_noise=0.4, noise_decay_iterations=0, batch=4, dtype="float64")
     for it in (0, 100, 300):
         _, _, noise, _ = training._iteration_draws(dataclasses.replace(cfg, batch=4, dtype="float64"), sim, it, 0, 1)
         _, _, reference, _ = training._iteration_draws(constant, sim, it, 0, 1)
