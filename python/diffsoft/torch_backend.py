@@ -41,7 +41,7 @@ import torch
 from ._extension import ConvergenceError, SolveInfo
 from ._minimize import _options, check_backward_mode, refuse_transforms, unsolved_message
 from .energies import step_terms, term_rows
-from .step import StepParams, unpack
+from .step import unpack
 from .term_blocks import gradient_and_hessian
 
 CHECK_EVERY_OFF_CPU = 4
