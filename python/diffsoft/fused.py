@@ -115,12 +115,14 @@ def step_energy_values(ys, *args):
     if not _on_cpu(ys[0]) or top.terms:
         return [step_energy(y, *args) for y in ys]
     p, _ = unpack(args, terms=False)
-    values = []
-    for y in ys:
-        model, *state = _kernel_args(y, p, top)
-        value = ops.step_energy(*model.args, *state)
-        values.append(value if y.dim() == 3 else value[0])
-    return values
+    return [_kernel_value(y, p, top) for y in ys]
+
+
+def _kernel_value(y, p, top):
+    """The kernels' step energy at ``y``, values only: one per problem, or a scalar for an unbatched ``y``."""
+    model, *state = _kernel_args(y, p, top)
+    value = ops.step_energy(*model.args, *state)
+    return value if y.dim() == 3 else value[0]
 
 
 class StepEnergy(torch.autograd.Function):
@@ -130,9 +132,7 @@ class StepEnergy(torch.autograd.Function):
     def forward(ctx, y, *args):
         ctx.save_for_backward(y, *args[:-1])
         ctx.topology = args[-1]
-        model, *state = _kernel_args(y, *unpack(args, terms=False))
-        value = ops.step_energy(*model.args, *state)
-        return value if y.dim() == 3 else value[0]
+        return _kernel_value(y, *unpack(args, terms=False))
 
     @staticmethod
     def backward(ctx, grad_e):
