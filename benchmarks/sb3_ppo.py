@@ -17,7 +17,7 @@ from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 from torch import nn
 
 from diffsoft.envs import LocomotionVectorEnv
-from diffsoft.policy import Gait, center_of_mass_x
+from diffsoft.policy import Gait, distance_covered
 
 BASELINE = dict(envs=32, lr=3e-4, n_steps=100, batch_size=64, n_epochs=10, clip_range=0.2, normalize=False,
                 net="sb3", log_std_init=0.0)
@@ -89,7 +89,7 @@ def deterministic(model, norm, task):
 def evaluate(model, norm, task):
     """The deterministic policy's distance from rest over the task's horizon."""
     xs = task.rollout(deterministic(model, norm, task), task.horizon)
-    return (center_of_mass_x(task.sim, xs[-1]) - center_of_mass_x(task.sim, xs[0])).item()
+    return distance_covered(task.sim, xs).item()
 
 
 class Recorder(BaseCallback):

@@ -272,7 +272,13 @@ def distance_walked(sim, policy, steps):
     """How far the centre of mass of one creature moves along +x in ``steps`` steps of the deterministic
     policy from the rest pose (relaxed muscles)."""
     xs, _ = run_policy(sim, policy, steps)
-    return (center_of_mass_x(sim, xs[-1]) - center_of_mass_x(sim, xs[0])).item()
+    return distance_covered(sim, xs).item()
+
+
+def distance_covered(sim, xs):
+    """How far the centre of mass moves along +x from the first to the last of the positions ``xs (steps + 1,
+    ..., N, d)`` of a run (any trainer's rollout: :func:`run_policy`, :meth:`~diffsoft.task.LocomotionTask.rollout`)."""
+    return center_of_mass_x(sim, xs[-1]) - center_of_mass_x(sim, xs[0])
 
 
 def upright_ends(sim):

@@ -22,7 +22,7 @@ from torch import nn
 from ._checks import check_fields
 from ._optional import require
 from .creatures import check_device, make_creature
-from .policy import FramePolicy, center_of_mass_x
+from .policy import FramePolicy, distance_covered
 from .task import LocomotionTask
 
 
@@ -131,7 +131,7 @@ def evaluate(task, model):
     """Distance along +x of one creature running the mean action from rest for the task's horizon (as
     :func:`~diffsoft.policy.distance_walked`)."""
     xs = task.rollout(mean_action(model), task.horizon)
-    return (center_of_mass_x(task.sim, xs[-1]) - center_of_mass_x(task.sim, xs[0])).item()
+    return distance_covered(task.sim, xs).item()
 
 
 def collect(task, model, cfg, generator):
