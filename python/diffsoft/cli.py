@@ -18,6 +18,7 @@ import torch
 from ._optional import require
 from .creatures import make_creature
 from .policy import KEEPS_WALKING, STAYS_UP, FramePolicy, distance_walked, gait, run_policy
+from .terrain import distances_on, held_out_heights, ramp_heights
 from .threads import set_num_threads
 from .training import TrainConfig, distributed_world, train
 
@@ -162,6 +163,13 @@ def main(argv=None):
           f"first {g.window} (a lasting gait: >= {KEEPS_WALKING}); least height {g.least_height:.2f} of rest "
           f"(>= {STAYS_UP}): {'lasts' if g.lasts else 'does not last'}" +
           (f" ({short} of its {n} steps stopped short of Newton's tolerance)" if short else ""))
+    if cfg.terrain:
+        walked = distances_on(sim, policy, held_out_heights(sim, cfg.terrain), eval_horizon)
+        up, down = (distances_on(sim, policy, ramp_heights(sim, s * cfg.terrain)[None], eval_horizon).item()
+                    for s in (1, -1))
+        print(f"on {len(walked)} held-out terrains (diffsoft.terrain.held_out_heights, slopes within "
+              f"{cfg.terrain:g} degrees), in {eval_horizon} steps: mean {walked.mean():.2f}, least {walked.min():.2f}; "
+              f"up a {cfg.terrain:g}-degree ramp {up:.2f}, down it {down:.2f}")
     print(f"{len(history)} iterations, {steps} simulated creature-steps, training {history[-1]['seconds'] if history else 0:.0f} s, "
           f"total {time.perf_counter() - t0:.0f} s; outputs in {cfg.out_dir}/ (checkpoint.pt, policy.json, "
           f"history.json, learning_curve.png, walk.gif)")

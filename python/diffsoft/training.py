@@ -64,6 +64,7 @@ from ._compat import load_checkpoint
 from ._optional import require
 from .creatures import check_device, fingerprint, make_creature
 from .policy import FramePolicy, center_of_mass_x, distance_walked, observe, save_algovivo_policy, upright_ends
+from .terrain import grid, on_terrain, random_heights
 
 
 @dataclasses.dataclass
@@ -116,6 +117,10 @@ class TrainConfig:
             coefficient are each scaled by a factor of its own drawn uniformly from ``[1 - randomize, 1 +
             randomize]`` and kept for its episode (per-creature simulator parameters: the batch is still one
             step); 0 trains on the nominal creature, which evaluations always use.
+        terrain: Terrain randomisation: at each reset, a creature draws hilly ground of its own (straight
+            pieces of half its body's length, each sloped within this many degrees either way, flat under it at
+            rest: :mod:`~diffsoft.terrain`) and walks on it for its episode; 0 trains on the flat ground, which
+            evaluations always use.
         eval_every: Iterations between evaluations of :func:`~diffsoft.policy.distance_walked`
             (deterministic, from rest).
         eval_horizon: Steps of each evaluation.
@@ -163,6 +168,7 @@ class TrainConfig:
     saturation_penalty: float = 1.0
     straight_through: bool = False
     randomize: float = 0.0
+    terrain: float = 0.0
     eval_every: int = 10
     eval_horizon: int = 100
     keep_best: bool = False
@@ -187,6 +193,9 @@ class TrainConfig:
             action_noise=">=0", action_noise_end=">=0", noise_decay_iterations=">=0", saturation_penalty=">=0",
             gamma="[0,1]", lam="[0,1]", target_alpha="[0,1]",
             backward_rtol="(0,1)", min_a="(0,1)", on_failure=("skip", "stop"), randomize="[0,1)"))
+        if not 0 <= self.terrain < 45:
+            raise ValueError(f"terrain must be in [0, 45) (the steepest slope in degrees; 0: flat ground), got "
+                             f"{self.terrain!r}")
         if not -1 <= self.terminate_upright <= 1:
             raise ValueError(f"terminate_upright must be in [-1, 1] (an uprightness; -1: never), "
                              f"got {self.terminate_upright!r}")
@@ -370,6 +379,10 @@ def _all_gather(tensor, world, dim):
     """The processes' ``tensor``s concatenated along ``dim``, in rank order (the global batch's order)."""
     if world == 1:
         return tensor
+    if not tensor.numel():  # nothing to send (the pool's terrain without TrainConfig.terrain); gloo dies on it
+        shape = list(tensor.shape)
+        shape[dim] *= world
+        return tensor.new_empty(shape)
     import torch.distributed as dist
     sent = tensor.to(torch.uint8) if tensor.dtype == torch.bool else tensor.contiguous()  # gloo has no bool
     parts = [torch.empty_like(sent) for _ in range(world)]
@@ -381,21 +394,26 @@ def _all_gather(tensor, world, dim):
 class Pool:
     """The creatures that persist between iterations (this process's slice of the batch, b of them):
     positions and velocities ``(b, N, d)``, activations ``(b, M)``, ``age`` ``(b,)``, the steps since each
-    creature's reset (``>= episode``: reset before the next window), and ``scale`` ``(b, 3)``, each creature's
-    factors on its Lame parameters, masses and friction (``TrainConfig.randomize``; ones without it)."""
+    creature's reset (``>= episode``: reset before the next window), ``scale`` ``(b, 3)``, each creature's
+    factors on its Lame parameters, masses and friction (``TrainConfig.randomize``; ones without it), and
+    ``terrain`` ``(b, *samples)``, each creature's ground (:func:`~diffsoft.terrain.random_heights`; ``(b, 0)``
+    without ``TrainConfig.terrain``)."""
     x: torch.Tensor
     v: torch.Tensor
     a: torch.Tensor
     age: torch.Tensor
     scale: torch.Tensor
+    terrain: torch.Tensor
 
     @classmethod
-    def at_rest(cls, sim, b, episode):
-        """b creatures due for a reset."""
+    def at_rest(cls, sim, b, episode, terrain=False):
+        """b creatures due for a reset (with ``terrain``, on flat terrain's grid)."""
         x, v = sim.rest_state
+        samples = grid(sim)[2] if terrain else (0,)
         return cls(x.expand(b, -1, -1).clone(), v.expand(b, -1, -1).clone(),
                    torch.ones(b, sim.body.num_muscles, dtype=x.dtype, device=x.device),
-                   torch.full((b,), episode, device=x.device), torch.ones(b, 3, dtype=x.dtype, device=x.device))
+                   torch.full((b,), episode, device=x.device), torch.ones(b, 3, dtype=x.dtype, device=x.device),
+                   torch.zeros(b, *samples, dtype=x.dtype, device=x.device))
 
     def to(self, device):
         """The pool on ``device``."""
@@ -404,9 +422,10 @@ class Pool:
 
 def _iteration_draws(cfg, sim, iteration, rank, world):
     """The iteration's random numbers: a generator seeded by (seed, iteration), and from it the global
-    batch's reset activations ``(B, M)``, noise ``(W, B, M)`` and (with ``randomize``) reset factors
-    ``(B, 3)``, of which this process's slices are returned (on the simulator's device); the generator, on the
-    CPU, then serves the critic's minibatches (the same on every process and on every device)."""
+    batch's reset activations ``(B, M)``, noise ``(W, B, M)``, (with ``randomize``) reset factors ``(B, 3)``
+    and (with ``terrain``) reset terrains ``(B, *samples)``, of which this process's slices are returned (on
+    the simulator's device); the generator, on the CPU, then serves the critic's minibatches (the same on
+    every process and on every device)."""
     g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + iteration)
     m, dtype = sim.body.num_muscles, sim.body.dtype
     a0 = 1.0 - cfg.init_activation * torch.rand(cfg.batch, m, generator=g, dtype=torch.float64)
@@ -414,20 +433,24 @@ def _iteration_draws(cfg, sim, iteration, rank, world):
     scale = torch.ones(cfg.batch, 3, dtype=torch.float64)
     if cfg.randomize:  # drawn only then, so that runs without it draw what they always drew
         scale = 1.0 + cfg.randomize * (2 * torch.rand(cfg.batch, 3, generator=g, dtype=torch.float64) - 1)
+    terrain = torch.zeros(cfg.batch, 0, dtype=torch.float64)
+    if cfg.terrain:
+        terrain = random_heights(sim, cfg.terrain, cfg.batch, g)
     b = cfg.batch // world
     part = slice(rank * b, (rank + 1) * b)
     device = sim.body.device
-    return g, *(t[..., part, :].to(device=device, dtype=dtype) for t in (a0, noise, scale))
+    return (g, *(t[..., part, :].to(device=device, dtype=dtype) for t in (a0, noise, scale)),
+            terrain[part].to(device=device, dtype=dtype))
 
 
-def _reset(cfg, sim, pool, a0, scale, iteration, rank):
-    """Puts the pool's creatures whose episode is over back at rest with activations ``a0`` and parameter
-    factors ``scale``. At iteration 0
-    (every creature at rest) it staggers the episodes: creature i starts at age
-    ``window * (i mod (episode / window))``."""
+def _reset(cfg, sim, pool, a0, scale, terrain, iteration, rank):
+    """Puts the pool's creatures whose episode is over back at rest with activations ``a0``, parameter
+    factors ``scale`` and ground ``terrain``. At iteration 0 (every creature at rest) it staggers the
+    episodes: creature i starts at age ``window * (i mod (episode / window))``."""
     due = pool.age >= cfg.episode
     x, v = sim.rest_state
     pool.x[due], pool.v[due], pool.a[due], pool.age[due], pool.scale[due] = x, v, a0[due], 0, scale[due]
+    pool.terrain[due] = terrain[due]
     if iteration == 0:
         b = pool.age.shape[0]
         pool.age = cfg.window * ((torch.arange(b, device=pool.age.device) + rank * b) % (cfg.episode // cfg.window))
@@ -486,9 +509,10 @@ def train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_o
         appended to ``failures`` (see ``TrainConfig.on_failure``).
     """
     failures = [] if failures is None else failures
-    g, a0, noise, scale = _iteration_draws(cfg, sim, iteration, rank, world)
-    _reset(cfg, sim, pool, a0, scale, iteration, rank)
-    with _randomized(sim, pool.scale) if cfg.randomize else contextlib.nullcontext():
+    g, a0, noise, scale, terrain = _iteration_draws(cfg, sim, iteration, rank, world)
+    _reset(cfg, sim, pool, a0, scale, terrain, iteration, rank)
+    with _randomized(sim, pool.scale) if cfg.randomize else contextlib.nullcontext(), \
+            on_terrain(sim, pool.terrain) if cfg.terrain else contextlib.nullcontext():
         return _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer, pool, iteration,
                        rank, world, failures, g, a0, noise)
 
@@ -691,7 +715,7 @@ def train(cfg, resume=False, progress=True, log=print):
     learners = {"policy": policy, "critic": critic, "target_critic": target_critic, "optimizer": optimizer,
                "critic_optimizer": critic_optimizer}
     b = cfg.batch // world
-    pool = Pool.at_rest(sim, b, cfg.episode)
+    pool = Pool.at_rest(sim, b, cfg.episode, cfg.terrain > 0)
     ckpt_path = os.path.join(cfg.out_dir, "checkpoint.pt")
     history, start, train_seconds, best = [], 0, 0.0, _Best()
     if resume and os.path.exists(ckpt_path):
@@ -703,7 +727,9 @@ def train(cfg, resume=False, progress=True, log=print):
             except (RuntimeError, KeyError, ValueError, TypeError) as e:
                 raise ValueError(f"{ckpt_path}: key {name!r} does not fit this run's {name} ({type(e).__name__}: "
                                  f"{e}); delete the checkpoint to start over, or resume from a copy of the run") from None
-        state = {"scale": torch.ones(cfg.batch, 3, dtype=pool.x.dtype), **ckpt["pool"]}  # scale: since randomize
+        # scale and terrain: absent from checkpoints written before randomize and terrain
+        state = {"scale": torch.ones(cfg.batch, 3, dtype=pool.x.dtype),
+                 "terrain": torch.zeros(cfg.batch, 0, dtype=pool.x.dtype), **ckpt["pool"]}
         for k, t in state.items():
             want = (cfg.batch,) + tuple(getattr(pool, k).shape[1:])
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != want:

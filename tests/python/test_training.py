@@ -288,8 +288,8 @@ def test_the_exploration_noise_decays_as_configured():
     sim = creatures.make_creature("biped", F64)
     constant = TrainConfig(action_noise=0.4, noise_decay_iterations=0, batch=4, dtype="float64")
     for it in (0, 100, 300):
-        _, _, noise, _ = training._iteration_draws(dataclasses.replace(cfg, batch=4, dtype="float64"), sim, it, 0, 1)
-        _, _, reference, _ = training._iteration_draws(constant, sim, it, 0, 1)
+        _, _, noise, _, _ = training._iteration_draws(dataclasses.replace(cfg, batch=4, dtype="float64"), sim, it, 0, 1)
+        _, _, reference, _, _ = training._iteration_draws(constant, sim, it, 0, 1)
         torch.testing.assert_close(noise, reference * (cfg.noise_std(it) / 0.4), rtol=1e-14, atol=0)
     with pytest.raises(ValueError, match="action_noise_end"):
         TrainConfig(action_noise_end=-0.1).check()
