@@ -9,7 +9,7 @@ others (0 at the first and the last knot); the height, its integral, is sampled 
 per piece, exactly. So no piece of the sampled ground is steeper than ``max_slope``, and the slope changes
 between neighbouring samples by at most ``2 tan(max_slope) / SAMPLES_PER_PIECE[d]``: rolling hills. A height
 field is piecewise linear, so its contact energy has a kink at every sample, and a vertex held in one keeps
-Newton from its tolerance: with slopes within 5 degrees about 1 training creature-step in 1,000 stops short (the
+Newton from its tolerance: with slopes within 5 degrees about 1 training creature-step in 1,200 stops short (the
 trainer leaves it out, ``on_failure="skip"``), against none on the flat ground; pieces of constant slope missed
 a third more often (docs/training.md, "Terrain"). Behind ``x0`` the ground is flat at the simulator's ground height, so the
 creature starts at rest on flat ground (its rest state unchanged). In 3D the height is the sum of such a
