@@ -7,6 +7,7 @@ to the run's checkpoint.
 import argparse
 import dataclasses
 import inspect
+import math
 import os
 import re
 import sys
@@ -17,7 +18,7 @@ import torch
 
 from ._optional import require
 from .creatures import make_creature
-from .policy import KEEPS_WALKING, STAYS_UP, FramePolicy, distance_walked, gait, run_policy
+from .policy import KEEPS_WALKING, STAYS_UP, FramePolicy, distance_walked, distances_along, gait, run_policy
 from .terrain import distances_on, held_out_heights, ramp_heights
 from .threads import set_num_threads
 from .training import TrainConfig, distributed_world, train
@@ -50,6 +51,11 @@ def render_policy(sim, policy, steps, path, every=2):
     from .render import render_rollout
     render_rollout(sim, *run_policy(sim, policy, steps), gif=path, every=every, camera="follow")
 
+
+STEER_HEADINGS = {2: (0, 180), 3: (-80, -60, -30, -10, 10, 30, 60, 80)}
+"""The headings (degrees) a steered policy is shown walking toward after training: in 2D both, in 3D some
+that training draws no more often than any other, and that its evaluations (``training.EVAL_HEADINGS``) do not
+use."""
 
 QUICK = dict(iterations=120, lr_decay_iterations=120, eval_every=5, keep_best=True)
 """``--quick``: sized to train the biped in about half a minute to 1.5 minutes on 2 cores (the default is 300
@@ -141,7 +147,8 @@ def main(argv=None):
     if rank != 0:
         return
     torch.manual_seed(cfg.seed)
-    initial = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da)
+    initial = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da,
+                                        steered=cfg.steer)
     before = distance_walked(sim, initial, eval_horizon)
     after = distance_walked(sim, policy, eval_horizon)
     plot_learning_curve(history, os.path.join(cfg.out_dir, "learning_curve.png"),
@@ -163,6 +170,16 @@ def main(argv=None):
           f"first {g.window} (a lasting gait: >= {KEEPS_WALKING}); least height {g.least_height:.2f} of rest "
           f"(>= {STAYS_UP}): {'lasts' if g.lasts else 'does not last'}" +
           (f" ({short} of its {n} steps stopped short of Newton's tolerance)" if short else ""))
+    if cfg.steer:
+        headings = STEER_HEADINGS[sim.body.dim]
+        along, off = distances_along(sim, policy, eval_horizon, [math.radians(h) for h in headings])
+        print(f"steered, in {eval_horizon} steps toward each commanded heading: " + ", ".join(
+            f"{h:g} degrees: {d:.2f} along it, {o:.0f} degrees off" for h, d, o in zip(headings, along, off)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # counted for +x above
+            lasting = [h for h in headings if gait(sim, policy, heading=math.radians(h)).lasts]
+        print(f"its gait lasts 1,000 steps toward {len(lasting)} of the {len(headings)} headings"
+              + (f" ({', '.join(f'{h:g}' for h in lasting)} degrees)" if lasting else ""))
     if cfg.terrain:
         walked = distances_on(sim, policy, held_out_heights(sim, cfg.terrain), eval_horizon)
         up, down = (distances_on(sim, policy, ramp_heights(sim, s * cfg.terrain)[None], eval_horizon).item()

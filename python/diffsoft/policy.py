@@ -8,6 +8,11 @@ body, and outputs a change of each muscle's activation:
     ``(x_{t+1}, v_{t+1}) = sim.step(x_t, v_t, a_t)``,  ``a_{-1} = 1`` (relaxed).
 
 Both trainers use it: :mod:`diffsoft.training` (gradients through the simulator) and :mod:`diffsoft.ppo`.
+
+A *steered* policy (``FramePolicy(..., steered=True)``, trained with ``TrainConfig.steer``) also reads a commanded
+heading: an angle in the ground plane (:func:`heading_direction`: 0 is +x; in 3D it turns toward +z; in 2D it is 0
+or pi, forward or backward), given to it as the heading's unit vector in the body frame, so that, like the rest of
+its input, it does not depend on where the creature stands or faces.
 """
 import dataclasses
 import json
@@ -19,6 +24,22 @@ from ._checks import is_finite_real, is_integer
 from ._io import only_numbers, read_json
 
 POLICY_KEYS = ("fc1", "fc2", "min_a", "max_abs_da", "center_vertex_id", "forward_vertex_id")
+
+
+def heading_direction(heading, dim, dtype=None, device=None):
+    """The unit vector of commanded headings in the ground plane: ``heading`` ``(B,)`` angles in radians (a
+    tensor, or a number or sequence of them) -> ``(B, dim)``: ``(cos h, 0, sin h)`` in 3D; ``(cos h, 0)`` in 2D,
+    where a heading must be 0 or pi (+x or -x: a ValueError otherwise)."""
+    h = torch.as_tensor(heading, dtype=dtype or torch.get_default_dtype(), device=device)
+    h = h.reshape(-1) if h.dim() == 0 else h
+    if h.dim() != 1 or not bool(torch.isfinite(h).all()):
+        raise ValueError(f"heading must be finite angles (B,) in radians, got {heading!r}")
+    zero = torch.zeros_like(h)
+    if dim == 2:
+        if bool((torch.sin(h).abs() > 1e-6).any()):
+            raise ValueError(f"in 2D a heading is 0 (+x) or pi (-x), got {heading!r}")
+        return torch.stack([torch.cos(h).sign(), zero], -1)
+    return torch.stack([torch.cos(h), zero, torch.sin(h)], -1)
 
 
 def frame_vertices(sim):
@@ -58,14 +79,18 @@ def body_frame(x, center_vertex_id, forward_vertex_id):
     return origin, torch.stack([e1, e2, torch.cross(e1, e2, dim=-1)], dim=1)
 
 
-def observe(x, v, center_vertex_id, forward_vertex_id):
+def observe(x, v, center_vertex_id, forward_vertex_id, heading=None):
     """algovivo's policy input: ``(B, 2 N d)``, every vertex's position relative to the center vertex in the
-    body frame (vertex-major, ``[p0x, p0y, p1x, ...]``), then every vertex's velocity in that frame.
-    x, v: ``(B, N, d)``."""
+    body frame (vertex-major, ``[p0x, p0y, p1x, ...]``), then every vertex's velocity in that frame; with
+    ``heading`` ``(B,)`` (a steered policy's), then the heading's direction (:func:`heading_direction`) in
+    that frame: ``(B, 2 N d + d)``. x, v: ``(B, N, d)``."""
     origin, R = body_frame(x, center_vertex_id, forward_vertex_id)
     p = (x - origin[:, None]) @ R.transpose(1, 2)
     u = v @ R.transpose(1, 2)
-    return torch.cat([p.flatten(1), u.flatten(1)], dim=1)
+    parts = [p.flatten(1), u.flatten(1)]
+    if heading is not None:
+        parts.append((R @ heading_direction(heading, x.shape[-1], x.dtype, x.device)[..., None])[..., 0])
+    return torch.cat(parts, dim=1)
 
 
 class FramePolicy(nn.Module):
@@ -77,10 +102,12 @@ class FramePolicy(nn.Module):
         hidden: the hidden layer's width (algovivo: 32).
         min_a, max_abs_da: activations are kept in ``[min_a, 1]``; each step changes them by at most
             ``max_abs_da``.
+        steered: the policy also reads a commanded heading (``fc1`` takes ``dim`` more inputs; see the module
+            docstring).
     """
 
     def __init__(self, num_vertices, num_muscles, dim, center_vertex_id, forward_vertex_id, hidden=32,
-                 min_a=0.25, max_abs_da=0.3):
+                 min_a=0.25, max_abs_da=0.3, steered=False):
         super().__init__()
         check_frame_and_limits(num_vertices, center_vertex_id, forward_vertex_id, min_a, max_abs_da)
         if not (is_integer(hidden) and hidden >= 1):
@@ -88,7 +115,8 @@ class FramePolicy(nn.Module):
         self.num_vertices, self.num_muscles, self.dim = num_vertices, num_muscles, dim
         self.center_vertex_id, self.forward_vertex_id = int(center_vertex_id), int(forward_vertex_id)
         self.min_a, self.max_abs_da = float(min_a), float(max_abs_da)
-        self.fc1 = nn.Linear(2 * dim * num_vertices, hidden)
+        self.steered = bool(steered)
+        self.fc1 = nn.Linear(2 * dim * num_vertices + (dim if steered else 0), hidden)
         self.fc2 = nn.Linear(hidden, num_muscles)
 
     @classmethod
@@ -100,8 +128,9 @@ class FramePolicy(nn.Module):
             kw["center_vertex_id"], kw["forward_vertex_id"] = frame_vertices(sim)
         return cls(b.num_vertices, b.num_muscles, b.dim, **kw).to(device=b.device, dtype=b.dtype)
 
-    def forward(self, x, v):
-        """The raw activation change ``tanh(...)``: ``(B, M)`` from x, v ``(B, N, d)``."""
+    def forward(self, x, v, heading=None):
+        """The raw activation change ``tanh(...)``: ``(B, M)`` from x, v ``(B, N, d)``; ``heading`` (a steered
+        policy's command, ``(B,)`` radians or one number for all; default 0, along +x)."""
         for name, t in (("x", x), ("v", v)):
             if t.dim() != 3 or t.shape[1:] != (self.num_vertices, self.dim):
                 raise ValueError(f"{name} has shape {tuple(t.shape)}, but this policy observes (B, "
@@ -109,17 +138,29 @@ class FramePolicy(nn.Module):
                                  f"(fc1 takes 2 * {self.dim} * {self.num_vertices} = {self.fc1.in_features} values). A "
                                  f"policy belongs to the creature it was made for (FramePolicy.for_simulator): "
                                  f"load or train one for this creature, and give a batch (B, N, d)")
-        return self.head(observe(x, v, self.center_vertex_id, self.forward_vertex_id))
+        return self.head(observe(x, v, self.center_vertex_id, self.forward_vertex_id, self.command(heading, x)))
+
+    def command(self, heading, x):
+        """The heading :func:`observe` takes for this policy and positions ``x (B, N, d)``: None for a policy
+        that is not steered (a ValueError if a heading is given), else ``(B,)`` radians (default 0)."""
+        if not self.steered:
+            if heading is not None:
+                raise ValueError("this policy is not steered (FramePolicy(..., steered=True), TrainConfig.steer): "
+                                 "it takes no heading")
+            return None
+        h = torch.as_tensor(0.0 if heading is None else heading, dtype=x.dtype, device=x.device)
+        return h.expand(x.shape[0]) if h.dim() == 0 else h
 
     def head(self, obs):
         """The raw activation change ``(B, M)`` from the observation ``(B, 2 N d)`` (:func:`observe`), for a
         caller that needs the observation too."""
         return torch.tanh(self.fc2(torch.relu(self.fc1(obs))))
 
-    def act(self, x, v, a, noise=None):
+    def act(self, x, v, a, noise=None, heading=None):
         """The next activation ``(B, M)`` from the previous one ``a`` (B, M); ``noise`` (B, M) is added to
-        the activation change before clamping (exploration, as algovivo's stochastic policy does)."""
-        return self.update(a, self(x, v), noise)
+        the activation change before clamping (exploration, as algovivo's stochastic policy does);
+        ``heading``: a steered policy's command (see :meth:`forward`)."""
+        return self.update(a, self(x, v, heading), noise)
 
     def update(self, a, da, noise=None, straight_through=False):
         """``clamp(a + clamp(da + noise, -max_abs_da, max_abs_da), min_a, 1)``: (B, M) each.
@@ -165,13 +206,16 @@ def _straight_through_clamp(x, lo, hi):
 def save_algovivo_policy(policy, path):
     """Writes ``policy`` in algovivo's policy JSON: ``fc1`` and ``fc2`` as ``{"weight": [[...]] (out, in),
     "bias": [...]}``, ``min_a``, ``max_abs_da``, ``center_vertex_id``, ``forward_vertex_id``; and
-    ``space_dim`` (algovivo ignores it; 3 marks a 3D policy, which algovivo cannot run). Checked as
+    ``space_dim`` (algovivo ignores it; 3 marks a 3D policy, which algovivo cannot run); and for a steered
+    policy ``"steered": true`` (algovivo cannot run it: its input has the heading too). Checked as
     :func:`load_algovivo_policy` reads it (a ValueError naming what would not read back, e.g. non-finite
     weights), so that the file always reads back."""
     data = {name: {"weight": getattr(policy, name).weight.detach().cpu().double().tolist(),
                    "bias": getattr(policy, name).bias.detach().cpu().double().tolist()} for name in ("fc1", "fc2")}
     data.update(min_a=policy.min_a, max_abs_da=policy.max_abs_da, center_vertex_id=policy.center_vertex_id,
                 forward_vertex_id=policy.forward_vertex_id, space_dim=policy.dim)
+    if policy.steered:  # only then: the files of other policies stay algovivo's
+        data["steered"] = True
     # Checked as load_algovivo_policy reads it (non-finite weights: JSON holds no NaN), so that it reads back.
     _policy_from(data, "save_algovivo_policy: the file would not read back", policy.fc1.weight.dtype)
     with open(path, "w") as f:
@@ -214,13 +258,17 @@ def _policy_from(data, path, dtype):
     dim = data.get("space_dim", 2)
     if dim not in (2, 3) or isinstance(dim, bool) or not isinstance(dim, int):
         raise ValueError(f"{path}: key 'space_dim' must be 2 or 3, got {dim!r}")
-    if w1.shape[1] % (2 * dim):
-        raise ValueError(f"{path}: fc1 takes {w1.shape[1]} inputs, not 2 * space_dim * num_vertices "
-                         f"with space_dim {dim}")
+    steered = data.get("steered", False)
+    if not isinstance(steered, bool):
+        raise ValueError(f"{path}: key 'steered' must be true or false, got {steered!r}")
+    body_inputs = w1.shape[1] - (dim if steered else 0)
+    if body_inputs <= 0 or body_inputs % (2 * dim):
+        raise ValueError(f"{path}: fc1 takes {w1.shape[1]} inputs, not 2 * space_dim * num_vertices"
+                         f"{' + space_dim (steered)' if steered else ''} with space_dim {dim}")
     try:
-        policy = FramePolicy(w1.shape[1] // (2 * dim), w2.shape[0], dim, data["center_vertex_id"],
+        policy = FramePolicy(body_inputs // (2 * dim), w2.shape[0], dim, data["center_vertex_id"],
                              data["forward_vertex_id"], hidden=w1.shape[0], min_a=data["min_a"],
-                             max_abs_da=data["max_abs_da"]).to(dtype)
+                             max_abs_da=data["max_abs_da"], steered=steered).to(dtype)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
     with torch.no_grad():  # after .to(dtype): float64 weights are read exactly, not through float32
@@ -239,12 +287,20 @@ def center_of_mass_x(sim, x):
     return (x[..., 0] * m).sum(-1) / m.sum(-1)
 
 
-def run_policy(sim, policy, steps, batch=None, a0=None, noise=None):
+def center_of_mass(sim, x):
+    """The mass-weighted mean of the vertices' positions: ``(..., N, d)`` -> ``(..., d)`` (masses as
+    :func:`center_of_mass_x`'s)."""
+    m = sim.body.mass
+    return (x * m[..., None]).sum(-2) / m.sum(-1)[..., None]
+
+
+def run_policy(sim, policy, steps, batch=None, a0=None, noise=None, heading=None):
     """A rollout of ``policy`` from the rest pose, without gradients.
 
     Args:
         batch: number of creatures (default 1); a0: ``(B, M)`` initial activations (default relaxed, 1);
-        noise: ``(T, B, M)`` added to the activation changes, or None.
+        noise: ``(T, B, M)`` added to the activation changes, or None; heading: a steered policy's command
+        (``(B,)`` radians, or one for all; default 0).
 
     Returns:
         ``xs (T + 1, B, N, d)``, ``activations (T, B, M)``.
@@ -261,7 +317,7 @@ def run_policy(sim, policy, steps, batch=None, a0=None, noise=None):
     xs, acts = [x], []
     with torch.no_grad():
         for t in range(steps):
-            a = policy.act(x, v, a, None if noise is None else noise[t])
+            a = policy.act(x, v, a, None if noise is None else noise[t], heading)
             x, v = sim.step(x, v, a)
             xs.append(x)
             acts.append(a)
@@ -273,6 +329,21 @@ def distance_walked(sim, policy, steps):
     policy from the rest pose (relaxed muscles)."""
     xs, _ = run_policy(sim, policy, steps)
     return distance_covered(sim, xs).item()
+
+
+def distances_along(sim, policy, steps, headings):
+    """How far a steered ``policy`` walks toward each commanded heading, its centre of mass's displacement
+    along the heading's direction after ``steps`` steps from rest, and how far off the heading it went (the
+    angle in degrees between that displacement in the ground plane and the heading's direction): two ``(K,)``,
+    one batched rollout of K creatures, one per heading of ``headings`` ``(K,)`` (radians)."""
+    headings = torch.as_tensor(headings, dtype=sim.body.dtype, device=sim.body.device).reshape(-1)
+    xs, _ = run_policy(sim, policy, steps, batch=len(headings), heading=headings)
+    moved = center_of_mass(sim, xs[-1]) - center_of_mass(sim, xs[0])  # (K, d)
+    moved[:, 1] = 0
+    d = heading_direction(headings, sim.body.dim, moved.dtype, moved.device)
+    along = (moved * d).sum(-1)
+    cos = along / moved.norm(dim=-1).clamp_min(1e-12)
+    return along, torch.rad2deg(torch.acos(cos.clamp(-1, 1)))
 
 
 def distance_covered(sim, xs):
@@ -339,17 +410,21 @@ class Gait:
         return self.keeps_walking and self.stays_up
 
     @classmethod
-    def of(cls, sim, xs, window=100):
+    def of(cls, sim, xs, window=100, heading=None):
         """The gait of one creature of ``sim`` whose positions over a run from rest are ``xs (steps + 1, N, d)``
         (a policy's: :func:`gait`; any trainer's deterministic rollout:
-        :meth:`~diffsoft.task.LocomotionTask.rollout`)."""
+        :meth:`~diffsoft.task.LocomotionTask.rollout`); its distances along +x, or along ``heading`` (radians,
+        :func:`heading_direction`: a steered policy's command)."""
         if xs.dim() != 3 or xs.shape[1:] != (sim.body.num_vertices, sim.body.dim):
             raise ValueError(f"xs must be one creature's positions (steps + 1, {sim.body.num_vertices}, "
                              f"{sim.body.dim}), got shape {tuple(xs.shape)}")
         steps = xs.shape[0] - 1
         if not 0 < window <= steps:
             raise ValueError(f"a gait needs 0 < window <= steps, got window={window!r}, steps={steps!r}")
-        com = center_of_mass_x(sim, xs)
+        if heading is None:
+            com = center_of_mass_x(sim, xs)
+        else:
+            com = center_of_mass(sim, xs) @ heading_direction([heading], sim.body.dim, xs.dtype, xs.device)[0]
         top, bottom = upright_ends(sim)
         extent = xs[:, top, 1].mean(-1) - xs[:, bottom, 1].mean(-1)
         return cls(distance=(com - com[0]).tolist(), height=(extent / extent[0]).tolist(), window=window)
@@ -361,10 +436,11 @@ class Gait:
                 "keeps_walking": self.keeps_walking, "stays_up": self.stays_up}
 
 
-def gait(sim, policy, steps=1000, window=100):
+def gait(sim, policy, steps=1000, window=100, heading=None):
     """How a policy's gait lasts: one creature running the deterministic ``policy`` from rest for ``steps``
-    steps (:class:`Gait`: its distances and heights; ``lasts`` when it keeps walking and never falls)."""
+    steps (:class:`Gait`: its distances and heights; ``lasts`` when it keeps walking and never falls); a
+    steered policy toward ``heading`` (radians; default 0, +x), its distances along it."""
     if not 0 < window <= steps:
         raise ValueError(f"a gait needs 0 < window <= steps, got window={window!r}, steps={steps!r}")
-    xs, _ = run_policy(sim, policy, steps)
-    return Gait.of(sim, xs[:, 0], window)
+    xs, _ = run_policy(sim, policy, steps, heading=heading)
+    return Gait.of(sim, xs[:, 0], window, heading)

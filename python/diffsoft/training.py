@@ -5,7 +5,8 @@ short-horizon actor-critic (SHAC, Xu et al., ICLR 2022): analytic gradients thro
 simulation, and a learned value function that stands for everything after the window.
 
 The task: a reward per step, ``r_t = reward_scale * (com_x(x_{t+1}) - com_x(x_t))`` (progress of the centre of
-mass along +x), discounted by ``gamma``; the policy should maximise the return of an endless walk.
+mass along +x; with ``steer``, along each creature's commanded heading), discounted by ``gamma``; the policy
+should maximise the return of an endless walk.
 
 One iteration:
     1. A pool of ``batch`` creatures persists between iterations; a creature whose episode has lasted
@@ -51,6 +52,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import math
 import os
 import re
 import time
@@ -63,8 +65,13 @@ from ._checks import check_fields
 from ._compat import load_checkpoint
 from ._optional import require
 from .creatures import check_device, fingerprint, make_creature
-from .policy import FramePolicy, center_of_mass_x, distance_walked, observe, save_algovivo_policy, upright_ends
+from .policy import (FramePolicy, center_of_mass, center_of_mass_x, distance_walked, distances_along,
+                     heading_direction, observe, save_algovivo_policy, upright_ends)
 from .terrain import grid, on_terrain, random_heights
+
+
+EVAL_HEADINGS = {2: (0.0, math.pi), 3: tuple(math.radians(a) for a in (-90, -45, 0, 45, 90))}
+"""The headings a steered policy is evaluated on during training (radians, by the body's dimension)."""
 
 
 @dataclasses.dataclass
@@ -121,6 +128,11 @@ class TrainConfig:
             pieces of half its body's length, each sloped within this many degrees either way, flat under it at
             rest: :mod:`~diffsoft.terrain`) and walks on it for its episode; 0 trains on the flat ground, which
             evaluations always use.
+        steer: Steering: at each reset, a creature draws a commanded heading (2D: +x or -x, each with
+            probability 1/2; 3D: uniformly within 90 degrees of +x either way), which the policy (steered: it
+            reads the heading in its body frame) and the critic see, and its reward is its centre of mass's
+            progress along that heading; evaluations (and ``keep_best``) take the mean over the headings of
+            :data:`EVAL_HEADINGS` of the distance walked along each.
         eval_every: Iterations between evaluations of :func:`~diffsoft.policy.distance_walked`
             (deterministic, from rest).
         eval_horizon: Steps of each evaluation.
@@ -169,6 +181,7 @@ class TrainConfig:
     straight_through: bool = False
     randomize: float = 0.0
     terrain: float = 0.0
+    steer: bool = False
     eval_every: int = 10
     eval_horizon: int = 100
     keep_best: bool = False
@@ -397,13 +410,15 @@ class Pool:
     creature's reset (``>= episode``: reset before the next window), ``scale`` ``(b, 3)``, each creature's
     factors on its Lame parameters, masses and friction (``TrainConfig.randomize``; ones without it), and
     ``terrain`` ``(b, *samples)``, each creature's ground (:func:`~diffsoft.terrain.random_heights`; ``(b, 0)``
-    without ``TrainConfig.terrain``)."""
+    without ``TrainConfig.terrain``), and ``heading`` ``(b,)``, each creature's commanded heading in radians
+    (``TrainConfig.steer``; zeros without it)."""
     x: torch.Tensor
     v: torch.Tensor
     a: torch.Tensor
     age: torch.Tensor
     scale: torch.Tensor
     terrain: torch.Tensor
+    heading: torch.Tensor
 
     @classmethod
     def at_rest(cls, sim, b, episode, terrain=False):
@@ -413,7 +428,7 @@ class Pool:
         return cls(x.expand(b, -1, -1).clone(), v.expand(b, -1, -1).clone(),
                    torch.ones(b, sim.body.num_muscles, dtype=x.dtype, device=x.device),
                    torch.full((b,), episode, device=x.device), torch.ones(b, 3, dtype=x.dtype, device=x.device),
-                   torch.zeros(b, *samples, dtype=x.dtype, device=x.device))
+                   torch.zeros(b, *samples, dtype=x.dtype, device=x.device), torch.zeros(b, dtype=x.dtype, device=x.device))
 
     def to(self, device):
         """The pool on ``device``."""
@@ -423,9 +438,9 @@ class Pool:
 def _iteration_draws(cfg, sim, iteration, rank, world):
     """The iteration's random numbers: a generator seeded by (seed, iteration), and from it the global
     batch's reset activations ``(B, M)``, noise ``(W, B, M)``, (with ``randomize``) reset factors ``(B, 3)``
-    and (with ``terrain``) reset terrains ``(B, *samples)``, of which this process's slices are returned (on
-    the simulator's device); the generator, on the CPU, then serves the critic's minibatches (the same on
-    every process and on every device)."""
+    (with ``terrain``) reset terrains ``(B, *samples)`` and (with ``steer``) reset headings ``(B,)``, of which
+    this process's slices are returned (on the simulator's device); the generator, on the CPU, then serves the
+    critic's minibatches (the same on every process and on every device)."""
     g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + iteration)
     m, dtype = sim.body.num_muscles, sim.body.dtype
     a0 = 1.0 - cfg.init_activation * torch.rand(cfg.batch, m, generator=g, dtype=torch.float64)
@@ -436,21 +451,27 @@ def _iteration_draws(cfg, sim, iteration, rank, world):
     terrain = torch.zeros(cfg.batch, 0, dtype=torch.float64)
     if cfg.terrain:
         terrain = random_heights(sim, cfg.terrain, cfg.batch, g)
+    heading = torch.zeros(cfg.batch, dtype=torch.float64)
+    if cfg.steer:  # 2D: forward or backward; 3D: within 90 degrees of +x
+        if sim.body.dim == 2:
+            heading = math.pi * torch.randint(0, 2, (cfg.batch,), generator=g).double()
+        else:
+            heading = math.pi * (torch.rand(cfg.batch, generator=g, dtype=torch.float64) - 0.5)
     b = cfg.batch // world
     part = slice(rank * b, (rank + 1) * b)
     device = sim.body.device
     return (g, *(t[..., part, :].to(device=device, dtype=dtype) for t in (a0, noise, scale)),
-            terrain[part].to(device=device, dtype=dtype))
+            *(t[part].to(device=device, dtype=dtype) for t in (terrain, heading)))
 
 
-def _reset(cfg, sim, pool, a0, scale, terrain, iteration, rank):
+def _reset(cfg, sim, pool, a0, scale, terrain, heading, iteration, rank):
     """Puts the pool's creatures whose episode is over back at rest with activations ``a0``, parameter
-    factors ``scale`` and ground ``terrain``. At iteration 0 (every creature at rest) it staggers the
+    factors ``scale``, ground ``terrain`` and command ``heading``. At iteration 0 (every creature at rest) it staggers the
     episodes: creature i starts at age ``window * (i mod (episode / window))``."""
     due = pool.age >= cfg.episode
     x, v = sim.rest_state
     pool.x[due], pool.v[due], pool.a[due], pool.age[due], pool.scale[due] = x, v, a0[due], 0, scale[due]
-    pool.terrain[due] = terrain[due]
+    pool.terrain[due], pool.heading[due] = terrain[due], heading[due]
     if iteration == 0:
         b = pool.age.shape[0]
         pool.age = cfg.window * ((torch.arange(b, device=pool.age.device) + rank * b) % (cfg.episode // cfg.window))
@@ -509,8 +530,8 @@ def train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_o
         appended to ``failures`` (see ``TrainConfig.on_failure``).
     """
     failures = [] if failures is None else failures
-    g, a0, noise, scale, terrain = _iteration_draws(cfg, sim, iteration, rank, world)
-    _reset(cfg, sim, pool, a0, scale, terrain, iteration, rank)
+    g, a0, noise, scale, terrain, heading = _iteration_draws(cfg, sim, iteration, rank, world)
+    _reset(cfg, sim, pool, a0, scale, terrain, heading, iteration, rank)
     with _randomized(sim, pool.scale) if cfg.randomize else contextlib.nullcontext(), \
             on_terrain(sim, pool.terrain) if cfg.terrain else contextlib.nullcontext():
         return _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer, pool, iteration,
@@ -533,9 +554,10 @@ def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer
     terminate = cfg.terminate_upright > -1
     ends = upright_ends(sim) if terminate or cfg.upright_weight else None
     rest_x, rest_v = sim.rest_state
+    heading = pool.heading if cfg.steer else None
     observations, changes, activations, befores, afters, dones = [], [], [], [], [], []
     for t in range(w):
-        obs = observe(x, v, policy.center_vertex_id, policy.forward_vertex_id)
+        obs = observe(x, v, policy.center_vertex_id, policy.forward_vertex_id, heading)
         da = policy.head(obs)
         observations.append(obs)
         changes.append(da)
@@ -557,11 +579,15 @@ def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer
     saturation = ((da.abs() - policy.max_abs_da).clamp_min(0).square() + (target - 1).clamp_min(0).square()
                   + (policy.min_a - target).clamp_min(0).square()).sum(-1).sum(0)
     after = torch.stack(afters)
-    progress = center_of_mass_x(sim, after) - center_of_mass_x(sim, torch.stack(befores))  # (W, B)
+    if cfg.steer:  # along each creature's heading
+        direction = heading_direction(heading, sim.body.dim, after.dtype, after.device)
+        progress = ((center_of_mass(sim, after) - center_of_mass(sim, torch.stack(befores))) * direction).sum(-1)
+    else:
+        progress = center_of_mass_x(sim, after) - center_of_mass_x(sim, torch.stack(befores))  # (W, B)
     reward = progress if not cfg.upright_weight else progress - cfg.upright_weight * (1 - uprightness(sim, after, ends))
     reward = cfg.reward_scale * reward
     discount, end_discount, began = segment_discounts(done, cfg.gamma, reward.dtype)
-    obs_end = observe(x, v, policy.center_vertex_id, policy.forward_vertex_id)
+    obs_end = observe(x, v, policy.center_vertex_id, policy.forward_vertex_id, heading)
     critic.requires_grad_(False)  # the actor's loss differentiates the critic's input, not its weights
     ret = (discount * reward).sum(0) + end_discount * critic(obs_end, a)
     critic.requires_grad_(True)
@@ -670,6 +696,16 @@ def _load_checkpoint(path, cfg, sim):
     return ckpt
 
 
+def evaluate(cfg, sim, policy):
+    """The training's evaluation of ``policy``: the distance it walks along +x in ``eval_horizon`` steps from
+    rest (:func:`~diffsoft.policy.distance_walked`); with ``steer``, the mean over :data:`EVAL_HEADINGS` of the
+    distance along each (:func:`~diffsoft.policy.distances_along`)."""
+    if not cfg.steer:
+        return distance_walked(sim, policy, cfg.eval_horizon)
+    along, _ = distances_along(sim, policy, cfg.eval_horizon, EVAL_HEADINGS[sim.body.dim])
+    return along.mean().item()
+
+
 @dataclasses.dataclass
 class _Best:
     """The policy that walked furthest in the evaluations so far: its distance, the iteration before which
@@ -706,7 +742,8 @@ def train(cfg, resume=False, progress=True, log=print):
     sim = make_creature(cfg.creature, dtype, cfg.device)
     sim.solver_options["backward_rtol"] = cfg.backward_rtol
     torch.manual_seed(cfg.seed)
-    policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da)
+    policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da,
+                                       steered=cfg.steer)
     critic = Critic(policy.fc1.in_features, sim.body.num_muscles, cfg.critic_hidden).to(device=cfg.device,
                                                                                           dtype=dtype)
     target_critic = copy.deepcopy(critic).requires_grad_(False)
@@ -727,9 +764,10 @@ def train(cfg, resume=False, progress=True, log=print):
             except (RuntimeError, KeyError, ValueError, TypeError) as e:
                 raise ValueError(f"{ckpt_path}: key {name!r} does not fit this run's {name} ({type(e).__name__}: "
                                  f"{e}); delete the checkpoint to start over, or resume from a copy of the run") from None
-        # scale and terrain: absent from checkpoints written before randomize and terrain
+        # scale, terrain, heading: absent from checkpoints written before randomize, terrain and steer
         state = {"scale": torch.ones(cfg.batch, 3, dtype=pool.x.dtype),
-                 "terrain": torch.zeros(cfg.batch, 0, dtype=pool.x.dtype), **ckpt["pool"]}
+                 "terrain": torch.zeros(cfg.batch, 0, dtype=pool.x.dtype),
+                 "heading": torch.zeros(cfg.batch, dtype=pool.x.dtype), **ckpt["pool"]}
         for k, t in state.items():
             want = (cfg.batch,) + tuple(getattr(pool, k).shape[1:])
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != want:
@@ -758,7 +796,7 @@ def train(cfg, resume=False, progress=True, log=print):
     for it in bar:
         record = {"iteration": it}
         if it % cfg.eval_every == 0:
-            record["eval_distance"] = distance_walked(sim, policy, cfg.eval_horizon)
+            record["eval_distance"] = evaluate(cfg, sim, policy)
             record["eval_sim_steps"] = it * per_iteration
             best.offer(record["eval_distance"], it, policy)
         t, cpu = time.perf_counter(), time.process_time()
@@ -789,7 +827,7 @@ def train(cfg, resume=False, progress=True, log=print):
             if rank == 0:
                 _save_checkpoint(ckpt_path, cfg, sim, learners, pool_state, it + 1, history, train_seconds, best)
     if cfg.keep_best:
-        last = distance_walked(sim, policy, cfg.eval_horizon)
+        last = evaluate(cfg, sim, policy)
         best.offer(last, cfg.iterations, policy)
         if best.iteration < cfg.iterations:
             policy.load_state_dict(best.policy)

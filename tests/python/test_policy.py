@@ -101,3 +101,71 @@ def test_center_of_mass_with_per_creature_masses_is_each_creatures_own():
     nominal = center_of_mass_x(sim, x)
     sim.body.mass = sim.body.mass * torch.tensor([[1.0], [2.5]], dtype=torch.float64)
     torch.testing.assert_close(center_of_mass_x(sim, x), nominal)  # uniform scaling moves no centre
+
+
+@pytest.mark.parametrize("make", [creatures.biped, creatures.tetrapod])
+def test_a_steered_policy_reads_its_heading_in_the_body_frame(make, tmp_path):
+    from diffsoft.policy import distance_walked, distances_along, heading_direction
+    sim = make(dtype=F64)
+    d = sim.body.dim
+    center, forward = frame_vertices(sim)
+    torch.manual_seed(0)
+    x = sim.rest_state[0][None] + 0.01 * torch.randn(2, sim.body.num_vertices, d, dtype=F64)
+    v = torch.randn_like(x)
+    heading = torch.tensor([0.0, math.pi] if d == 2 else [0.3, -1.2], dtype=F64)
+    obs = observe(x, v, center, forward, heading)
+    assert obs.shape == (2, 2 * x.shape[1] * d + d)
+    torch.testing.assert_close(obs[:, :-d], observe(x, v, center, forward))
+    # the command is the heading's unit vector in the body frame: turning the body and the heading together
+    # (in 3D about the up axis; in 2D the body alone, which turns its frame) leaves it where it was in 3D
+    assert torch.allclose(obs[:, -d:].norm(dim=-1), torch.ones(2, dtype=F64))
+    if d == 3:
+        R = _rotation(0.7, 3)  # maps heading h to h - 0.7 (see heading_direction)
+        turned = observe(x @ R.T, v @ R.T, center, forward, heading - 0.7)
+        torch.testing.assert_close(turned, obs)
+    else:  # at rest the frame is the world's: forward is +x, backward -x
+        rest = observe(sim.rest_state[0][None].expand(2, -1, -1), torch.zeros_like(x), center, forward, heading)
+        torch.testing.assert_close(rest[:, -2:], torch.tensor([[1.0, 0.0], [-1.0, 0.0]], dtype=F64))
+    torch.testing.assert_close(heading_direction([0.0, math.pi / 2], 3, F64),
+                               torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]], dtype=F64), atol=1e-15, rtol=0)
+    with pytest.raises(ValueError, match="in 2D a heading is 0"):
+        heading_direction([math.pi / 2], 2)
+    with pytest.raises(ValueError, match="heading must be finite"):
+        heading_direction([float("nan")], 3)
+
+    steered = FramePolicy.for_simulator(sim, steered=True)
+    assert steered.fc1.in_features == 2 * sim.body.num_vertices * d + d
+    # without a heading: 0 (+x); a plain policy refuses one
+    torch.testing.assert_close(steered(x, v), steered(x, v, torch.zeros(2, dtype=F64)))
+    plain = FramePolicy.for_simulator(sim)
+    with pytest.raises(ValueError, match="not steered"):
+        plain(x, v, heading)
+    # the file marks it, reads back the same, and the other policies' files do not change
+    save_algovivo_policy(steered, str(tmp_path / "steered.json"))
+    save_algovivo_policy(plain, str(tmp_path / "plain.json"))
+    assert json.loads((tmp_path / "steered.json").read_text())["steered"] is True
+    assert "steered" not in json.loads((tmp_path / "plain.json").read_text())
+    back = load_algovivo_policy(str(tmp_path / "steered.json"), F64)
+    assert back.steered
+    torch.testing.assert_close(back(x, v, heading), steered(x, v, heading), rtol=0, atol=0)
+    data = json.loads((tmp_path / "steered.json").read_text())
+    data["steered"] = "yes"
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="'steered' must be true or false"):
+        load_algovivo_policy(str(tmp_path / "bad.json"))
+    # distances along headings: heading 0 is distance_walked's; off-heading angles in [0, 180]
+    along, off = distances_along(sim, steered, 4, [0.0, math.pi] if d == 2 else [0.0, 1.0])
+    assert along.shape == off.shape == (2,) and ((off >= 0) & (off <= 180)).all()
+    assert along[0].item() == pytest.approx(distance_walked(sim, steered, 4), abs=1e-12)
+
+
+def test_a_steered_gait_is_judged_along_its_heading():
+    from diffsoft.policy import Gait, gait
+    sim = creatures.biped(dtype=F64)
+    torch.manual_seed(0)
+    policy = FramePolicy.for_simulator(sim, steered=True)
+    back = gait(sim, policy, steps=6, window=3, heading=math.pi)
+    xs, _ = run_policy(sim, policy, 6, heading=math.pi)
+    forward = Gait.of(sim, xs[:, 0], 3)  # the same run, along +x
+    assert back.distance == pytest.approx([-d for d in forward.distance], abs=1e-15)
+    assert back.height == forward.height

@@ -181,13 +181,15 @@ def test_training_on_terrain_gives_each_creature_its_own_ground(tmp_path, monkey
     assert [r.get("eval_distance") for r in h1] == [r.get("eval_distance") for r in h2]
 
 
-def test_a_checkpoint_from_before_terrain_resumes(tmp_path):
+def test_a_checkpoint_from_before_terrain_and_steering_resumes(tmp_path):
     cfg = dict(creature="biped", window=3, episode=6, batch=2, critic_iterations=2, critic_minibatches=2,
                eval_every=100, dtype="float64", out_dir=str(tmp_path))
     training.train(TrainConfig(iterations=2, **cfg), progress=False)
     path = os.path.join(tmp_path, "checkpoint.pt")
     ckpt = torch.load(path)
-    del ckpt["pool"]["terrain"], ckpt["config"]["terrain"]  # as written before the setting existed
+    for key in ("terrain", "heading"):  # as written before terrain and steering existed
+        del ckpt["pool"][key]
+    del ckpt["config"]["terrain"], ckpt["config"]["steer"]
     torch.save(ckpt, path)
     with pytest.raises(ValueError, match="terrain=0.0"):
         training.train(TrainConfig(iterations=3, terrain=5.0, **cfg), resume=True, progress=False)

@@ -288,8 +288,8 @@ def test_the_exploration_noise_decays_as_configured():
     sim = creatures.make_creature("biped", F64)
     constant = TrainConfig(action_noise=0.4, noise_decay_iterations=0, batch=4, dtype="float64")
     for it in (0, 100, 300):
-        _, _, noise, _, _ = training._iteration_draws(dataclasses.replace(cfg, batch=4, dtype="float64"), sim, it, 0, 1)
-        _, _, reference, _, _ = training._iteration_draws(constant, sim, it, 0, 1)
+        noise = training._iteration_draws(dataclasses.replace(cfg, batch=4, dtype="float64"), sim, it, 0, 1)[2]
+        reference = training._iteration_draws(constant, sim, it, 0, 1)[2]
         torch.testing.assert_close(noise, reference * (cfg.noise_std(it) / 0.4), rtol=1e-14, atol=0)
     with pytest.raises(ValueError, match="action_noise_end"):
         TrainConfig(action_noise_end=-0.1).check()
@@ -405,3 +405,47 @@ def test_randomize_gives_each_creature_its_own_materials_masses_and_friction(tmp
     for p, q in zip(straight.parameters(), resumed.parameters()):
         assert torch.equal(p, q)
     assert [r["distance"] for r in h1] == [r["distance"] for r in h2]
+
+
+def test_steering_rewards_each_creature_along_its_own_heading(tmp_path):
+    # At iteration 0 every creature starts at rest: the window's progress, which the record's distance
+    # averages, is each centre of mass's displacement along its own heading (backward creatures: minus +x).
+    sim = creatures.make_creature("biped", F64)
+    cfg = _tiny(tmp_path, steer=True, batch=4, terminate_upright=-1.0)
+    torch.manual_seed(cfg.seed)
+    policy = FramePolicy.for_simulator(sim, steered=True)
+    critic = training.Critic(policy.fc1.in_features, sim.body.num_muscles, cfg.critic_hidden).double()
+    target = training.Critic(policy.fc1.in_features, sim.body.num_muscles, cfg.critic_hidden).double()
+    pool = training.Pool.at_rest(sim, 4, cfg.episode)
+    record = training.train_iteration(cfg, sim, policy, critic, target, torch.optim.Adam(policy.parameters()),
+                                      torch.optim.Adam(critic.parameters()), pool, 0)
+    heading = pool.heading
+    assert sorted(set(heading.tolist())) == [0.0, math.pi]  # this seed draws both
+    rest = sim.rest_state[0]
+    moved = training.center_of_mass_x(sim, pool.x) - training.center_of_mass_x(sim, rest)
+    along = torch.where(heading == 0, moved, -moved)
+    assert record["distance"] == pytest.approx(along.mean().item() * cfg.eval_horizon / cfg.window, rel=1e-9)
+    # 3D: headings within 90 degrees of +x either way
+    cfg3 = _tiny(tmp_path, steer=True, batch=64, creature="tetrapod")
+    drawn = training._iteration_draws(cfg3, creatures.make_creature("tetrapod", F64), 0, 0, 1)[5]
+    assert drawn.abs().max() <= math.pi / 2 and drawn.min() < -1.0 and drawn.max() > 1.0
+
+
+def test_steered_training_resumes_exactly_and_evaluates_every_heading(tmp_path, monkeypatch):
+    seen = []
+    along = training.distances_along
+
+    def spy(sim, policy, steps, headings):
+        seen.append(tuple(headings))
+        return along(sim, policy, steps, headings)
+
+    monkeypatch.setattr(training, "distances_along", spy)
+    straight, h1 = training.train(_tiny(tmp_path / "a", steer=True, eval_every=2), progress=False)
+    assert seen and seen[0] == training.EVAL_HEADINGS[2]
+    assert "steered" in json.loads((tmp_path / "a" / "policy.json").read_text())
+    training.train(_tiny(tmp_path / "b", steer=True, eval_every=2, iterations=2), progress=False)
+    resumed, h2 = training.train(_tiny(tmp_path / "b", steer=True, eval_every=2), resume=True, progress=False)
+    for p, q in zip(straight.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+    assert [r["distance"] for r in h1] == [r["distance"] for r in h2]
+    assert [r.get("eval_distance") for r in h1] == [r.get("eval_distance") for r in h2]
