@@ -169,3 +169,18 @@ def test_a_steered_gait_is_judged_along_its_heading():
     forward = Gait.of(sim, xs[:, 0], 3)  # the same run, along +x
     assert back.distance == pytest.approx([-d for d in forward.distance], abs=1e-15)
     assert back.height == forward.height
+
+
+def test_the_steering_benchmark_reads_steered_policies(tmp_path):
+    # benchmarks/steering.py, the measurement docs/training.md quotes, on an untrained policy and few steps
+    import subprocess
+    import sys
+    torch.manual_seed(0)
+    sim = creatures.biped(dtype=torch.float32)
+    save_algovivo_policy(FramePolicy.for_simulator(sim, steered=True), str(tmp_path / "policy.json"))
+    script = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "steering.py"
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "policy.json"), "--steps", "5"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    row = [line for line in out.stdout.splitlines() if line.startswith(f"| {tmp_path}")]
+    assert len(row) == 1 and row[0].count(" / ") == 4  # two headings: distance / degrees off / lasts
