@@ -149,7 +149,12 @@ class FramePolicy(nn.Module):
                                  "it takes no heading")
             return None
         h = torch.as_tensor(0.0 if heading is None else heading, dtype=x.dtype, device=x.device)
-        return h.expand(x.shape[0]) if h.dim() == 0 else h
+        if h.dim() == 0:
+            return h.expand(x.shape[0])
+        if h.shape != (x.shape[0],):
+            raise ValueError(f"heading must be one angle or one per creature ({x.shape[0]},), got shape "
+                             f"{tuple(h.shape)}")
+        return h
 
     def head(self, obs):
         """The raw activation change ``(B, M)`` from the observation ``(B, 2 N d)`` (:func:`observe`), for a

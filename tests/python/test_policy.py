@@ -140,6 +140,8 @@ def test_a_steered_policy_reads_its_heading_in_the_body_frame(make, tmp_path):
     plain = FramePolicy.for_simulator(sim)
     with pytest.raises(ValueError, match="not steered"):
         plain(x, v, heading)
+    with pytest.raises(ValueError, match=r"heading must be one angle or one per creature \(2,\)"):
+        steered(x, v, torch.zeros(3, dtype=F64))
     # the file marks it, reads back the same, and the other policies' files do not change
     save_algovivo_policy(steered, str(tmp_path / "steered.json"))
     save_algovivo_policy(plain, str(tmp_path / "plain.json"))
