@@ -2,20 +2,22 @@
 draws) and ramps, as :class:`~diffsoft.colliders.HeightField` s in place of the flat ground.
 
 The generator. Along x, a creature's terrain is a profile of ``PIECES[d]`` pieces, each half the length of its
-body at rest, from ``x0`` (one piece ahead of its body's front) on: 96 ahead of the biped (1.5 long), whose gaits cover
-about 100 in 1,000 steps; beyond them the ground goes on flat. The profile's slope is piecewise linear through
-knots at the pieces' ends, each knot's slope drawn uniformly within ``±max_slope`` degrees independently of the
-others (0 at the first and the last knot); the height, its integral, is sampled ``SAMPLES_PER_PIECE[d]`` times
-per piece, exactly. So no piece of the sampled ground is steeper than ``max_slope``, and the slope changes
-between neighbouring samples by at most ``2 tan(max_slope) / SAMPLES_PER_PIECE[d]``: rolling hills. A height
-field is piecewise linear, so its contact energy has a kink at every sample, and a vertex held in one keeps
-Newton from its tolerance: with slopes within 5 degrees about 1 training creature-step in 1,200 stops short (the
-trainer leaves it out, ``on_failure="skip"``), against none on the flat ground; pieces of constant slope missed
-a third more often (docs/training.md, "Terrain"). Behind ``x0`` the ground is flat at the simulator's ground height, so the
+body at rest, from ``x0`` (one piece ahead of its body's front) on: 96 ahead of the biped (1.5 long), whose
+gaits cover about 100 in 1,000 steps; beyond them the ground goes on flat. The profile's slope is piecewise
+linear through knots at the pieces' ends, each knot's slope drawn uniformly within ``±max_slope`` degrees
+independently of the others (0 at the first and the last knot); the height, its integral, is sampled
+``SAMPLES_PER_PIECE[d]`` times per piece, exactly. So no piece of the sampled ground is steeper than
+``max_slope``, and the slope changes between neighbouring samples by at most ``2 tan(max_slope) /
+SAMPLES_PER_PIECE[d]``: rolling hills. Behind ``x0`` the ground is flat at the simulator's ground height, so the
 creature starts at rest on flat ground (its rest state unchanged). In 3D the height is the sum of such a
 profile along x and one along z on each side of a flat band under the body (``SIDE_PIECES`` pieces each way),
 each profile's slopes drawn within ``±atan(tan(max_slope) / sqrt(2))``, so that no triangle is steeper than
 ``max_slope``.
+
+A height field is piecewise linear, so its contact energy has a kink at every sample, and a vertex held in one
+keeps Newton from its tolerance: with slopes within 5 degrees about 1 training creature-step in 1,200 stops
+short (the trainer leaves it out, ``on_failure="skip"``), against none on the flat ground; pieces of constant
+slope missed a third more often (docs/training.md, "Terrain").
 """
 import contextlib
 import math
@@ -116,8 +118,9 @@ def height_field(sim, heights):
     x0, dx, samples = grid(sim)
     if not isinstance(heights, torch.Tensor) or tuple(heights.shape[max(heights.dim() - len(samples), 0):]) != samples \
             or heights.dim() > len(samples) + 1:
+        got = tuple(heights.shape) if isinstance(heights, torch.Tensor) else repr(heights)
         raise ValueError(f"heights must be a tensor of shape ([B,] *{samples}) on {sim.body.dim}D terrain's grid "
-                         f"(diffsoft.terrain.grid), got {tuple(heights.shape) if isinstance(heights, torch.Tensor) else heights!r}")
+                         f"(diffsoft.terrain.grid), got {got}")
     ground = sim.ground
     if ground is None or (isinstance(ground, torch.Tensor) and ground.dim()):
         raise ValueError(f"terrain replaces the simulator's ground at its height, so the simulator needs one ground "

@@ -124,9 +124,9 @@ class TrainConfig:
             coefficient are each scaled by a factor of its own drawn uniformly from ``[1 - randomize, 1 +
             randomize]`` and kept for its episode (per-creature simulator parameters: the batch is still one
             step); 0 trains on the nominal creature, which evaluations always use.
-        terrain: Terrain randomisation: at each reset, a creature draws hilly ground of its own (straight
-            pieces of half its body's length, each sloped within this many degrees either way, flat under it at
-            rest: :mod:`~diffsoft.terrain`) and walks on it for its episode; 0 trains on the flat ground, which
+        terrain: Terrain randomisation: at each reset, a creature draws hilly ground of its own (rolling hills
+            whose slope stays within this many degrees either way, flat under it at rest:
+            :mod:`~diffsoft.terrain`) and walks on it for its episode; 0 trains on the flat ground, which
             evaluations always use.
         steer: Steering: at each reset, a creature draws a commanded heading (2D: +x or -x, each with
             probability 1/2; 3D: uniformly within 90 degrees of +x either way), which the policy (steered: it
@@ -428,7 +428,8 @@ class Pool:
         return cls(x.expand(b, -1, -1).clone(), v.expand(b, -1, -1).clone(),
                    torch.ones(b, sim.body.num_muscles, dtype=x.dtype, device=x.device),
                    torch.full((b,), episode, device=x.device), torch.ones(b, 3, dtype=x.dtype, device=x.device),
-                   torch.zeros(b, *samples, dtype=x.dtype, device=x.device), torch.zeros(b, dtype=x.dtype, device=x.device))
+                   torch.zeros(b, *samples, dtype=x.dtype, device=x.device),
+                   torch.zeros(b, dtype=x.dtype, device=x.device))
 
     def to(self, device):
         """The pool on ``device``."""
@@ -437,7 +438,7 @@ class Pool:
 
 def _iteration_draws(cfg, sim, iteration, rank, world):
     """The iteration's random numbers: a generator seeded by (seed, iteration), and from it the global
-    batch's reset activations ``(B, M)``, noise ``(W, B, M)``, (with ``randomize``) reset factors ``(B, 3)``
+    batch's reset activations ``(B, M)``, noise ``(W, B, M)``, (with ``randomize``) reset factors ``(B, 3)``,
     (with ``terrain``) reset terrains ``(B, *samples)`` and (with ``steer``) reset headings ``(B,)``, of which
     this process's slices are returned (on the simulator's device); the generator, on the CPU, then serves the
     critic's minibatches (the same on every process and on every device)."""
@@ -466,8 +467,8 @@ def _iteration_draws(cfg, sim, iteration, rank, world):
 
 def _reset(cfg, sim, pool, a0, scale, terrain, heading, iteration, rank):
     """Puts the pool's creatures whose episode is over back at rest with activations ``a0``, parameter
-    factors ``scale``, ground ``terrain`` and command ``heading``. At iteration 0 (every creature at rest) it staggers the
-    episodes: creature i starts at age ``window * (i mod (episode / window))``."""
+    factors ``scale``, ground ``terrain`` and command ``heading``. At iteration 0 (every creature at rest) it
+    staggers the episodes: creature i starts at age ``window * (i mod (episode / window))``."""
     due = pool.age >= cfg.episode
     x, v = sim.rest_state
     pool.x[due], pool.v[due], pool.a[due], pool.age[due], pool.scale[due] = x, v, a0[due], 0, scale[due]

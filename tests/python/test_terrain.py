@@ -207,8 +207,8 @@ def test_the_terrain_benchmark_compares_policies(tmp_path):
     sim = creatures.make_creature("biped", torch.float32)
     save_algovivo_policy(FramePolicy.for_simulator(sim), str(tmp_path / "policy.json"))
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "terrain.py"
-    out = subprocess.run([sys.executable, str(script), str(tmp_path / "policy.json"), "--terrains", "2", "--steps", "5"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "policy.json"), "--terrains", "2",
+                          "--steps", "5"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     row = [line for line in out.stdout.splitlines() if line.startswith(f"| {tmp_path}")]
     assert len(row) == 1 and row[0].count("|") == 8 and "last" in row[0]
