@@ -104,6 +104,19 @@ def _with_passive_openmp():
     os.execv(sys.executable, [sys.executable, *args])
 
 
+def _counting_short_steps(fn, *args, **kwargs):
+    """``(fn(*args, **kwargs), n)``: n counts the steps of its rollouts that stopped short of Newton's tolerance
+    (their warnings, reported once in a total instead of one per step); its other warnings pass on."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn(*args, **kwargs)
+    short = sum("did not converge" in str(w.message) for w in caught)
+    for w in caught:
+        if "did not converge" not in str(w.message):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return out, short
+
+
 def main(argv=None):
     """Command line: ``python -m diffsoft.cli --help`` (also ``diffsoft-train`` and ``examples/locomotion.py``).
     Without ``argv`` (the process's own command line) and without ``OMP_WAIT_POLICY`` in the environment, it
@@ -154,13 +167,7 @@ def main(argv=None):
     plot_learning_curve(history, os.path.join(cfg.out_dir, "learning_curve.png"),
                         f"{cfg.creature}: batch {cfg.batch}, window {cfg.window}, episode {cfg.episode}")
     render_policy(sim, policy, max(eval_horizon, 100), os.path.join(cfg.out_dir, "walk.gif"))
-    with warnings.catch_warnings(record=True) as caught:  # counted below, not printed one per step
-        warnings.simplefilter("always")
-        g = gait(sim, policy)
-    short = sum("did not converge" in str(w.message) for w in caught)
-    for w in caught:
-        if "did not converge" not in str(w.message):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    g, short = _counting_short_steps(gait, sim, policy)
     steps = history[-1]["sim_steps"] if history else 0
     print(f"distance walked along +x in {eval_horizon} steps ({eval_horizon * sim.dt:.2f} s): "
           f"before training {before:.3f}, after training {after:.3f}")
@@ -172,21 +179,27 @@ def main(argv=None):
           (f" ({short} of its {n} steps stopped short of Newton's tolerance)" if short else ""))
     if cfg.steer:
         headings = STEER_HEADINGS[sim.body.dim]
-        along, off = distances_along(sim, policy, eval_horizon, [math.radians(h) for h in headings])
+        (along, off), short = _counting_short_steps(distances_along, sim, policy, eval_horizon,
+                                                    [math.radians(h) for h in headings])
         print(f"steered, in {eval_horizon} steps toward each commanded heading: " + ", ".join(
             f"{h:g} degrees: {d:.2f} along it, {o:.0f} degrees off" for h, d, o in zip(headings, along, off)))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # counted for +x above
-            lasting = [h for h in headings if gait(sim, policy, heading=math.radians(h)).lasts]
+        gaits = [_counting_short_steps(gait, sim, policy, heading=math.radians(h)) for h in headings]
+        lasting = [h for h, (g, _) in zip(headings, gaits) if g.lasts]
+        short += sum(n for _, n in gaits)
         print(f"its gait lasts 1,000 steps toward {len(lasting)} of the {len(headings)} headings"
-              + (f" ({', '.join(f'{h:g}' for h in lasting)} degrees)" if lasting else ""))
+              + (f" ({', '.join(f'{h:g}' for h in lasting)} degrees)" if lasting else "")
+              + (f"; {short} batched steps of these rollouts stopped short of Newton's tolerance" if short else ""))
     if cfg.terrain:
-        walked = distances_on(sim, policy, held_out_heights(sim, cfg.terrain), eval_horizon)
-        up, down = (distances_on(sim, policy, ramp_heights(sim, s * cfg.terrain)[None], eval_horizon).item()
-                    for s in (1, -1))
+        walked, short = _counting_short_steps(distances_on, sim, policy, held_out_heights(sim, cfg.terrain),
+                                              eval_horizon)
+        ramps = [_counting_short_steps(distances_on, sim, policy, ramp_heights(sim, s * cfg.terrain)[None],
+                                       eval_horizon) for s in (1, -1)]
+        short += sum(n for _, n in ramps)
         print(f"on {len(walked)} held-out terrains (diffsoft.terrain.held_out_heights, slopes within "
               f"{cfg.terrain:g} degrees), in {eval_horizon} steps: mean {walked.mean():.2f}, least {walked.min():.2f}; "
-              f"up a {cfg.terrain:g}-degree ramp {up:.2f}, down it {down:.2f}")
+              f"up a {cfg.terrain:g}-degree ramp {ramps[0][0].item():.2f}, down it {ramps[1][0].item():.2f}"
+              + (f"; {short} batched steps of these rollouts stopped short of Newton's tolerance (a height "
+                 f"field's kinks: docs/training.md, \"Terrain\")" if short else ""))
     print(f"{len(history)} iterations, {steps} simulated creature-steps, training {history[-1]['seconds'] if history else 0:.0f} s, "
           f"total {time.perf_counter() - t0:.0f} s; outputs in {cfg.out_dir}/ (checkpoint.pt, policy.json, "
           f"history.json, learning_curve.png, walk.gif)")

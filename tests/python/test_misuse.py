@@ -253,6 +253,7 @@ def test_rest_positions_cannot_be_reassigned_and_new_bodies_carry_their_gradient
     (["--eval-horizon", "-3"], "eval_horizon"), (["--action-noise", "-1"], "action_noise"),
     (["--saturation-penalty", "nan"], "saturation_penalty"), (["--min-a", "2"], "min_a"),
     (["--clip", "inf"], "clip"), (["--lr", "0"], "lr"), (["--window", "0"], "window"),
+    (["--terrain", "50"], "terrain"), (["--steer", "maybe"], "steer"),
 ])
 def test_cli_flags_are_checked_before_anything_is_built(flags, name, capsys, monkeypatch, tmp_path):
     from diffsoft import cli

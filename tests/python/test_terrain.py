@@ -212,3 +212,16 @@ def test_the_terrain_benchmark_compares_policies(tmp_path):
     assert out.returncode == 0, out.stderr
     row = [line for line in out.stdout.splitlines() if line.startswith(f"| {tmp_path}")]
     assert len(row) == 1 and row[0].count("|") == 8 and "last" in row[0]
+
+
+def test_the_training_command_reports_terrain_and_steering(tmp_path, capsys):
+    from diffsoft import cli
+    cli.main(["--iterations", "2", "--batch", "2", "--window", "3", "--episode", "6", "--critic-minibatches", "2",
+              "--eval-every", "1", "--eval-horizon", "5", "--terrain", "5", "--steer", "true",
+              "--out-dir", str(tmp_path), "--no-progress"])
+    out = capsys.readouterr().out
+    assert "on 10 held-out terrains (diffsoft.terrain.held_out_heights, slopes within 5 degrees)" in out
+    assert "up a 5-degree ramp" in out
+    assert "in 5 steps toward each commanded heading: 0 degrees:" in out and "180 degrees:" in out
+    assert "its gait lasts 1,000 steps toward" in out
+    assert '"steered": true' in (tmp_path / "policy.json").read_text()
