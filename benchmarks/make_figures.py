@@ -29,10 +29,12 @@ from sample_efficiency import _median, evaluations, first_reaching, plot, table,
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "sample_efficiency")
 README = os.path.join(HERE, "README.md")
-PLOTS = ("biped_noise_decay", "algovivo_biped_noise_decay")
-"""The runs whose plots benchmarks/README.md shows (the eighth run's)."""
-HEADLINE = (("procedural biped", "biped_noise_decay"), ("algovivo's biped", "algovivo_biped_noise_decay"))
-"""The headline's runs: the eighth sample-efficiency run, against PPO's three seeds and then its six."""
+PLOTS = ("biped_defaults", "algovivo_biped_defaults", "biped_noise_decay", "algovivo_biped_noise_decay")
+"""The runs whose plots benchmarks/README.md shows (``TrainConfig``'s defaults, and the eighth run)."""
+HEADLINE = (("procedural biped", "biped_defaults"), ("algovivo's biped", "algovivo_biped_defaults"))
+"""The headline's runs: the differentiable trainer with ``TrainConfig``'s defaults, against ``diffsoft.ppo``'s three
+seeds, then its six, then Stable-Baselines3's tuned PPO (the best PPO)."""
+PEERS = {"ppo": "diffsoft.ppo", "sb3": "SB3 (tuned)"}
 MARKERS = ("<!-- headline: written by benchmarks/make_figures.py from results/sample_efficiency -->\n",
            "<!-- end of headline -->\n")
 
@@ -44,13 +46,14 @@ def with_more_ppo_seeds(summary, path):
     return dict(summary, sources=summary["sources"] + more["sources"], runs=runs)
 
 
-def headline_rows(creature, summary):
-    """One row of the headline: PPO's mean final distance over its seeds, the creature-steps and the training
-    seconds (wall-clock, evaluations excluded) each method needs to reach it (medians over seeds), their
-    ratios, and both methods' final distances (medians)."""
-    finals = {m: [evaluations(r)[-1][2] for r in rs.values()] for m, rs in summary["runs"].items()}
+def headline_rows(creature, summary, peer="ppo"):
+    """One row of the headline: the PPO ``peer``'s (a method of ``summary``) mean final distance over its
+    seeds, the creature-steps and the training seconds (wall-clock, evaluations excluded) each method needs to
+    reach it (medians over seeds), their ratios, and both methods' final distances (medians)."""
+    runs = {"differentiable": summary["runs"]["differentiable"], "ppo": summary["runs"][peer]}
+    finals = {m: [evaluations(r)[-1][2] for r in rs.values()] for m, rs in runs.items()}
     target = sum(finals["ppo"]) / len(finals["ppo"])
-    hits = {m: [first_reaching(r, target) for r in rs.values()] for m, rs in summary["runs"].items()}
+    hits = {m: [first_reaching(r, target) for r in rs.values()] for m, rs in runs.items()}
 
     def medians(k):
         """Each method's median of ``hit[k]`` (``None``: never) and the values of the seeds that reached."""
@@ -58,6 +61,8 @@ def headline_rows(creature, summary):
                 {m: [h[k] for h in hs if h] for m, hs in hits.items()})
 
     def ratio(mid, reached):
+        if mid["differentiable"] is None:
+            return "never"
         if mid["ppo"] is not None:
             return f"**{mid['ppo'] / mid['differentiable']:.1f}x**"
         # PPO's median is never: the median of the PPO seeds that reached bounds it from below
@@ -68,23 +73,23 @@ def headline_rows(creature, summary):
     cells = {m: f"{'never' if steps[m] is None else f'{steps[m]:,.0f}'} ({len(reached[m])} of {len(hits[m])})"
              for m in hits}
     seconds = {m: "never" if secs[m] is None else f"{secs[m]:.0f}" for m in hits}
-    ppo_seeds = sorted(summary["runs"]["ppo"], key=int)
-    return (f"| {creature} | {ppo_seeds[0]}-{ppo_seeds[-1]} | {target:.2f} | {cells['differentiable']} | "
+    ppo_seeds = sorted(runs["ppo"], key=int)
+    return (f"| {creature} | {PEERS[peer]}, {ppo_seeds[0]}-{ppo_seeds[-1]} | {target:.2f} | {cells['differentiable']} | "
             f"{cells['ppo']} | {ratio(steps, reached)} | {seconds['differentiable']} / {seconds['ppo']} | "
             f"{ratio(secs, reached_secs)} | {_median(finals['differentiable']):.2f} / {_median(finals['ppo']):.2f} |")
 
 
 def headline(results):
     rows, sources = [], []
-    for more in (False, True):
+    for more, peer in ((False, "ppo"), (True, "ppo"), (False, "sb3")):
         for creature, name in HEADLINE:
             summary = _load(os.path.join(results, name, "summary.json"))
             if more:
                 summary = with_more_ppo_seeds(summary, os.path.join(results, name, "ppo_seeds_3-5.json"))
-            rows.append(headline_rows(creature, summary))
+            rows.append(headline_rows(creature, summary, peer))
             sources += [s for s in summary["sources"] if s not in sources]
     return "\n".join([
-        "| creature | PPO's seeds | PPO's final distance (mean over its seeds) | creature-steps to reach it: "
+        "| creature | PPO, its seeds | PPO's final distance (mean over its seeds) | creature-steps to reach it: "
         "differentiable (median, 3 seeds) | PPO (median) | PPO / differentiable | training seconds to reach it "
         "(wall-clock, evaluations excluded): differentiable / PPO (medians) | PPO / differentiable | distance at "
         "409,600: differentiable / PPO (medians) |",
