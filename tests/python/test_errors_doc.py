@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import diffsoft
-from diffsoft import Simulator, SoftBody, colliders, creatures, mesh, policy, render, terms
+from diffsoft import Simulator, SoftBody, colliders, creatures, mesh, policy, render, terms, terrain
 from diffsoft.training import TrainConfig
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "errors.md"
@@ -406,6 +406,9 @@ TRIGGERS = [
     ("ValueError: algovivo's format is 2D; this body is 3D (use diffsoft.creatures.save)",
      lambda tmp: creatures.save_algovivo(creatures.tetrapod(dtype=F64), str(tmp / "t.json"))),
     ("ValueError: segments must be an integer >= 2", lambda tmp: creatures.worm(segments=1)),
+    ("ValueError: in 2D a heading is 0 (+x) or pi (-x), got ...", lambda tmp: policy.heading_direction([1.0], 2)),
+    ("ValueError: heights must be a tensor of shape ([B,] *SHAPE) on ...",
+     lambda tmp: terrain.height_field(creatures.biped(dtype=F64), torch.zeros(5, dtype=F64))),
     ("ValueError: x must be (N, d) positions of the body",
      lambda tmp: render.render_frame(_sim(), torch.zeros(3, 2))),
     ("ValueError: xs holds a batch of B creatures: pass creature= (an index in [0, B)) to say which one to draw",
