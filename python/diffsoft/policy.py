@@ -131,13 +131,15 @@ class FramePolicy(nn.Module):
     def forward(self, x, v, heading=None):
         """The raw activation change ``tanh(...)``: ``(B, M)`` from x, v ``(B, N, d)``; ``heading`` (a steered
         policy's command, ``(B,)`` radians or one number for all; default 0, along +x)."""
+        heading_inputs = f" + {self.dim}" if self.steered else ""
         for name, t in (("x", x), ("v", v)):
             if t.dim() != 3 or t.shape[1:] != (self.num_vertices, self.dim):
                 raise ValueError(f"{name} has shape {tuple(t.shape)}, but this policy observes (B, "
                                  f"{self.num_vertices}, {self.dim}): {self.num_vertices} vertices in {self.dim}D "
-                                 f"(fc1 takes 2 * {self.dim} * {self.num_vertices} = {self.fc1.in_features} values). A "
-                                 f"policy belongs to the creature it was made for (FramePolicy.for_simulator): "
-                                 f"load or train one for this creature, and give a batch (B, N, d)")
+                                 f"(fc1 takes 2 * {self.dim} * {self.num_vertices}{heading_inputs} = "
+                                 f"{self.fc1.in_features} values). A policy belongs to the creature it was made for "
+                                 f"(FramePolicy.for_simulator): load or train one for this creature, and give a batch "
+                                 f"(B, N, d)")
         return self.head(observe(x, v, self.center_vertex_id, self.forward_vertex_id, self.command(heading, x)))
 
     def command(self, heading, x):
