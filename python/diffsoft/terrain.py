@@ -24,6 +24,7 @@ import math
 
 import torch
 
+from ._checks import is_finite_real
 from .colliders import HeightField
 from .policy import distance_covered, run_policy
 
@@ -74,7 +75,7 @@ def random_heights(sim, max_slope, batch=None, generator=None):
     """``batch`` terrains' heights for ``sim``'s creature (see the module docstring), above its ground, float64
     on the CPU: ``(B, *samples)`` (``(*samples,)`` when ``batch`` is None); draws from ``generator`` (torch's
     default one when None). ``max_slope`` in degrees, in ``[0, 45)``."""
-    if not (isinstance(max_slope, (int, float)) and 0 <= max_slope < 45):
+    if not (is_finite_real(max_slope) and 0 <= max_slope < 45):
         raise ValueError(f"max_slope must be a number of degrees in [0, 45), got {max_slope!r}")
     _, dx, samples = grid(sim)
     dim, b = sim.body.dim, 1 if batch is None else batch
@@ -100,7 +101,7 @@ def ramp_heights(sim, degrees):
     the creature, then a slope of ``degrees`` (negative: downhill) along +x, reached over the first piece from
     ``x0`` (the slope rising linearly, as between the random terrain's knots) and kept to the grid's end (and
     flat after it)."""
-    if not (isinstance(degrees, (int, float)) and -45 < degrees < 45):
+    if not (is_finite_real(degrees) and -45 < degrees < 45):
         raise ValueError(f"degrees must be a number in (-45, 45), got {degrees!r}")
     _, dx, samples = grid(sim)
     k = SAMPLES_PER_PIECE[sim.body.dim]
