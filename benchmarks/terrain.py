@@ -15,7 +15,7 @@ import torch  # noqa: E402
 
 from diffsoft.creatures import make_creature  # noqa: E402
 from diffsoft.policy import distance_walked, gait, load_algovivo_policy  # noqa: E402
-from diffsoft.terrain import distances_on, held_out_heights, ramp_heights  # noqa: E402
+from diffsoft.terrain import distances_on, held_out_heights, ramp_distances  # noqa: E402
 
 
 def main():
@@ -40,8 +40,7 @@ def main():
             warnings.simplefilter("ignore", RuntimeWarning)
             flat = distance_walked(sim, policy, args.steps)
             hilly = distances_on(sim, policy, heights, args.steps)
-            up, down = (distances_on(sim, policy, ramp_heights(sim, s * args.slope)[None], args.steps).item()
-                        for s in (1, -1))
+            up, down = ramp_distances(sim, policy, args.slope, args.steps)
             g = gait(sim, policy)
         verdict = "lasts" if g.lasts else "does not last"
         print(f"| {path} | {flat:.2f} | {hilly.mean():.2f} | {hilly.min():.2f} | {up:.2f} | {down:.2f} | "

@@ -19,7 +19,7 @@ import torch
 from ._optional import require
 from .creatures import make_creature
 from .policy import KEEPS_WALKING, STAYS_UP, FramePolicy, distance_walked, distances_along, gait, run_policy
-from .terrain import distances_on, held_out_heights, ramp_heights
+from .terrain import distances_on, held_out_heights, ramp_distances
 from .threads import set_num_threads
 from .training import TrainConfig, distributed_world, train
 
@@ -192,12 +192,11 @@ def main(argv=None):
     if cfg.terrain:
         walked, short = _counting_short_steps(distances_on, sim, policy, held_out_heights(sim, cfg.terrain),
                                               eval_horizon)
-        ramps = [_counting_short_steps(distances_on, sim, policy, ramp_heights(sim, s * cfg.terrain)[None],
-                                       eval_horizon) for s in (1, -1)]
-        short += sum(n for _, n in ramps)
+        (up, down), on_ramps = _counting_short_steps(ramp_distances, sim, policy, cfg.terrain, eval_horizon)
+        short += on_ramps
         print(f"on {len(walked)} held-out terrains (diffsoft.terrain.held_out_heights, slopes within "
               f"{cfg.terrain:g} degrees), in {eval_horizon} steps: mean {walked.mean():.2f}, least {walked.min():.2f}; "
-              f"up a {cfg.terrain:g}-degree ramp {ramps[0][0].item():.2f}, down it {ramps[1][0].item():.2f}"
+              f"up a {cfg.terrain:g}-degree ramp {up:.2f}, down it {down:.2f}"
               + (f"; {short} batched steps of these rollouts stopped short of Newton's tolerance (a height "
                  f"field's kinks: docs/training.md, \"Terrain\")" if short else ""))
     print(f"{len(history)} iterations, {steps} simulated creature-steps, training {history[-1]['seconds'] if history else 0:.0f} s, "

@@ -148,3 +148,9 @@ def distances_on(sim, policy, heights, steps=100):
     with on_terrain(sim, heights):
         xs, _ = run_policy(sim, policy, steps, batch=heights.shape[0])
     return distance_covered(sim, xs)
+
+
+def ramp_distances(sim, policy, degrees, steps=100):
+    """How far the deterministic ``policy`` walks along +x in ``steps`` steps from rest up a ramp of ``degrees``
+    (:func:`ramp_heights`) and down it: two numbers."""
+    return tuple(distances_on(sim, policy, ramp_heights(sim, s * degrees)[None], steps).item() for s in (1, -1))
