@@ -59,11 +59,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 
 import diffsoft
-from diffsoft._memory import resident_bytes, status_bytes
 from diffsoft.energies import reference_step_energy
 from diffsoft.threads import set_num_threads
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The memory probe (tests/python/memory_probe.py) is test code: it lives with the tests.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from memory_probe import resident_bytes, status_bytes  # noqa: E402
 from step_speed import cantilever, step_params  # noqa: E402
 from user_energy import free_pairs  # noqa: E402
 
