@@ -68,6 +68,13 @@ class Collider:
         TypeError naming the field)."""
         raise NotImplementedError
 
+    @staticmethod
+    def moved(shift, *geometry):
+        """The geometry's parameters (``GEOMETRY``, as :meth:`geometry` gives them) in a frame whose origin is at
+        ``shift`` ``([B,] d)``, horizontal (its y is 0): the same surface, with ``q - shift`` for each point q.
+        The simulator solves a step far from the origin in such a frame (:meth:`Simulator.step`)."""
+        raise NotImplementedError
+
     def step_params_for_one(self, dim):
         """The geometry's parameters for one creature, float64 on the CPU, values only (a field with a batch
         dimension is a ValueError): what files and pictures show."""
@@ -196,6 +203,12 @@ class Plane(Collider):
         return points, np.array([[0, 1, 2], [0, 2, 3]])
 
     @staticmethod
+    def moved(shift, normal, offset):
+        """``offset - n . shift`` (unchanged where the normal has no horizontal part: the ground)."""
+        along = (normal * shift).sum(-1)
+        return (normal, offset - along) if bool(along.detach().any()) else (normal, offset)
+
+    @staticmethod
     def surface(q, normal, offset):
         """``(phi, n)`` at ``q`` ``(..., F, d)``; normal ``([B,] d)`` unit, offset ``([B])``."""
         n = normal.unsqueeze(-2) if normal.dim() > 1 else normal
@@ -256,6 +269,11 @@ class HeightField(Collider):
         # each cell's two triangles, split along the diagonal from (i + 1, j) to (i, j + 1), as the kernels'
         tris = np.concatenate([np.stack([cell, cell + nz, cell + 1], 1), np.stack([cell + nz + 1, cell + 1, cell + nz], 1)])
         return points, tris
+
+    @staticmethod
+    def moved(shift, origin, spacing, heights):
+        """``origin`` less the shift's horizontal part (x in 2D, x and z in 3D)."""
+        return origin - shift[..., [0] if shift.shape[-1] == 2 else [0, 2]], spacing, heights
 
     @staticmethod
     def surface(q, origin, spacing, heights):
@@ -335,6 +353,10 @@ class Sphere(Collider):
         return points, _ring_triangles(rings, segments)
 
     @staticmethod
+    def moved(shift, center, radius):
+        return center - shift, radius
+
+    @staticmethod
     def surface(q, center, radius):
         """``(phi, n)`` at ``q`` ``(..., F, d)``; center ``([B,] d)``, radius ``([B])``; at the centre itself n is
         +y, as the C++ kernels'."""
@@ -391,6 +413,10 @@ class Capsule(Collider):
                 (np.sin(theta) * np.sin(phi))[..., None] * v2)
         points = (centre + r * unit).reshape(-1, 3)
         return points, _ring_triangles(rings, segments)
+
+    @staticmethod
+    def moved(shift, start, end, radius):
+        return start - shift, end - shift, radius
 
     @staticmethod
     def surface(q, start, end, radius):

@@ -531,3 +531,92 @@ def test_to_copies_colliders_and_terms_differentiably():
     x1, _ = small.step(*small.rest_state)
     g_radius, g_weight = torch.autograd.grad(x1[:, 1].sum(), [radius, weight])
     assert g_radius.dtype == F64 and g_weight.dtype == F64 and torch.isfinite(g_radius) and g_weight != 0
+
+
+def _moved_by(collider, offset):
+    """``collider`` with its surface moved by ``offset`` ``(d,)``, horizontal."""
+    d = len(offset)
+    if isinstance(collider, Plane):
+        return Plane(torch.as_tensor(collider.point, dtype=F64) + offset, collider.normal, collider.stiffness,
+                     collider.friction, collider.friction_eps)
+    if isinstance(collider, HeightField):
+        x0 = torch.as_tensor(collider.x0, dtype=F64) + (offset[0] if d == 2 else offset[[0, 2]])
+        return HeightField(x0, collider.dx, collider.heights, collider.stiffness, collider.friction,
+                           collider.friction_eps)
+    if isinstance(collider, Sphere):
+        return Sphere(torch.as_tensor(collider.center, dtype=F64) + offset, collider.radius, collider.stiffness,
+                      collider.friction, collider.friction_eps)
+    return Capsule(torch.as_tensor(collider.start, dtype=F64) + offset, torch.as_tensor(collider.end, dtype=F64) +
+                   offset, collider.radius, collider.stiffness, collider.friction, collider.friction_eps)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dim", (2, 3))
+@pytest.mark.parametrize("per_creature", (False, True))
+def test_a_step_far_from_the_origin_is_the_step_near_it_moved(dim, per_creature, backend):
+    """The sheet over every kind of collider, the whole world moved 1,000 units (and each of two creatures by
+    its own amount): its step (solved in a frame moved next to each creature, Simulator._recentred) is the step
+    at the origin moved, and so are its gradients with respect to the state, the activations and the
+    colliders' fields (float64)."""
+    batch = 2
+    g = torch.Generator().manual_seed(5)
+    horizontal = torch.tensor([1.0, 0.0, 0.37][:dim], dtype=F64)
+    offsets = torch.stack([1000.0 * horizontal, -1737.5 * horizontal])
+
+    def run(offset_of):
+        sim = sheet_sim(dim, "neo_hookean", [0])
+        sim.backend = backend
+        sim.solver_options.update(on_failure="raise")
+        sim.ground = None
+        kinds = _every_kind(dim, batch if per_creature else None)
+        if per_creature:  # each creature's world moved by its own offset
+            world = torch.stack([offset_of(b) for b in range(batch)])
+            kinds = [_moved_by(c, world) if not isinstance(c, HeightField) else
+                     HeightField(torch.as_tensor(c.x0, dtype=F64) + (world[:, 0] if dim == 2 else world[:, [0, 2]]),
+                                 c.dx, c.heights, c.stiffness, c.friction, c.friction_eps) for c in kinds]
+        else:
+            world = offset_of(0).expand(batch, -1)
+            kinds = [_moved_by(c, offset_of(0)) for c in kinds]
+        leaves = [f.clone().requires_grad_() if isinstance(f, torch.Tensor) else
+                  torch.tensor(f, dtype=F64, requires_grad=True) for f in (kinds[2].radius, kinds[1].heights)]
+        kinds[2].radius, kinds[1].heights = leaves
+        sim.colliders = kinds
+        x, _ = sim.rest_state
+        x0 = (x + 0.003 * torch.randn((batch,) + tuple(x.shape), generator=torch.Generator().manual_seed(3),
+                                      dtype=F64) + world[:, None]).requires_grad_()
+        v0 = (0.3 * torch.randn(x0.shape, generator=torch.Generator().manual_seed(4), dtype=F64)).requires_grad_()
+        a = torch.full((batch, sim.body.num_muscles), 0.7, dtype=F64, requires_grad=True)
+        x1, v1 = sim.step(x0, v0, a)
+        w = torch.randn(x1.shape, generator=torch.Generator().manual_seed(6), dtype=F64)
+        loss = ((x1 - world[:, None]) * w).sum() + (v1 * w).sum()
+        return (x1 - world[:, None]).detach(), torch.autograd.grad(loss, [x0, v0, a, *leaves])
+
+    if per_creature:
+        far, far_grads = run(lambda b: offsets[b])
+    else:
+        far, far_grads = run(lambda b: offsets[0])
+    near, near_grads = run(lambda b: torch.zeros(dim, dtype=F64))
+    torch.testing.assert_close(far, near, rtol=0, atol=1e-9)
+    for f, n in zip(far_grads, near_grads):
+        torch.testing.assert_close(f, n, rtol=1e-6, atol=1e-8)
+
+
+def test_a_float32_biped_far_out_converges_as_it_does_at_home():
+    """Float32 keeps 24 bits: 300 units out the force residual's rounding alone exceeded the step's tolerance
+    (100 Newton iterations, then a warning). Solved in a frame next to the creature, every step converges and
+    lands where float64's does, to float32's rounding of the position."""
+    import warnings
+    sim32, sim64 = biped(), biped(dtype=F64)
+    x, v = sim32.rest_state
+    x, v = x.clone(), v.clone()
+    x[:, 0] += 300.0
+    v[:, 0] += 1.0
+    a = torch.linspace(0.5, 1.0, sim32.body.num_muscles)
+    x64, v64 = x.double(), v.double()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(10):
+            x, v, info = sim32.step(x, v, a, return_info=True)
+            assert info.converged and info.iterations < 20
+            x64, v64 = sim64.step(x64, v64, a.double())
+    torch.testing.assert_close(x.double(), x64, rtol=0, atol=1e-3)
