@@ -559,7 +559,6 @@ def test_a_step_far_from_the_origin_is_the_step_near_it_moved(dim, per_creature,
     at the origin moved, and so are its gradients with respect to the state, the activations and the
     colliders' fields (float64)."""
     batch = 2
-    g = torch.Generator().manual_seed(5)
     horizontal = torch.tensor([1.0, 0.0, 0.37][:dim], dtype=F64)
     offsets = torch.stack([1000.0 * horizontal, -1737.5 * horizontal])
 
