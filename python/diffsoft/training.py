@@ -85,7 +85,9 @@ class TrainConfig:
             diffsoft's).
         batch: Creatures simulated together, over all processes (each process simulates ``batch / world``).
         window: Simulated steps per iteration, through which the actor's gradient is exact.
-        episode: Steps from a creature's reset to its next (a multiple of ``window``).
+        episode: Steps from a creature's reset to its next (a multiple of ``window``). The default, 256, shows
+            the policy its gait's states past 128 steps, where gaits trained on episodes of 128 fell over
+            (docs/training.md, "Gaits that last").
         iterations: Iterations to run, one Adam step of the actor and one fit of the critic each.
         lr: The actor's learning rate at the start, decaying linearly to ``lr_end``.
         lr_end: The actor's learning rate after ``lr_decay_iterations``.
@@ -154,7 +156,7 @@ class TrainConfig:
     creature: str = "biped"
     batch: int = 32
     window: int = 32
-    episode: int = 128
+    episode: int = 256
     iterations: int = 300
     lr: float = 6e-3
     lr_end: float = 1e-3
