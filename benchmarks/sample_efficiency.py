@@ -338,7 +338,7 @@ def plot(results, path, targets=(0.5, 1.0, 2.0)):
     plt.close(fig)
 
 
-def speed(args, rounds=6):
+def speed(args, rounds):
     """Both methods' training cost per creature-step, measured side by side in one process (alternating
     one differentiable iteration and one PPO update, ``rounds`` times), so that the machine's load affects
     both alike. Both start from the policy of ``--speed``'s checkpoint (a trained gait, which costs more
@@ -505,6 +505,8 @@ def main():
     p.add_argument("--device", default="cpu", help="both methods' torch device")
     p.add_argument("--speed", default=None, metavar="CHECKPOINT",
                    help="no training: both methods' cost per creature-step side by side, from a training checkpoint")
+    p.add_argument("--speed-rounds", type=int, default=20,
+                   help="--speed's rounds (one differentiable iteration and one PPO update each)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default="runs/sample_efficiency",
@@ -516,10 +518,15 @@ def main():
     if args.tune or args.tune_sb3:
         return tune_ppo(args, "ppo" if args.tune else "sb3")
     if args.speed:
-        out = speed(args)
-        json.dump(out, open(os.path.join(args.out, "speed.json"), "w"), indent=1)
+        out = speed(args, args.speed_rounds)
+        medians = {k: _median(v) for k, v in out.items()}
+        json.dump({"source": _source(), "medians": medians, **out}, open(os.path.join(args.out, "speed.json"), "w"),
+                  indent=1)
         for k, v in out.items():
-            print(f"{k}: median {sorted(v)[len(v) // 2] * 1e6:.0f} us per creature-step ({len(v)} rounds)")
+            print(f"{k}: median {medians[k] * 1e6:.0f} us per creature-step ({len(v)} rounds)")
+        for kind in ("", "_cpu"):
+            print(f"a differentiable creature-step costs {medians['differentiable' + kind] / medians['ppo' + kind]:.2f}"
+                  f" x a PPO one ({'process CPU time' if kind else 'wall-clock'}, medians)")
         return
     full_path, summary_path = os.path.join(args.out, "results.json"), os.path.join(args.out, "summary.json")
     full = _load(full_path, {"runs": {}})

@@ -366,6 +366,16 @@ def upright_ends(sim):
     return y >= y.quantile(0.8), y <= y.quantile(0.2)
 
 
+def height(sim, x, ends=None):
+    """The body's height: its vertical extent (from the mean of the lowest fifth of the vertices to that of the
+    highest fifth, both chosen at rest: :func:`upright_ends`) over its value at rest; about 1 standing, lower
+    crouching, negative turned over. x: ``(..., N, d)`` -> ``(...)``; ends: :func:`upright_ends`'s, when the
+    caller keeps them."""
+    top, bottom = upright_ends(sim) if ends is None else ends
+    rest = sim.body.rest_positions.to(x.dtype)
+    return (x[..., top, 1].mean(-1) - x[..., bottom, 1].mean(-1)) / (rest[top, 1].mean() - rest[bottom, 1].mean())
+
+
 KEEPS_WALKING = 0.7
 """A lasting gait's last ``window`` steps cover at least this fraction of its first ``window`` steps' distance."""
 WALKS = 0.5
@@ -378,9 +388,7 @@ STAYS_UP = 0.3
 @dataclasses.dataclass
 class Gait:
     """One creature's deterministic gait from rest (:func:`gait`): ``distance[t]``, the centre of mass's
-    distance along +x after t steps (``steps + 1`` values), and ``height[t]``, the body's vertical extent (from
-    the mean of the lowest fifth of the vertices to that of the highest fifth, both chosen at rest) over its
-    value at rest: about 1 standing, lower crouching, negative turned over."""
+    distance along +x after t steps (``steps + 1`` values), and ``height[t]`` (:func:`height`)."""
     distance: list
     height: list
     window: int
@@ -432,9 +440,7 @@ class Gait:
             com = center_of_mass_x(sim, xs)
         else:
             com = center_of_mass(sim, xs) @ heading_direction([heading], sim.body.dim, xs.dtype, xs.device)[0]
-        top, bottom = upright_ends(sim)
-        extent = xs[:, top, 1].mean(-1) - xs[:, bottom, 1].mean(-1)
-        return cls(distance=(com - com[0]).tolist(), height=(extent / extent[0]).tolist(), window=window)
+        return cls(distance=(com - com[0]).tolist(), height=height(sim, xs).tolist(), window=window)
 
     def summary(self):
         """The record a benchmark keeps: steps, first, last, least height and the verdicts."""

@@ -66,7 +66,7 @@ from ._compat import load_checkpoint
 from ._optional import require
 from .creatures import check_device, fingerprint, make_creature
 from .policy import (FramePolicy, center_of_mass, center_of_mass_x, distance_walked, distances_along,
-                     heading_direction, observe, save_algovivo_policy, upright_ends)
+                     heading_direction, height, observe, save_algovivo_policy, upright_ends)
 from .terrain import grid, on_terrain, random_heights
 
 
@@ -104,6 +104,8 @@ class TrainConfig:
             fallen: that state is terminal (value 0, for the actor's return and the critic's targets) and the
             creature restarts at once at rest (with the iteration's reset activations, keeping its
             ``randomize`` factors until its next regular reset); -1 never.
+        terminate_height: Early termination, likewise: a creature whose height (:func:`~diffsoft.policy.height`,
+            1 as at rest) after a step is below this has fallen; 0 never.
         critic_lr: The critic's Adam learning rate.
         critic_hidden: The width of the critic's two hidden layers.
         critic_iterations: Passes over each window's data when the critic is fitted.
@@ -167,6 +169,7 @@ class TrainConfig:
     reward_scale: float = 100.0
     upright_weight: float = 0.0
     terminate_upright: float = 0.0
+    terminate_height: float = 0.0
     critic_lr: float = 2e-3
     critic_hidden: int = 64
     critic_iterations: int = 16
@@ -206,7 +209,7 @@ class TrainConfig:
             eval_horizon=">0", iterations=">=0", seed=">=0", dtype=("float32", "float64"), lr=">0", lr_end=">0",
             clip=">0", critic_lr=">0", reward_scale=">0", max_abs_da=">0", upright_weight=">=0",
             action_noise=">=0", action_noise_end=">=0", noise_decay_iterations=">=0", saturation_penalty=">=0",
-            gamma="[0,1]", lam="[0,1]", target_alpha="[0,1]",
+            gamma="[0,1]", lam="[0,1]", target_alpha="[0,1]", terminate_height="[0,1)",
             backward_rtol="(0,1)", min_a="(0,1)", on_failure=("skip", "stop"), randomize="[0,1)"))
         if not 0 <= self.terrain < 45:
             raise ValueError(f"terrain must be in [0, 45) (the steepest slope in degrees; 0: flat ground), got "
@@ -554,7 +557,7 @@ def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer
     x, v, a = pool.x, pool.v, pool.a
     b, w = a.shape[0], cfg.window
     ok = torch.ones(b, dtype=torch.bool, device=x.device)
-    terminate = cfg.terminate_upright > -1
+    terminate = cfg.terminate_upright > -1 or cfg.terminate_height > 0
     ends = upright_ends(sim) if terminate or cfg.upright_weight else None
     rest_x, rest_v = sim.rest_state
     heading = pool.heading if cfg.steer else None
@@ -570,7 +573,10 @@ def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer
         x, v = _step(cfg, sim, x, v, a, iteration, t, rank, ok, failures)
         afters.append(x)
         if terminate:
-            done = (uprightness(sim, x.detach(), ends) < cfg.terminate_upright) & ok
+            fallen = uprightness(sim, x.detach(), ends) < cfg.terminate_upright
+            if cfg.terminate_height > 0:
+                fallen = fallen | (height(sim, x.detach(), ends) < cfg.terminate_height)
+            done = fallen & ok
             dones.append(done)
             if done.any():  # terminal (value 0): the creature restarts at rest, a new segment of the return
                 keep = ~done[:, None, None]

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from diffsoft import creatures, training
+from diffsoft import creatures, policy as policy_module, training
 from diffsoft.policy import FramePolicy, distance_walked, load_algovivo_policy
 from diffsoft.training import TrainConfig
 
@@ -112,6 +112,26 @@ def test_early_termination_restarts_fallen_creatures_at_rest(tmp_path):
     assert [r["terminated"] for r in h] == [0, 0]
     for p, q in zip(off.parameters(), never.parameters()):
         assert torch.equal(p, q)
+
+
+def test_early_termination_by_height_restarts_crouched_creatures(tmp_path):
+    # terminate_height = 0.9999 (uprightness never): every creature sinks under its weight by more than that
+    # in its first step, so every one is terminated after every step; a height no creature goes below (1e-6)
+    # changes nothing. The height is the gait's (diffsoft.policy.height).
+    sim = creatures.make_creature("biped", F64)
+    x1, _ = sim.step(*sim.rest_state)
+    assert policy_module.height(sim, x1) < 0.9999 < policy_module.height(sim, sim.rest_state[0]) + 1e-12
+    cfg = _tiny(tmp_path / "a", iterations=2, terminate_upright=-1.0, terminate_height=0.9999)
+    _, history = training.train(cfg, progress=False)
+    assert [r["terminated"] for r in history] == [2 * 3] * 2
+    off, _ = training.train(_tiny(tmp_path / "b", iterations=2, terminate_upright=-1.0), progress=False)
+    never, h = training.train(_tiny(tmp_path / "c", iterations=2, terminate_upright=-1.0, terminate_height=1e-6),
+                              progress=False)
+    assert [r["terminated"] for r in h] == [0, 0]
+    for p, q in zip(off.parameters(), never.parameters()):
+        assert torch.equal(p, q)
+    with pytest.raises(ValueError, match="terminate_height"):
+        TrainConfig(terminate_height=1.0).check()
 
 
 def test_the_critic_learns_its_targets():
