@@ -169,7 +169,7 @@ class TrainConfig:
     reward_scale: float = 100.0
     upright_weight: float = 0.0
     terminate_upright: float = 0.0
-    terminate_height: float = 0.0
+    terminate_height: float = 0.3
     critic_lr: float = 2e-3
     critic_hidden: int = 64
     critic_iterations: int = 16
@@ -653,6 +653,9 @@ def _save_checkpoint(path, cfg, sim, learners, pool_state, iteration, history, t
 _CHECKPOINT_KEYS = ("config", "iteration", "policy", "critic", "target_critic", "optimizer", "critic_optimizer", "pool",
                     "history", "train_seconds")
 _POOL_KEYS = ("x", "v", "a", "age")
+_BEFORE = {"terminate_height": 0.0}
+"""The TrainConfig fields added with a default that changes what the trainer did, and the value that does what
+it did before them: what a checkpoint written before a field existed was trained with."""
 
 
 def _load_checkpoint(path, cfg, sim):
@@ -685,9 +688,10 @@ def _load_checkpoint(path, cfg, sim):
         raise ValueError(f"{path} lacks key {(missing or ['config'])[0]!r}: an incomplete or hand-edited checkpoint "
                          f"(diffsoft writes {', '.join(_CHECKPOINT_KEYS)}); delete it to start over, or resume from "
                          f"a copy of the run")
-    # a field that the checkpoint's config lacks (added since) had its default there
+    # a field that the checkpoint's config lacks (added since) had its default there, or the value that does
+    # what the trainer did before it (_BEFORE)
     wanted = dataclasses.asdict(cfg)
-    stored = {k: ckpt["config"].get(k, getattr(TrainConfig, k)) for k in wanted}
+    stored = {k: ckpt["config"].get(k, _BEFORE.get(k, getattr(TrainConfig, k))) for k in wanted}
     # A checkpoint that records its creature's content may resume under another name or path for it.
     may_change = TrainConfig.RESUMABLE + (("creature",) if "creature" in ckpt else ())
     differ = [k for k, v in wanted.items() if k not in may_change and stored[k] != v]
