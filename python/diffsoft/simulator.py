@@ -14,6 +14,7 @@ nor Newton's steps, nor the implicit gradients.
 import functools
 import math
 import numbers
+import warnings
 
 import torch
 
@@ -171,7 +172,7 @@ class Simulator:
         self.gravity = gravity
         self.contact_stiffness, self.friction = contact_stiffness, friction
         self._default_atol = None  # (value, what it was computed from) while atol is the default
-        self._quantum = None  # the grid of frames a step far from the origin is solved in (_recentred)
+        self._frame = None  # (quantum, body size): the frames a step far from the origin is solved in (_recentred)
         self.solver_options = dict(rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol,
                                    cg_max_iter=cg_max_iter, backward_rtol=backward_rtol,
                                    backward_max_iter=backward_max_iter, on_failure=on_failure,
@@ -283,7 +284,7 @@ class Simulator:
         """A copy (``copy.deepcopy``, pickle): its constant tensors are its own, checked again at its first step."""
         self.__dict__.update(state)
         self._checked, self._copied_from = {}, {}
-        self.__dict__.setdefault("_quantum", None)
+        self.__dict__.setdefault("_frame", None)
 
     @property
     def body(self):
@@ -546,18 +547,27 @@ class Simulator:
         is the multiple of the quantum nearest its centre, and its solution moved back. The problem is the same:
         the ground, gravity and friction do not see horizontal positions, and each collider moves with the frame
         (:meth:`~diffsoft.colliders.Collider.moved`); a user term sees positions as given, so a step with terms
-        is not moved. Near the origin nothing moves (the step is bit for bit what it was)."""
+        is not moved. Near the origin nothing moves (the step is bit for bit what it was). So far out that the
+        dtype's rounding of a position exceeds 1e-4 of the body's size, the state itself has lost the body's
+        shape: a RuntimeWarning says so."""
         if top.terms:
             return params, None
-        if self._quantum is None:
+        if self._frame is None:
             rest = self.body.rest_positions.detach().reshape(-1, self.body.dim)
-            size = float((rest.amax(0) - rest.amin(0)).max())
-            self._quantum = 2.0 ** math.ceil(math.log2(8 * max(size, 1e-12)))
+            size = max(float((rest.amax(0) - rest.amin(0)).max()), 1e-12)
+            self._frame = (2.0 ** math.ceil(math.log2(8 * size)), size)
+        quantum, size = self._frame
         axes = [0] if self.body.dim == 2 else [0, 2]
         with torch.no_grad():
-            near = torch.round(params.x0_free[..., axes].mean(-2) / self._quantum) * self._quantum
+            near = torch.round(params.x0_free[..., axes].mean(-2) / quantum) * quantum
             if not bool(near.any()):
                 return params, None
+            far = float(near.abs().max())
+            if far * torch.finfo(near.dtype).eps > 1e-4 * size:
+                warnings.warn(f"Simulator.step: x0 lies {far:.3g} from the origin, where {near.dtype} resolves "
+                              f"positions to {far * torch.finfo(near.dtype).eps:.2g}, more than 1e-4 of the body's "
+                              f"size ({size:.3g}): rounding has changed its shape; use float64, or keep the world "
+                              f"nearer the origin", RuntimeWarning, stacklevel=4)
             shift = near.new_zeros(*near.shape[:-1], self.body.dim)
             shift[..., axes] = near
         s = shift[..., None, :]

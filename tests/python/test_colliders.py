@@ -619,3 +619,21 @@ def test_a_float32_biped_far_out_converges_as_it_does_at_home():
             assert info.converged and info.iterations < 20
             x64, v64 = sim64.step(x64, v64, a.double())
     torch.testing.assert_close(x.double(), x64, rtol=0, atol=1e-3)
+
+
+def test_a_state_too_far_out_for_its_dtype_is_warned_about():
+    """Where the dtype's rounding of a position exceeds 1e-4 of the body's size, the state has lost the body's
+    shape before the step: a warning names x0, its distance and the dtype (float32: the 1.5-unit biped 10,000
+    units out); 300 units out, or in float64 10,000 units out, nothing is said."""
+    import warnings
+    for dtype, offset, warned in ((torch.float32, 300.0, False), (torch.float32, 1e4, True), (F64, 1e4, False)):
+        sim = biped(dtype=dtype)
+        x, v = sim.rest_state
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sim.step(x + torch.tensor([offset, 0.0], dtype=dtype), v)
+        far = [w for w in caught if "from the origin" in str(w.message)]
+        assert bool(far) == warned, (dtype, offset, [str(w.message) for w in caught])
+        if warned:
+            assert "x0 lies 1e+04 from the origin" in str(far[0].message) and "float32" in str(far[0].message)
+            assert far[0].filename == __file__  # stacklevel: the caller's line

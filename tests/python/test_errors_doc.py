@@ -258,6 +258,13 @@ def _mesh_read(tmp, kind):
 F64 = torch.float64
 X3 = torch.zeros(3, dtype=F64)
 # (the message as quoted in docs/errors.md, the misuse that raises or warns it; tmp is a temporary directory)
+def _far_out():
+    """A float32 biped 10,000 units out, where float32 resolves positions to about 1e-3."""
+    sim = creatures.biped()
+    x, v = sim.rest_state
+    sim.step(x + torch.tensor([1e4, 0.0]), v)
+
+
 TRIGGERS = [
     ("RuntimeWarning: diffsoft.minimize did not converge: max_iter = N Newton iterations reached with the gradient "
      "norm at R x its tolerance ...", lambda tmp: _not_converging()),
@@ -355,6 +362,8 @@ TRIGGERS = [
     ("ValueError: Simulator.step: energy or its gradient is not finite at x0 ... The step's energy overflows at the "
      "start state: check x0, v0 and the constants ...",
      lambda tmp: _sim().step(_sim().rest_state[0], torch.full((8, 2), 1e200, dtype=F64))),
+    ("RuntimeWarning: Simulator.step: x0 lies D from the origin, where DTYPE resolves positions to r, more than "
+     "1e-4 of the body's size (S): rounding has changed its shape; ...", lambda tmp: _far_out()),
     ("ValueError: Simulator.step: energy or its gradient is not finite at x0 ... Element i [...] is inverted or "
      "degenerate in x0 relative to its rest shape (det F = ...): the neo-Hookean energy is infinite there. ...",
      lambda tmp: _sim().step(_sim().rest_state[0] * torch.tensor([-1.0, 1.0], dtype=F64), torch.zeros(8, 2, dtype=F64))),
