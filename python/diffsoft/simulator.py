@@ -14,6 +14,7 @@ nor Newton's steps, nor the implicit gradients.
 import functools
 import math
 import numbers
+import sys
 import warnings
 
 import torch
@@ -64,6 +65,16 @@ CONSTANTS = ("dt", "gravity", "ground", "contact_stiffness", "friction", "fricti
 
 
 @functools.lru_cache(maxsize=16)
+def _user_stacklevel():
+    """The ``stacklevel`` that points a warning raised by this module's caller at the first frame outside
+    diffsoft and torch: the user's line, however many wrappers (``torch.compiler.disable``'s, once Dynamo is
+    loaded) lie between."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("diffsoft", "torch"):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
 def _unit_y(dim, dtype, device):
     """+y in ``dim`` dimensions, made once: the ground's normal."""
     return torch.eye(dim, dtype=dtype, device=device)[1]
@@ -567,7 +578,7 @@ class Simulator:
                 warnings.warn(f"Simulator.step: x0 lies {far:.3g} from the origin, where {near.dtype} resolves "
                               f"positions to {far * torch.finfo(near.dtype).eps:.2g}, more than 1e-4 of the body's "
                               f"size ({size:.3g}): rounding has changed its shape; use float64, or keep the world "
-                              f"nearer the origin", RuntimeWarning, stacklevel=4)
+                              f"nearer the origin", RuntimeWarning, stacklevel=_user_stacklevel())
             shift = near.new_zeros(*near.shape[:-1], self.body.dim)
             shift[..., axes] = near
         s = shift[..., None, :]
