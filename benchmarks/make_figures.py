@@ -34,6 +34,9 @@ PLOTS = ("biped_defaults", "algovivo_biped_defaults", "biped_noise_decay", "algo
 HEADLINE = (("procedural biped", "biped_defaults"), ("algovivo's biped", "algovivo_biped_defaults"))
 """The headline's runs: the differentiable trainer with ``TrainConfig``'s defaults, against ``diffsoft.ppo``'s three
 seeds, then its six, then Stable-Baselines3's tuned PPO (the best PPO)."""
+OTHERS = (("worm", "worm_defaults"), ("quadruped", "quadruped_defaults"))
+"""The other 2D creatures' runs (issue 32, item 6): the defaults against ``diffsoft.ppo``'s three seeds, rows
+under the headline's."""
 PEERS = {"ppo": "diffsoft.ppo", "sb3": "SB3 (tuned)"}
 MARKERS = ("<!-- headline: written by benchmarks/make_figures.py from results/sample_efficiency -->\n",
            "<!-- end of headline -->\n")
@@ -88,6 +91,10 @@ def headline(results):
                 summary = with_more_ppo_seeds(summary, os.path.join(results, name, "ppo_seeds_3-5.json"))
             rows.append(headline_rows(creature, summary, peer))
             sources += [s for s in summary["sources"] if s not in sources]
+    for creature, name in OTHERS:
+        summary = _load(os.path.join(results, name, "summary.json"))
+        rows.append(headline_rows(creature, summary, "ppo"))
+        sources += [s for s in summary["sources"] if s not in sources]
     return "\n".join([
         "| creature | PPO, its seeds | PPO's final distance (mean over its seeds) | creature-steps to reach it: "
         "differentiable (median, 3 seeds) | PPO (median) | PPO / differentiable | training seconds to reach it "
