@@ -568,19 +568,21 @@ class Simulator:
             size = max(float((rest.amax(0) - rest.amin(0)).max()), 1e-12)
             self._frame = (2.0 ** math.ceil(math.log2(8 * size)), size)
         quantum, size = self._frame
-        axes = [0] if self.body.dim == 2 else [0, 2]
+        horizontal = params.x0_free.detach()[..., 0::2]  # x, and z in 3D (a view)
+        if float(horizontal.abs().max()) < quantum / 2:  # every vertex near the origin: the common case, one sync
+            return params, None
         with torch.no_grad():
-            near = torch.round(params.x0_free[..., axes].mean(-2) / quantum) * quantum
-            if not bool(near.any()):
-                return params, None
+            near = torch.round(horizontal.mean(-2) / quantum) * quantum
             far = float(near.abs().max())
+            if far == 0:
+                return params, None
             if far * torch.finfo(near.dtype).eps > 1e-4 * size:
                 warnings.warn(f"Simulator.step: x0 lies {far:.3g} from the origin, where {near.dtype} resolves "
                               f"positions to {far * torch.finfo(near.dtype).eps:.2g}, more than 1e-4 of the body's "
                               f"size ({size:.3g}): rounding has changed its shape; use float64, or keep the world "
                               f"nearer the origin", RuntimeWarning, stacklevel=_user_stacklevel())
             shift = near.new_zeros(*near.shape[:-1], self.body.dim)
-            shift[..., axes] = near
+            shift[..., 0::2] = near
         s = shift[..., None, :]
         colliders = tuple(p[:len(CONTACT_PARAMS)] + tuple(kind.moved(shift, *p[len(CONTACT_PARAMS):]))
                           for kind, p in zip(top.colliders, params.colliders))
