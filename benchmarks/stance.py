@@ -1,5 +1,5 @@
-"""How tall a creature stands when every muscle holds one activation: its height (``diffsoft.policy.height``,
-1 as at rest) after standing still for ``--steps`` steps, for each activation and Young's modulus asked.
+"""How tall a creature stands when every muscle holds one activation: its height
+(``diffsoft.policy.Posture.height``, 1 as at rest) after standing still for ``--steps`` steps, for each activation and Young's modulus asked.
 
     .venv/bin/python benchmarks/stance.py [--creature tetrapod] [--activations 1 0.7 0.5 0.25]
         [--youngs-modulus 5e4 2e5] [--steps 60]
@@ -12,17 +12,17 @@ import argparse
 import torch
 
 from diffsoft.creatures import CREATURES, make_creature
-from diffsoft.policy import height
+from diffsoft.policy import Posture
 
 
 def stance(sim, activation, steps):
     """The height after ``steps`` steps from rest with every muscle at ``activation``, and the least on the way."""
     x, v = sim.rest_state
     a = torch.full((sim.body.num_muscles,), activation, dtype=x.dtype)
-    heights = []
+    heights, posture = [], Posture(sim)
     for _ in range(steps):
         x, v = sim.step(x, v, a)
-        heights.append(float(height(sim, x)))
+        heights.append(float(posture.height(x)))
     return heights[-1], min(heights)
 
 

@@ -359,21 +359,38 @@ def distance_covered(sim, xs):
     return center_of_mass_x(sim, xs[-1]) - center_of_mass_x(sim, xs[0])
 
 
-def upright_ends(sim):
-    """The masks ``(N,)`` of the highest and the lowest fifth of the vertices at rest (the ends of the body's
-    vertical extent: :func:`gait`, :func:`diffsoft.training.uprightness`)."""
-    y = sim.body.rest_positions[:, 1]
-    return y >= y.quantile(0.8), y <= y.quantile(0.2)
+class Posture:
+    """A body's posture in a state ``x (..., N, d)``: its axis runs from the mean of the lowest fifth of its
+    vertices to that of the highest fifth, both fifths chosen at rest (one weighted sum of the positions).
+    Built once per simulator and kept by callers that ask at every step (training's early terminations)."""
 
+    def __init__(self, sim):
+        y = sim.body.rest_positions[:, 1]
+        top, bottom = y >= y.quantile(0.8), y <= y.quantile(0.2)
+        self.weights = top.to(y.dtype) / top.sum() - bottom.to(y.dtype) / bottom.sum()  # (N,)
+        self.rest_height = (y * self.weights).sum()
 
-def height(sim, x, ends=None):
-    """The body's height: its vertical extent (from the mean of the lowest fifth of the vertices to that of the
-    highest fifth, both chosen at rest: :func:`upright_ends`) over its value at rest; about 1 standing, lower
-    crouching, negative turned over. x: ``(..., N, d)`` -> ``(...)``; ends: :func:`upright_ends`'s, when the
-    caller keeps them."""
-    top, bottom = upright_ends(sim) if ends is None else ends
-    rest = sim.body.rest_positions.to(x.dtype)
-    return (x[..., top, 1].mean(-1) - x[..., bottom, 1].mean(-1)) / (rest[top, 1].mean() - rest[bottom, 1].mean())
+    def axis(self, x):
+        """The body's axis ``(..., d)``."""
+        return x.transpose(-1, -2) @ self.weights.to(x.dtype)
+
+    def height(self, x):
+        """The axis's vertical extent over its value at rest ``(...)``: about 1 standing, lower crouching,
+        negative turned over."""
+        return self.axis(x)[..., 1] / self.rest_height.to(x.dtype)
+
+    def uprightness(self, x):
+        """The cosine of the body's tilt ``(...)``: the world's up (+y) against the axis; 1 as at rest, -1
+        upside down."""
+        axis = self.axis(x)
+        return axis[..., 1] / axis.norm(dim=-1).clamp_min(1e-12)
+
+    def fallen(self, x, least_uprightness=-1.0, least_height=0.0):
+        """Whether each state has fallen ``(...)``: its uprightness below ``least_uprightness`` (-1: never) or
+        its height below ``least_height`` (0: never; one axis for both)."""
+        axis = self.axis(x)
+        fallen = axis[..., 1] < least_uprightness * axis.norm(dim=-1).clamp_min(1e-12)
+        return fallen | (axis[..., 1] < least_height * self.rest_height.to(x.dtype)) if least_height > 0 else fallen
 
 
 KEEPS_WALKING = 0.7
@@ -388,7 +405,7 @@ STAYS_UP = 0.3
 @dataclasses.dataclass
 class Gait:
     """One creature's deterministic gait from rest (:func:`gait`): ``distance[t]``, the centre of mass's
-    distance along +x after t steps (``steps + 1`` values), and ``height[t]`` (:func:`height`)."""
+    distance along +x after t steps (``steps + 1`` values), and ``height[t]`` (:meth:`Posture.height`)."""
     distance: list
     height: list
     window: int
@@ -440,7 +457,7 @@ class Gait:
             com = center_of_mass_x(sim, xs)
         else:
             com = center_of_mass(sim, xs) @ heading_direction([heading], sim.body.dim, xs.dtype, xs.device)[0]
-        return cls(distance=(com - com[0]).tolist(), height=height(sim, xs).tolist(), window=window)
+        return cls(distance=(com - com[0]).tolist(), height=Posture(sim).height(xs).tolist(), window=window)
 
     def summary(self):
         """The record a benchmark keeps: steps, first, last, least height and the verdicts."""

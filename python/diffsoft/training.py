@@ -66,7 +66,7 @@ from ._compat import load_checkpoint
 from ._optional import require
 from .creatures import check_device, fingerprint, make_creature
 from .policy import (FramePolicy, center_of_mass, center_of_mass_x, distance_walked, distances_along,
-                     heading_direction, height, observe, save_algovivo_policy, upright_ends)
+                     heading_direction, observe, save_algovivo_policy, Posture)
 from .terrain import grid, on_terrain, random_heights
 
 
@@ -99,13 +99,14 @@ class TrainConfig:
         reward_scale: Rewards are the centre of mass's progress along +x per step times this (a step's
             progress is about 1e-2 in 2D).
         upright_weight: Subtracted from each step's progress, times ``1 - cos(tilt)`` (see
-            :func:`uprightness`: 0 upright, 2 upside down); 0 leaves the reward the distance alone.
+            :meth:`~diffsoft.policy.Posture.uprightness`: 0 upright, 2 upside down); 0 leaves the reward the
+            distance alone.
         terminate_upright: Early termination: a creature whose uprightness after a step is below this has
             fallen: that state is terminal (value 0, for the actor's return and the critic's targets) and the
             creature restarts at once at rest (with the iteration's reset activations, keeping its
             ``randomize`` factors until its next regular reset); -1 never.
-        terminate_height: Early termination, likewise: a creature whose height (:func:`~diffsoft.policy.height`,
-            1 as at rest) after a step is below this has fallen; 0 never.
+        terminate_height: Early termination, likewise: a creature whose height
+            (:meth:`~diffsoft.policy.Posture.height`, 1 as at rest) after a step is below this has fallen; 0 never.
         critic_lr: The critic's Adam learning rate.
         critic_hidden: The width of the critic's two hidden layers.
         critic_iterations: Passes over each window's data when the critic is fitted.
@@ -242,16 +243,6 @@ def _linear_decay(start, end, iteration, iterations):
     """``start`` moving linearly to ``end`` over ``iterations``, then ``end``."""
     f = min(iteration / iterations, 1.0)
     return start + f * (end - start)
-
-
-def uprightness(sim, x, ends=None):
-    """The cosine of the body's tilt: the world's up (+y) against the unit vector from the mean of the
-    lowest fifth of the vertices to the mean of the highest fifth (both chosen in the rest pose); 1 as at
-    rest, -1 upside down. x: ``(..., N, d)`` -> ``(...)``; ends: :func:`upright_ends`'s, when the caller
-    keeps them."""
-    top, bottom = upright_ends(sim) if ends is None else ends
-    axis = x[..., top, :].mean(-2) - x[..., bottom, :].mean(-2)
-    return axis[..., 1] / axis.norm(dim=-1).clamp_min(1e-12)
 
 
 class Critic(nn.Module):
@@ -558,7 +549,7 @@ def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer
     b, w = a.shape[0], cfg.window
     ok = torch.ones(b, dtype=torch.bool, device=x.device)
     terminate = cfg.terminate_upright > -1 or cfg.terminate_height > 0
-    ends = upright_ends(sim) if terminate or cfg.upright_weight else None
+    posture = Posture(sim) if terminate or cfg.upright_weight else None
     rest_x, rest_v = sim.rest_state
     heading = pool.heading if cfg.steer else None
     observations, changes, activations, befores, afters, dones = [], [], [], [], [], []
@@ -573,10 +564,7 @@ def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer
         x, v = _step(cfg, sim, x, v, a, iteration, t, rank, ok, failures)
         afters.append(x)
         if terminate:
-            fallen = uprightness(sim, x.detach(), ends) < cfg.terminate_upright
-            if cfg.terminate_height > 0:
-                fallen = fallen | (height(sim, x.detach(), ends) < cfg.terminate_height)
-            done = fallen & ok
+            done = posture.fallen(x.detach(), cfg.terminate_upright, cfg.terminate_height) & ok
             dones.append(done)
             if done.any():  # terminal (value 0): the creature restarts at rest, a new segment of the return
                 keep = ~done[:, None, None]
@@ -593,7 +581,7 @@ def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer
         progress = ((center_of_mass(sim, after) - center_of_mass(sim, torch.stack(befores))) * direction).sum(-1)
     else:
         progress = center_of_mass_x(sim, after) - center_of_mass_x(sim, torch.stack(befores))  # (W, B)
-    reward = progress if not cfg.upright_weight else progress - cfg.upright_weight * (1 - uprightness(sim, after, ends))
+    reward = progress if not cfg.upright_weight else progress - cfg.upright_weight * (1 - posture.uprightness(after))
     reward = cfg.reward_scale * reward
     discount, end_discount, began = segment_discounts(done, cfg.gamma, reward.dtype)
     obs_end = observe(x, v, policy.center_vertex_id, policy.forward_vertex_id, heading)

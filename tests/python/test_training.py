@@ -117,10 +117,11 @@ def test_early_termination_restarts_fallen_creatures_at_rest(tmp_path):
 def test_early_termination_by_height_restarts_crouched_creatures(tmp_path):
     # terminate_height = 0.9999 (uprightness never): every creature sinks under its weight by more than that
     # in its first step, so every one is terminated after every step; a height no creature goes below (1e-6)
-    # changes nothing. The height is the gait's (diffsoft.policy.height).
+    # changes nothing. The height is the gait's (diffsoft.policy.Posture.height).
     sim = creatures.make_creature("biped", F64)
     x1, _ = sim.step(*sim.rest_state)
-    assert policy_module.height(sim, x1) < 0.9999 < policy_module.height(sim, sim.rest_state[0]) + 1e-12
+    posture = policy_module.Posture(sim)
+    assert posture.height(x1) < 0.9999 < posture.height(sim.rest_state[0]) + 1e-12
     cfg = _tiny(tmp_path / "a", iterations=2, terminate_upright=-1.0, terminate_height=0.9999)
     _, history = training.train(cfg, progress=False)
     assert [r["terminated"] for r in history] == [2 * 3] * 2
@@ -200,8 +201,17 @@ def test_uprightness_is_one_at_rest_and_minus_one_upside_down(name):
     sim = creatures.make_creature(name, F64)
     x = sim.rest_state[0][None]
     tilted = x @ torch.tensor([[0.0, 1.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 0.0, 1.0]], dtype=F64)[:x.shape[-1], :x.shape[-1]]
-    torch.testing.assert_close(training.uprightness(sim, torch.cat([x, -x, tilted])),
-                               torch.tensor([1.0, -1.0, 0.0], dtype=F64), atol=1e-6, rtol=0)
+    posture = policy_module.Posture(sim)
+    xs = torch.cat([x, -x, tilted])
+    expected = torch.tensor([1.0, -1.0, 0.0], dtype=F64)
+    torch.testing.assert_close(posture.uprightness(xs), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(posture.height(xs), expected, atol=1e-6, rtol=0)
+    # fallen: one axis for both tests, each alone and together
+    crouched = x * torch.tensor([1.0, 0.5, 1.0], dtype=F64)[:x.shape[-1]]
+    assert posture.fallen(xs, 0.5).tolist() == [False, True, True]
+    assert posture.fallen(crouched, 0.5, 0.4).tolist() == [False]
+    assert posture.fallen(crouched, 0.5, 0.6).tolist() == [True]
+    assert posture.fallen(torch.cat([xs, crouched]), -1.0, 0.0).tolist() == [False] * 4
 
 
 def test_resume_continues_to_the_same_state(tmp_path):
