@@ -144,8 +144,8 @@ def run_differentiable(args, seed):
     sim = make_creature(cfg.creature)
     final = distance_walked(sim, policy, cfg.eval_horizon)
     history.append({"eval_distance": final, "eval_sim_steps": history[-1]["sim_steps"]})
-    return {"config": dataclasses.asdict(cfg), "history": history, "wall_seconds": wall,
-            "gait": gait(sim, policy).summary(),
+    return {"config": dataclasses.asdict(dataclasses.replace(cfg, min_a=policy.min_a)),  # the creature's, if None
+            "history": history, "wall_seconds": wall, "gait": gait(sim, policy).summary(),
             "train_seconds": history[-2]["seconds"], "sim_steps": history[-2]["sim_steps"],
             "machine": {"start": start, "end": machine(args.threads)}}
 
@@ -159,7 +159,8 @@ def diff_settings(pairs):
         name, _, value = pair.partition("=")
         if name not in {f.name for f in dataclasses.fields(defaults)} or not value:
             raise ValueError(f"--diff-set takes TrainConfig's NAME=VALUE, got {pair!r}")
-        kind = type(getattr(defaults, name))
+        default = getattr(defaults, name)
+        kind = float if default is None else type(default)  # None: an optional float (min_a)
         out[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
     return out
 
@@ -176,8 +177,8 @@ def run_ppo(args, seed, budget, **overrides):
     wall = time.perf_counter() - t
     task = LocomotionTask(make_creature(cfg.creature, getattr(torch, cfg.dtype), cfg.device), cfg.horizon,
                           cfg.min_a, cfg.max_abs_da)
-    return {"config": dataclasses.asdict(cfg), "history": history, "wall_seconds": wall,
-            "gait": Gait.of(task.sim, task.rollout(ppo.mean_action(model), 1000)).summary(),
+    return {"config": dataclasses.asdict(dataclasses.replace(cfg, min_a=task.min_a)), "history": history,
+            "wall_seconds": wall, "gait": Gait.of(task.sim, task.rollout(ppo.mean_action(model), 1000)).summary(),
             "train_seconds": history[-1]["seconds"], "sim_steps": history[-1]["sim_steps"],
             "machine": {"start": start, "end": machine(args.threads)}}
 

@@ -26,11 +26,15 @@ def check_fields(config, ranges):
     """Checks a dataclass of settings before anything is built, raising ValueError naming the first field at
     fault: every field has its default's kind (a float field takes any finite real number, an int field any
     integer, numpy's included), and the fields in ``ranges`` lie in theirs: ``">0"``, ``">=0"``, ``"(0,1)"``,
-    ``"[0,1]"``, or a tuple of the values allowed. Numpy numbers become Python's (configs are written as
+    ``"[0,1]"``, or a tuple of the values allowed. A field whose default is None takes None (its value comes
+    from elsewhere: the creature's ``min_a``) or a float. Numpy numbers become Python's (configs are written as
     JSON)."""
     defaults = type(config)()
     for f in dataclasses.fields(config):
-        value, kind = getattr(config, f.name), type(getattr(defaults, f.name))
+        value, default = getattr(config, f.name), getattr(defaults, f.name)
+        if default is None and value is None:
+            continue
+        kind = float if default is None else type(default)
         ok = {float: is_finite_real, int: is_integer}.get(kind, lambda v: isinstance(v, kind))(value)
         if not ok:
             what = "a finite float" if kind is float else f"an {kind.__name__}" if kind is int else f"a {kind.__name__}"

@@ -3,6 +3,7 @@ import math
 
 import torch
 
+from ._checks import is_finite_real
 from ._minimize import refuse_transforms
 from .energies import MATERIALS, determinant
 
@@ -86,6 +87,10 @@ class SoftBody:
         muscle_rest_length: ``(M,)``, default the rest-pose distances.
         muscle_stiffness: a number or ``(M,)``. Default: a fibre of the body's own material one element thick,
             ``k = E l0 s^(d-1)`` with E the mean Young's modulus and s the mean rest edge length.
+        min_a: the muscles' contraction range: the least activation their controllers give them (a muscle at
+            activation a pulls toward ``a`` times its rest length; 1 is relaxed). The simulator steps any
+            activation; trainers, tasks and policies take this one unless given another. Default 0.25
+            (algovivo's).
         Dm_inv: ``(E, d, d)`` inverse rest-shape matrices (``Dm``'s columns are the rest edges
             ``X_k - X_0``); default computed from ``vertices``. Given, it may define a rest shape other than
             ``vertices`` (algovivo files store it so).
@@ -93,7 +98,8 @@ class SoftBody:
 
     Fields: ``rest_positions (N, d)``, ``elements (E, d+1)``, ``Dm_inv (E, d, d)``, ``rest_volume (E,)``,
     ``mass (N,)``, ``mu (E,)``, ``lam (E,)``, ``muscles (M, 2)``, ``muscle_rest_length (M,)``,
-    ``muscle_stiffness (M,)``, ``fixed (K,)``, ``free (N - K,)`` (int64 indices), ``material``, ``dim``.
+    ``muscle_stiffness (M,)``, ``fixed (K,)``, ``free (N - K,)`` (int64 indices), ``material``, ``min_a``,
+    ``dim``.
 
     What is kept, and when it is checked (``docs/parameters.md``): a tensor given in the body's dtype and on its
     device is kept as it is, not copied, so that an optimizer stepping it in place moves the body. Every field
@@ -107,7 +113,7 @@ class SoftBody:
 
     def __init__(self, vertices, elements, *, material="neo_hookean", density=None, mass=None,
                  youngs_modulus=None, poisson_ratio=None, mu=None, lam=None, fixed=None, muscles=None,
-                 muscle_rest_length=None, muscle_stiffness=None, Dm_inv=None, dtype=None, device=None):
+                 muscle_rest_length=None, muscle_stiffness=None, min_a=0.25, Dm_inv=None, dtype=None, device=None):
         if dtype is None:
             is_float = isinstance(vertices, torch.Tensor) and vertices.is_floating_point()
             dtype = vertices.dtype if is_float else torch.get_default_dtype()
@@ -116,6 +122,7 @@ class SoftBody:
         self._dtype, self._device = dtype, device
         self._material, self._checked, self._sources, self._free_of = None, None, [], None
         self.material = material
+        self.min_a = min_a
         # origin[field]: the arguments each field was computed or converted from (the sources of check()).
         origin = {"rest_positions": ["vertices"], "elements": ["elements"], "fixed": ["fixed"], "muscles": ["muscles"]}
 
@@ -263,6 +270,19 @@ class SoftBody:
         if self._material is not None:
             _check_lam_for(value, self.lam, "body.lam")
         self._material = value
+
+    @property
+    def min_a(self):
+        """The muscles' contraction range: the least activation their controllers give them (a number in
+        ``(0, 1)``; see the class docstring)."""
+        return self._min_a
+
+    @min_a.setter
+    def min_a(self, value):
+        if not (is_finite_real(value) and 0 < value < 1):
+            raise ValueError(f"min_a must be a number in (0, 1) (the least activation of the body's muscles), "
+                             f"got {value!r}")
+        self._min_a = float(value)
 
     def check(self):
         """Checks again, as the constructor does, every field changed in place since it was assigned or last

@@ -127,9 +127,10 @@ def main(argv=None):
                                             "the implicit simulator.")
     defaults, descriptions = TrainConfig(), field_help(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
-        kind = type(getattr(defaults, f.name))
-        default = f"default {getattr(defaults, f.name)!r}" + (f", {QUICK[f.name]!r} with --quick" if f.name in QUICK
-                                                               else "")
+        value = getattr(defaults, f.name)
+        kind = float if value is None else type(value)  # None: an optional float (min_a: the creature's)
+        default = ("default: the creature's" if value is None else f"default {value!r}") + (
+            f", {QUICK[f.name]!r} with --quick" if f.name in QUICK else "")
         text = re.sub(r":\w+:`~?([\w.]+)`", r"\1", descriptions[f.name]).replace("``", "")  # Sphinx roles, literals
         p.add_argument("--" + f.name.replace("_", "-"), type=_boolean if kind is bool else kind, default=None,
                        help=f"{text} ({default})".replace("%", "%%"))

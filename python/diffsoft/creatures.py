@@ -10,7 +10,8 @@ Two file formats, both JSON:
   ``"version": 1`` and the complete state of a :class:`~diffsoft.simulator.Simulator`:
   ``vertices (N, d)``, ``elements (E, d+1)`` (triangles or positively oriented tetrahedra), ``material``,
   ``Dm_inv (E, d, d)``, ``mass (N,)``, ``mu (E,)``, ``lam (E,)``, ``muscles (M, 2)``,
-  ``muscle_rest_length (M,)``, ``muscle_stiffness (M,)``, ``fixed (K,)`` and ``simulator``: ``{"dt", "gravity",
+  ``muscle_rest_length (M,)``, ``muscle_stiffness (M,)``, ``fixed (K,)``, ``min_a`` (the muscles' contraction
+  range, :attr:`~diffsoft.body.SoftBody.min_a`; files without it, written before it, read 0.25) and ``simulator``: ``{"dt", "gravity",
   "ground" (a number or null), "contact_stiffness", "friction", "friction_eps"}`` and, optionally,
   ``"colliders"``: a list of ``{"kind": "plane" | "height_field" | "sphere", its fields, "stiffness",
   "friction", "friction_eps"}`` (:meth:`diffsoft.colliders.Collider.to_dict`; a contact constant that is null
@@ -130,7 +131,7 @@ def save(sim, path):
         "vertices": _list(b.rest_positions), "elements": _list(b.elements), "Dm_inv": _list(b.Dm_inv),
         "mass": _list(b.mass), "mu": _list(b.mu), "lam": _list(b.lam), "muscles": _list(b.muscles),
         "muscle_rest_length": _list(b.muscle_rest_length), "muscle_stiffness": _list(b.muscle_stiffness),
-        "fixed": _list(b.fixed),
+        "fixed": _list(b.fixed), "min_a": b.min_a,
         "simulator": {k: _number(k, getattr(sim, k)) for k in ("dt", "gravity", "ground", "contact_stiffness",
                                                                   "friction", "friction_eps")},
     }
@@ -175,7 +176,8 @@ def _from_diffsoft(data, path, dtype):
         raise ValueError(f"{path}: key 'simulator.colliders' must be a list, got {colliders!r}")
     colliders = [Collider.from_dict(c, f"{path}: key 'simulator.colliders[{k}]'") for k, c in enumerate(colliders)]
     try:
-        body = SoftBody(verts, elements, material=data.get("material"), muscles=muscles, dtype=dtype, **fields)
+        body = SoftBody(verts, elements, material=data.get("material"), muscles=muscles, min_a=data.get("min_a", 0.25),
+                        dtype=dtype, **fields)
         sim = Simulator(body, colliders=colliders, **{k: s[k] for k in keys})
         for c in colliders:  # each one's fields fit the body
             c.step_params_for_one(dim)
@@ -232,10 +234,14 @@ def worm(segments=8, cell=0.25, dtype=None):
     return algovivo_simulator(verts, tris, bottom + top, dtype=dtype)
 
 
-def tetrapod(cell=0.1, density=1000.0, youngs_modulus=5e4, poisson_ratio=0.3, material="neo_hookean", dtype=None):
+def tetrapod(cell=0.1, density=1000.0, youngs_modulus=5e4, poisson_ratio=0.3, material="neo_hookean", min_a=0.5,
+             dtype=None):
     """A 3D tetrapod in SI units: a 4 x 1 x 2 cell torso (x long, z wide) on four 1 x 2 x 1 legs at its
     corners, 6 tetrahedra per cell; each leg has a muscle along each of its 4 vertical edges (16 muscles).
-    Muscle stiffness is the body's default (see :class:`~diffsoft.body.SoftBody`)."""
+    Muscle stiffness is the body's default (see :class:`~diffsoft.body.SoftBody`). Its muscles contract to no
+    less than half their length (``min_a``): since they run along its legs, a leg is as short as its muscles,
+    and at algovivo's 0.25 the gaits trained on it crawl at half its height (docs/training.md, "Why the
+    tetrapod crouched")."""
     nx, nz, leg_h = 4, 2, 2
     mask = np.zeros((nz, leg_h + 1, nx), dtype=bool)  # (z, y, x)
     mask[:, leg_h, :] = True
@@ -247,7 +253,7 @@ def tetrapod(cell=0.1, density=1000.0, youngs_modulus=5e4, poisson_ratio=0.3, ma
     muscles = [(ids[(i + di, 0, k + dk)], ids[(i + di, leg_h, k + dk)]) for i, k in legs for di in (0, 1)
                for dk in (0, 1)]
     body = SoftBody(verts, tets, material=material, density=density, youngs_modulus=youngs_modulus,
-                    poisson_ratio=poisson_ratio, muscles=muscles,
+                    poisson_ratio=poisson_ratio, muscles=muscles, min_a=min_a,
                     dtype=torch.get_default_dtype() if dtype is None else dtype)
     return Simulator(body, dt=1 / 30, gravity=9.8, ground=0.0)
 
@@ -262,7 +268,8 @@ def fingerprint(sim):
     positions, elements, rest shapes, masses, Lame parameters, muscles, their rest lengths and stiffnesses, fixed
     vertices, material) and each of the simulator's constants, as float64 values (int64 for indices). Two
     creatures with equal fingerprints are the same creature, whatever their names or files (a training
-    checkpoint records it; ``--resume`` compares it)."""
+    checkpoint records it; ``--resume`` compares it). The muscles' contraction range (``body.min_a``) is a
+    controller's limit, not the body's physics: a run records the one it trained with in its settings."""
     body = sim.body
     fields = {name: getattr(body, name) for name in ("rest_positions", "elements", "Dm_inv", "mass", "mu", "lam",
                                                      "muscles", "muscle_rest_length", "muscle_stiffness", "fixed")}

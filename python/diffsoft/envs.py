@@ -77,13 +77,13 @@ class LocomotionEnv(gym.Env):
         creature: a name of :data:`~diffsoft.creatures.CREATURES`, a creature JSON file (algovivo's or
             diffsoft's), or a :class:`~diffsoft.simulator.Simulator`.
         horizon, min_a, max_abs_da: the task's (:class:`~diffsoft.task.LocomotionTask`; :mod:`diffsoft.ppo`'s
-            defaults).
+            defaults; ``min_a`` None: the creature's).
         dtype, device: the creature's, when it is built here from a name or file.
         render_mode: None or ``"rgb_array"`` (:func:`~diffsoft.render.render_frame`; needs ``diffsoft[render]``).
     """
     metadata = {"render_modes": ["rgb_array"]}
 
-    def __init__(self, creature="biped", horizon=100, min_a=0.25, max_abs_da=0.3, dtype=torch.float32,
+    def __init__(self, creature="biped", horizon=100, min_a=None, max_abs_da=0.3, dtype=torch.float32,
                  device="cpu", render_mode=None):
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
@@ -130,7 +130,7 @@ class LocomotionVectorEnv(gym.vector.VectorEnv):
     """
     metadata = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
 
-    def __init__(self, creature="biped", num_envs=1, horizon=100, min_a=0.25, max_abs_da=0.3, dtype=torch.float32,
+    def __init__(self, creature="biped", num_envs=1, horizon=100, min_a=None, max_abs_da=0.3, dtype=torch.float32,
                  device="cpu", render_mode=None):
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")

@@ -121,9 +121,11 @@ class FramePolicy(nn.Module):
 
     @classmethod
     def for_simulator(cls, sim, **kw):
-        """A policy sized for ``sim``'s body (in its dtype, on its device), with :func:`frame_vertices` unless
-        given."""
+        """A policy sized for ``sim``'s body (in its dtype, on its device), with :func:`frame_vertices` and the
+        body's ``min_a`` (its muscles' contraction range) unless given."""
         b = sim.body
+        if kw.get("min_a") is None:
+            kw["min_a"] = b.min_a
         if "center_vertex_id" not in kw or "forward_vertex_id" not in kw:
             kw["center_vertex_id"], kw["forward_vertex_id"] = frame_vertices(sim)
         return cls(b.num_vertices, b.num_muscles, b.dim, **kw).to(device=b.device, dtype=b.dtype)

@@ -15,6 +15,7 @@ the deterministic policy's output. PPO's clipped surrogate objective with genera
 """
 import dataclasses
 import time
+from typing import Optional
 
 import torch
 from torch import nn
@@ -28,9 +29,9 @@ from .task import LocomotionTask
 
 @dataclasses.dataclass
 class PPOConfig:
-    """creature, min_a, max_abs_da, hidden: as in :class:`~diffsoft.training.TrainConfig`; horizon: the
-    episode length (every episode starts at rest) and the evaluation's steps; envs: creatures simulated together; steps: the budget in
-    simulated creature-steps; epochs, minibatch: passes and minibatch size per update; lr; gamma, lam:
+    """creature, min_a (None: the creature's), max_abs_da, hidden: as in :class:`~diffsoft.training.TrainConfig`;
+    horizon: the episode length (every episode starts at rest) and the evaluation's steps; envs: creatures
+    simulated together; steps: the budget in simulated creature-steps; epochs, minibatch: passes and minibatch size per update; lr; gamma, lam:
     discount and GAE parameter; clip_ratio; value_coef; entropy_coef; max_grad_norm; init_log_std;
     reward_scale: rewards are multiplied by it (progress per step is ~1e-3); eval_every: evaluate the mean
     action every that many updates; dtype; device: where the creatures, the simulator and the networks live
@@ -41,7 +42,7 @@ class PPOConfig:
     steps: int = 400_000
     hidden: int = 32
     value_hidden: int = 64
-    min_a: float = 0.25
+    min_a: Optional[float] = None
     max_abs_da: float = 0.3
     epochs: int = 10
     minibatch: int = 400

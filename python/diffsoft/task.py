@@ -37,16 +37,18 @@ class LocomotionTask:
     Args:
         sim: the :class:`~diffsoft.simulator.Simulator` of one creature (its dtype and device are the task's).
         horizon: the episode length in steps.
-        min_a, max_abs_da: activations stay in ``[min_a, 1]`` and change by at most ``max_abs_da`` per step.
+        min_a, max_abs_da: activations stay in ``[min_a, 1]`` and change by at most ``max_abs_da`` per step;
+            ``min_a`` None: the body's (:attr:`~diffsoft.body.SoftBody.min_a`, its muscles' contraction range).
         center_vertex_id, forward_vertex_id: the body frame of the observation (default
             :func:`~diffsoft.policy.frame_vertices`).
     """
 
-    def __init__(self, sim, horizon=100, min_a=0.25, max_abs_da=0.3, center_vertex_id=None, forward_vertex_id=None):
+    def __init__(self, sim, horizon=100, min_a=None, max_abs_da=0.3, center_vertex_id=None, forward_vertex_id=None):
         if not (is_integer(horizon) and horizon >= 1):
             raise ValueError(f"horizon must be a positive integer (the episode length in steps), got {horizon!r}")
         if center_vertex_id is None or forward_vertex_id is None:
             center_vertex_id, forward_vertex_id = frame_vertices(sim)
+        min_a = sim.body.min_a if min_a is None else min_a
         check_frame_and_limits(sim.body.num_vertices, center_vertex_id, forward_vertex_id, min_a, max_abs_da)
         self.sim, self.horizon = sim, int(horizon)
         self.min_a, self.max_abs_da = float(min_a), float(max_abs_da)

@@ -57,6 +57,7 @@ import os
 import re
 import time
 import warnings
+from typing import Optional
 
 import torch
 from torch import nn
@@ -114,7 +115,8 @@ class TrainConfig:
         target_alpha: The target critic's smoothing: ``target = alpha * target + (1 - alpha) * critic`` after
             each fit.
         hidden: The policy's hidden width (algovivo's: 32).
-        min_a: The least activation a muscle may take (algovivo's: 0.25; 1 is relaxed).
+        min_a: The least activation a muscle may take (1 is relaxed); None: the creature's
+            (:attr:`~diffsoft.body.SoftBody.min_a`: algovivo's 0.25, the tetrapod's 0.5), which the run records.
         max_abs_da: The bound on a step's activation change (algovivo's: 0.3).
         init_activation: A reset creature's activations are drawn uniformly from ``[1 - init_activation, 1]``.
         action_noise: The std of the Gaussian exploration noise on activation changes.
@@ -177,7 +179,7 @@ class TrainConfig:
     critic_minibatches: int = 4
     target_alpha: float = 0.2
     hidden: int = 32
-    min_a: float = 0.25
+    min_a: Optional[float] = None
     max_abs_da: float = 0.3
     init_activation: float = 0.3
     action_noise: float = 0.4
@@ -224,7 +226,11 @@ class TrainConfig:
             raise ValueError(f"critic_minibatches ({self.critic_minibatches}) must be at most batch * window "
                              f"({self.batch * self.window})")
         check_device(self.device)
-        if not 0 <= self.init_activation <= 1 - self.min_a:
+        if self.min_a is None:  # the creature's: train() checks again once it is known
+            if not 0 <= self.init_activation < 1:
+                raise ValueError(f"init_activation must be in [0, 1 - min_a] (min_a: the creature's, > 0), got "
+                                 f"{self.init_activation!r}")
+        elif not 0 <= self.init_activation <= 1 - self.min_a:
             raise ValueError(f"init_activation must be in [0, 1 - min_a] = [0, {1 - self.min_a:g}], "
                              f"got {self.init_activation!r}")
 
@@ -741,6 +747,9 @@ def train(cfg, resume=False, progress=True, log=print):
         raise ValueError(f"batch ({cfg.batch}) must be divisible by the number of processes ({world})")
     dtype = getattr(torch, cfg.dtype)
     sim = make_creature(cfg.creature, dtype, cfg.device)
+    if cfg.min_a is None:  # the creature's, recorded (a checkpoint compares it, whichever way it was given)
+        cfg = dataclasses.replace(cfg, min_a=sim.body.min_a)
+        cfg.check()
     sim.solver_options["backward_rtol"] = cfg.backward_rtol
     torch.manual_seed(cfg.seed)
     policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da,

@@ -422,7 +422,7 @@ def _creature_file(dtype, key, value, algovivo=False):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "creature.json")
         (creatures.save_algovivo if algovivo else creatures.save)(sim, path)
-        _edit_file(path, key, value, every=not key.startswith("simulator."))
+        _edit_file(path, key, value, every=not key.startswith("simulator.") and key != "min_a")
         loaded = creatures.load_algovivo(path, dtype) if algovivo else creatures.load(path, dtype)
         return list(loaded.step(*loaded.rest_state))
 
@@ -461,7 +461,8 @@ MISUSE_TARGETS = (
     [("SoftBody", name, (lambda dtype, v, name=name: _soft_body(dtype, **{name: v})), ok) for name, ok in (
         ("density", _normal), ("youngs_modulus", _normal), ("muscle_stiffness", lambda v, d: v is None or _normal(v, d)),
         ("muscle_rest_length", lambda v, d: v is None or _normal(v, d)),
-        ("poisson_ratio", lambda v, d: _real_or_scalar_tensor(v) and 0 <= v < 0.5))]
+        ("poisson_ratio", lambda v, d: _real_or_scalar_tensor(v) and 0 <= v < 0.5),
+        ("min_a", lambda v, d: _real(v) and 0 < v < 1))]
     + [("SoftBody(mass=...)", "mass", lambda dtype, v: _soft_body(dtype, density=None, mass=v), _normal)]
     + [("Simulator", name, (lambda dtype, v, name=name: _step(dtype, **{name: v})), ok) for name, ok in (
         ("gravity", lambda v, d: _real_or_scalar_tensor(v) and v >= 0),
@@ -493,7 +494,7 @@ MISUSE_TARGETS = (
         ("lam", lambda v, d: _real(v) and 0 <= v <= 1), ("clip_ratio", lambda v, d: _positive(v)),
         ("entropy_coef", lambda v, d: _nonneg(v)), ("value_coef", lambda v, d: _nonneg(v)),
         ("max_grad_norm", lambda v, d: _positive(v)), ("init_log_std", lambda v, d: _real(v)),
-        ("min_a", lambda v, d: _unit_open(v)), ("horizon", lambda v, d: _count(v)),
+        ("min_a", lambda v, d: v is None or _unit_open(v)), ("horizon", lambda v, d: _count(v)),
         ("envs", lambda v, d: _count(v)), ("minibatch", lambda v, d: _count(v)), ("epochs", lambda v, d: _count(v)),
         ("steps", lambda v, d: _count(v)), ("seed", lambda v, d: _whole(v) and v >= 0),
         ("dtype", lambda v, d: v in ("float32", "float64") and isinstance(v, str)))]
@@ -502,7 +503,8 @@ MISUSE_TARGETS = (
         ("backward_rtol", lambda v, d: _unit_open(v)), ("action_noise", lambda v, d: _nonneg(v)),
         ("batch", lambda v, d: _count(v)), ("window", lambda v, d: _count(v) and 256 % v == 0),
         ("iterations", lambda v, d: _whole(v) and v >= 0),
-        ("init_activation", lambda v, d: _real(v) and 0 <= v <= 0.75),
+        ("init_activation", lambda v, d: _real(v) and 0 <= v < 1),  # <= 1 - the creature's min_a: train() checks
+        ("min_a", lambda v, d: v is None or (_unit_open(v) and v <= 0.7)),  # init_activation 0.3 <= 1 - min_a
         ("straight_through", lambda v, d: isinstance(v, bool)),
         ("on_failure", lambda v, d: isinstance(v, str) and v in ("skip", "stop")))]
     + [("render_frame", name, (lambda dtype, v, name=name, wrap=wrap: _render(dtype, **{name: wrap(v)})), ok)
@@ -524,7 +526,8 @@ MISUSE_TARGETS = (
         ("mu", lambda v, d: _json_real(v) and v >= torch.finfo(d).tiny),
         ("lam", lambda v, d: _json_real(v) and v >= 0),
         ("muscle_rest_length", lambda v, d: _json_real(v) and v >= torch.finfo(d).tiny),
-        ("muscle_stiffness", lambda v, d: _json_real(v) and v >= torch.finfo(d).tiny))]
+        ("muscle_stiffness", lambda v, d: _json_real(v) and v >= torch.finfo(d).tiny),
+        ("min_a", lambda v, d: _json_real(v) and 0 < v < 1))]
     + [("algovivo creature file", "l0", lambda dtype, v: _creature_file(dtype, "l0", v, algovivo=True),
         lambda v, d: _json_real(v) and v >= torch.finfo(d).tiny)]
     + [("policy file", key, (lambda dtype, v, key=key: _policy_file(dtype, key, v)), ok) for key, ok in (
@@ -562,8 +565,8 @@ def check_misuse(target, value, dtype=torch.float64):
     fits = entry in _PLAIN or not _real(value) or abs(float(value)) <= torch.finfo(dtype).max
     # A physical constant is judged as the dtype holds it (a subnormal float64 may be 0 in float32); tolerances
     # and sizes are plain Python numbers.
-    physical = entry.startswith("SoftBody") or entry in ("Simulator.step", "creature file",
-                                                          "algovivo creature file") or name in _PHYSICAL
+    physical = (entry.startswith("SoftBody") or entry in ("Simulator.step", "creature file", "algovivo creature file")
+                or name in _PHYSICAL) and name != "min_a"  # a controller's bound: a plain Python number
     held = value
     if physical and _real(value) and fits and not _whole(value):
         held = float(torch.tensor(float(value), dtype=torch.float64).to(dtype))

@@ -1,4 +1,5 @@
 """Creatures, algovivo's file format and constants, and diffsoft's own format."""
+import copy
 import json
 import pathlib
 import math
@@ -105,7 +106,7 @@ def test_diffsoft_format_round_trip(tmp_path, make):
     b = sim.body  # a round trip keeps every field, fixed vertices and non-default constants included
     body = SoftBody(b.rest_positions, b.elements, material=b.material, mass=b.mass, mu=b.mu, lam=b.lam,
                     muscles=b.muscles, muscle_rest_length=b.muscle_rest_length, muscle_stiffness=b.muscle_stiffness,
-                    Dm_inv=b.Dm_inv, fixed=[0, 3])
+                    Dm_inv=b.Dm_inv, fixed=[0, 3], min_a=0.4)
     sim = Simulator(body, dt=0.02, gravity=5.0, ground=-0.1, friction=7.0)
     path = str(tmp_path / "creature.json")
     creatures.save(sim, path)
@@ -115,6 +116,7 @@ def test_diffsoft_format_round_trip(tmp_path, make):
             assert torch.equal(value, getattr(loaded.body, name)), name
     for name in ("dt", "ground", "friction_eps"):
         assert getattr(sim, name) == getattr(loaded, name)
+    assert loaded.body.min_a == 0.4
     for name in ("gravity", "contact_stiffness", "friction"):
         assert getattr(sim, name).item() == getattr(loaded, name).item()
     x, v = sim.rest_state
@@ -161,7 +163,8 @@ def test_malformed_diffsoft_file_names_the_key(tmp_path):
     good = json.loads(path.read_text())
     for key, value, match in [("format", "other", "key 'format'"), ("mu", [1.0], r"key 'mu' must have shape"),
                               ("simulator", {"dt": 0.1}, "key 'simulator'"), ("dim", 4, "key 'dim'"),
-                              ("mass", [-1.0] * 18, "mass must be positive")]:
+                              ("mass", [-1.0] * 18, "mass must be positive"),
+                              ("min_a", 1.0, "min_a must be a number in"), ("min_a", "0.5", "min_a must be a number in")]:
         bad = dict(good, **{key: value})
         path.write_text(json.dumps(bad))
         with pytest.raises(ValueError, match=match):
@@ -170,3 +173,19 @@ def test_malformed_diffsoft_file_names_the_key(tmp_path):
         creatures.save_algovivo(creatures.tetrapod(), str(tmp_path / "x.json"))
     path.write_text(json.dumps(good))
     assert isinstance(creatures.load(str(path)), Simulator)
+    del good["min_a"]  # a file written before the key: algovivo's contraction range
+    path.write_text(json.dumps(good))
+    assert creatures.load(str(path)).body.min_a == 0.25
+
+
+def test_the_muscles_contraction_range_is_the_creatures():
+    # algovivo's 0.25 for the 2D creatures and files; the tetrapod's legs are as short as their muscles: 0.5.
+    # Kept through copies and dtype/device moves; assigned through its check.
+    assert [creatures.make_creature(c).body.min_a for c in ("biped", "worm", "tetrapod")] == [0.25, 0.25, 0.5]
+    sim = creatures.tetrapod()
+    assert sim.to(dtype=F64).body.min_a == copy.deepcopy(sim).body.min_a == 0.5
+    assert creatures.tetrapod(min_a=0.3).body.min_a == 0.3
+    for bad in (0.0, 1.0, float("nan"), True, "0.5", None):
+        with pytest.raises(ValueError, match="min_a must be a number in"):
+            sim.body.min_a = bad
+    assert sim.body.min_a == 0.5
