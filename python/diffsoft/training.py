@@ -557,7 +557,7 @@ def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer
     terminate = cfg.terminate_upright > -1 or cfg.terminate_height > 0
     posture = Posture(sim) if terminate or cfg.upright_weight else None
     rest_x, rest_v = sim.rest_state
-    heading = pool.heading if cfg.steer else None
+    heading = pool.heading if policy.steered else None  # zeros (+x) unless steering
     observations, changes, activations, befores, afters, dones = [], [], [], [], [], []
     for t in range(w):
         obs = observe(x, v, policy.center_vertex_id, policy.forward_vertex_id, heading)
@@ -703,6 +703,14 @@ def _load_checkpoint(path, cfg, sim):
     return ckpt
 
 
+def reads_heading(cfg, sim):
+    """Whether the run's policy reads a commanded heading (:class:`~diffsoft.policy.FramePolicy`'s
+    ``steered``): with ``steer``, and always in 3D, where the body frame that makes the observation the same
+    wherever the creature stands and faces also hides which way +x is, so that a policy that does not read it
+    cannot hold its course (unsteered, the command is 0: +x; in 2D the frame keeps +x, up to turning over)."""
+    return cfg.steer or sim.body.dim == 3
+
+
 def evaluate(cfg, sim, policy):
     """The training's evaluation of ``policy``: the distance it walks along +x in ``eval_horizon`` steps from
     rest (:func:`~diffsoft.policy.distance_walked`); with ``steer``, the mean over :data:`EVAL_HEADINGS` of the
@@ -753,7 +761,7 @@ def train(cfg, resume=False, progress=True, log=print):
     sim.solver_options["backward_rtol"] = cfg.backward_rtol
     torch.manual_seed(cfg.seed)
     policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da,
-                                       steered=cfg.steer)
+                                       steered=reads_heading(cfg, sim))
     critic = Critic(policy.fc1.in_features, sim.body.num_muscles, cfg.critic_hidden).to(device=cfg.device,
                                                                                           dtype=dtype)
     target_critic = copy.deepcopy(critic).requires_grad_(False)
