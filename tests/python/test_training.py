@@ -237,6 +237,24 @@ def test_min_a_is_the_creatures_unless_given_and_the_run_records_it(tmp_path):
         training.train(_tiny(tmp_path / "a", iterations=4, min_a=0.3), resume=True, progress=False)
 
 
+def test_a_3d_policy_reads_its_heading_which_the_body_frame_hides():
+    # The body frame makes the observation the same whichever way the creature faces: a tetrapod turned a
+    # quarter about the vertical looks the same as one facing +x, so a policy must read the heading (0: +x) to
+    # hold its course; in 2D the frame keeps +x (turned about the vertical, a 2D creature faces -x: mirrored).
+    sim = creatures.make_creature("tetrapod", F64)
+    x, v = sim.rest_state
+    turn = torch.tensor([[0.0, 0.0, -1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]], dtype=F64)
+    turned = (x - x.mean(0)) @ turn.T + x.mean(0)
+    frame = policy_module.frame_vertices(sim)
+    same = [policy_module.observe(p[None], v[None], *frame) for p in (x, turned)]
+    torch.testing.assert_close(same[0], same[1])
+    seen = [policy_module.observe(p[None], v[None], *frame, heading=torch.zeros(1, dtype=F64)) for p in (x, turned)]
+    assert (seen[0][0, -3:] - seen[1][0, -3:]).abs().max() > 0.9
+    cfg = TrainConfig()
+    assert training.reads_heading(cfg, sim) and not training.reads_heading(cfg, creatures.make_creature("biped"))
+    assert training.reads_heading(TrainConfig(steer=True), creatures.make_creature("biped"))
+
+
 def test_resume_continues_to_the_same_state(tmp_path):
     straight, h1 = training.train(_tiny(tmp_path / "a", iterations=4), progress=False)
     training.train(_tiny(tmp_path / "b", iterations=2), progress=False)
