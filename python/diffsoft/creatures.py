@@ -265,8 +265,25 @@ def tetrapod(cell=0.1, density=1000.0, youngs_modulus=5e4, poisson_ratio=0.3, ma
     return Simulator(body, dt=1 / 30, gravity=9.8, ground=0.0)
 
 
+def caterpillar(segments=8, cell=0.05, density=1000.0, youngs_modulus=5e4, poisson_ratio=0.3,
+                material="neo_hookean", dtype=None):
+    """A 3D caterpillar in SI units: a ``segments`` x 1 x 2 cell strip (x long, z wide; 0.4 x 0.05 x 0.1 m by
+    default) lying on the ground, 6 tetrahedra per cell, with a muscle along every segment's top and bottom
+    edges on both of its long sides (``4 * segments`` muscles): waves of contraction make it crawl, and
+    contracting one side more than the other turns it."""
+    if not (isinstance(segments, int) and segments >= 2):
+        raise ValueError(f"segments must be an integer >= 2, got {segments!r}")
+    verts, tets = voxels(np.ones((2, 1, segments), dtype=bool), cell_size=cell, dtype=torch.float64)
+    ids = {tuple(np.round(p / cell).astype(int)): j for j, p in enumerate(verts.numpy())}
+    muscles = [(ids[(i, j, k)], ids[(i + 1, j, k)]) for k in (0, 2) for j in (0, 1) for i in range(segments)]
+    body = SoftBody(verts, tets, material=material, density=density, youngs_modulus=youngs_modulus,
+                    poisson_ratio=poisson_ratio, muscles=muscles,
+                    dtype=torch.get_default_dtype() if dtype is None else dtype)
+    return Simulator(body, dt=1 / 30, gravity=9.8, ground=0.0)
+
+
 CREATURES = {"biped": biped, "quadruped": quadruped, "worm": worm,
-             "tetrapod": tetrapod}
+             "tetrapod": tetrapod, "caterpillar": caterpillar}
 """Procedural creatures by name; any other ``creature`` is read as a file (algovivo's or diffsoft's JSON)."""
 
 
