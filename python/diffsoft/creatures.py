@@ -235,17 +235,13 @@ def worm(segments=8, cell=0.25, dtype=None):
 
 
 def tetrapod(cell=0.1, density=1000.0, youngs_modulus=5e4, poisson_ratio=0.3, material="neo_hookean", min_a=0.5,
-             swing=True, dtype=None):
+             dtype=None):
     """A 3D tetrapod in SI units: a 4 x 1 x 2 cell torso (x long, z wide) on four 1 x 2 x 1 legs at its
-    corners, 6 tetrahedra per cell. Each leg has a muscle along each of its 4 vertical edges and, with
-    ``swing``, both diagonals of each of its cells' and its hip cell's two faces across z (12 more): 64
-    muscles (16 without). Muscle stiffness is the body's default (see :class:`~diffsoft.body.SoftBody`).
-
-    A leg's vertical muscles lengthen and shorten it; its diagonals shear it, swinging it forward or back at
-    its length, as the 2D creatures' legs do. Without them (``swing=False``, the tetrapod before ``swing``)
-    a leg swings only by shortening one side, and the gaits trained on it crawl (docs/training.md, "The 3D
-    tetrapod"). Its muscles contract to no less than half their length (``min_a``): a leg is as short as its
-    vertical muscles, and at algovivo's 0.25 the gaits crouch to half its height."""
+    corners, 6 tetrahedra per cell; each leg has a muscle along each of its 4 vertical edges (16 muscles).
+    Muscle stiffness is the body's default (see :class:`~diffsoft.body.SoftBody`). Its muscles contract to no
+    less than half their length (``min_a``): since they run along its legs, a leg is as short as its muscles,
+    and at algovivo's 0.25 the gaits trained on it crawl at half its height (docs/training.md, "The 3D
+    tetrapod")."""
     nx, nz, leg_h = 4, 2, 2
     mask = np.zeros((nz, leg_h + 1, nx), dtype=bool)  # (z, y, x)
     mask[:, leg_h, :] = True
@@ -256,9 +252,6 @@ def tetrapod(cell=0.1, density=1000.0, youngs_modulus=5e4, poisson_ratio=0.3, ma
     ids = {tuple(np.round(p / cell).astype(int)): j for j, p in enumerate(verts.numpy())}
     muscles = [(ids[(i + di, 0, k + dk)], ids[(i + di, leg_h, k + dk)]) for i, k in legs for di in (0, 1)
                for dk in (0, 1)]
-    if swing:  # per leg, its cells' and its hip's faces across z: both diagonals of each
-        muscles += [pair for i, k in legs for j in range(leg_h + 1) for z in (k, k + 1)
-                    for pair in ((ids[(i, j, z)], ids[(i + 1, j + 1, z)]), (ids[(i + 1, j, z)], ids[(i, j + 1, z)]))]
     body = SoftBody(verts, tets, material=material, density=density, youngs_modulus=youngs_modulus,
                     poisson_ratio=poisson_ratio, muscles=muscles, min_a=min_a,
                     dtype=torch.get_default_dtype() if dtype is None else dtype)

@@ -66,8 +66,8 @@ from ._checks import check_fields
 from ._compat import load_checkpoint
 from ._optional import require
 from .creatures import check_device, fingerprint, make_creature
-from .policy import (FramePolicy, center_of_mass, center_of_mass_x, distance_walked, distances_along,
-                     heading_direction, observe, save_algovivo_policy, Posture)
+from .policy import (FramePolicy, Posture, center_of_mass, center_of_mass_x, distance_walked, distances_along,
+                     heading_direction, observe, save_algovivo_policy)
 from .terrain import grid, on_terrain, random_heights
 
 

@@ -61,7 +61,7 @@ def _biped_double_backward():
 
 
 def _tetrapod():
-    return _rollout_case(diffsoft.creatures.tetrapod(swing=False, dtype=F64), steps=4)  # the golden file's creature
+    return _rollout_case(diffsoft.creatures.tetrapod(dtype=F64), steps=4)
 
 
 def _minimize():

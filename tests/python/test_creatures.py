@@ -46,10 +46,13 @@ def test_biped_is_algovivo_sized_and_the_others_build():
     b = sim.body
     assert 20 <= b.num_vertices <= 40 and 10 <= b.num_muscles <= 20
     assert b.material == "algovivo" and b.rest_positions[:, 1].min().item() == 0.0
-    for make in (creatures.quadruped, creatures.worm, creatures.tetrapod):
+    for make in (creatures.quadruped, creatures.worm, creatures.tetrapod, creatures.caterpillar):
         s = make()
         assert s.body.num_muscles > 0
-    assert creatures.tetrapod().body.dim == 3
+    assert creatures.tetrapod().body.dim == creatures.caterpillar().body.dim == 3
+    assert creatures.caterpillar().body.num_muscles == 32 and creatures.caterpillar(segments=4).body.num_muscles == 16
+    with pytest.raises(ValueError, match="segments"):
+        creatures.caterpillar(segments=1)
 
 
 def test_algovivo_round_trip_and_constants(tmp_path):
