@@ -262,8 +262,8 @@ def caterpillar(segments=8, cell=0.05, density=1000.0, youngs_modulus=5e4, poiss
                 material="neo_hookean", dtype=None):
     """A 3D caterpillar in SI units: a ``segments`` x 1 x 2 cell strip (x long, z wide; 0.4 x 0.05 x 0.1 m by
     default) lying on the ground, 6 tetrahedra per cell, with a muscle along every segment's top and bottom
-    edges on both of its long sides (``4 * segments`` muscles): waves of contraction make it crawl, and
-    contracting one side more than the other turns it."""
+    edges on both of its long sides (``4 * segments`` muscles): waves of contraction make it crawl, as
+    :func:`worm` does in 2D."""
     if not (isinstance(segments, int) and segments >= 2):
         raise ValueError(f"segments must be an integer >= 2, got {segments!r}")
     verts, tets = voxels(np.ones((2, 1, segments), dtype=bool), cell_size=cell, dtype=torch.float64)
