@@ -1,5 +1,6 @@
 """How tall a creature stands when every muscle holds one activation: its height
-(``diffsoft.policy.Posture.height``, 1 as at rest) after standing still for ``--steps`` steps, for each activation and Young's modulus asked.
+(``diffsoft.policy.Posture.height``, 1 as at rest) after standing still for ``--steps`` steps, for each
+activation and Young's modulus asked.
 
     .venv/bin/python benchmarks/stance.py [--creature tetrapod] [--activations 1 0.7 0.5 0.25]
         [--youngs-modulus 5e4 2e5] [--steps 60]

@@ -7,6 +7,9 @@ from ._checks import is_finite_real
 from ._minimize import refuse_transforms
 from .energies import MATERIALS, determinant
 
+MIN_A = 0.25
+"""The muscles' contraction range a body has unless given one (:attr:`SoftBody.min_a`): algovivo's."""
+
 # The tensor fields with one value per item, of which kind; the first three may also be one value for all (a
 # 0-dim tensor), as the simulator reads them.
 _PER = {"mu": "element", "lam": "element", "muscle_stiffness": "muscle", "mass": "vertex", "Dm_inv": "element",
@@ -113,7 +116,7 @@ class SoftBody:
 
     def __init__(self, vertices, elements, *, material="neo_hookean", density=None, mass=None,
                  youngs_modulus=None, poisson_ratio=None, mu=None, lam=None, fixed=None, muscles=None,
-                 muscle_rest_length=None, muscle_stiffness=None, min_a=0.25, Dm_inv=None, dtype=None, device=None):
+                 muscle_rest_length=None, muscle_stiffness=None, min_a=MIN_A, Dm_inv=None, dtype=None, device=None):
         if dtype is None:
             is_float = isinstance(vertices, torch.Tensor) and vertices.is_floating_point()
             dtype = vertices.dtype if is_float else torch.get_default_dtype()

@@ -11,15 +11,15 @@ Two file formats, both JSON:
   ``vertices (N, d)``, ``elements (E, d+1)`` (triangles or positively oriented tetrahedra), ``material``,
   ``Dm_inv (E, d, d)``, ``mass (N,)``, ``mu (E,)``, ``lam (E,)``, ``muscles (M, 2)``,
   ``muscle_rest_length (M,)``, ``muscle_stiffness (M,)``, ``fixed (K,)``, ``min_a`` (the muscles' contraction
-  range, :attr:`~diffsoft.body.SoftBody.min_a`; files without it, written before it, read 0.25) and ``simulator``: ``{"dt", "gravity",
-  "ground" (a number or null), "contact_stiffness", "friction", "friction_eps"}`` and, optionally,
+  range, :attr:`~diffsoft.body.SoftBody.min_a`; files written before it read 0.25) and ``simulator``:
+  ``{"dt", "gravity", "ground" (a number or null), "contact_stiffness", "friction", "friction_eps"}`` and, optionally,
   ``"colliders"``: a list of ``{"kind": "plane" | "height_field" | "sphere", its fields, "stiffness",
   "friction", "friction_eps"}`` (:meth:`diffsoft.colliders.Collider.to_dict`; a contact constant that is null
   follows the simulator's). Lists are nested JSON arrays, numbers are written with full float64 precision.
 
 Procedural creatures (:func:`biped`, :func:`quadruped`, :func:`worm`) are 2D algovivo-style bodies with
-algovivo's constants, standing on the ground (y = 0) and facing +x; :func:`tetrapod` is a 3D neo-Hookean
-body in SI units. Each returns a :class:`~diffsoft.simulator.Simulator`; ``sim.rest_state`` starts it.
+algovivo's constants, standing on the ground (y = 0) and facing +x; :func:`tetrapod` and :func:`caterpillar`
+are 3D neo-Hookean bodies in SI units. Each returns a :class:`~diffsoft.simulator.Simulator`; ``sim.rest_state`` starts it.
 """
 import hashlib
 import json
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ._io import only_numbers, read_json
-from .body import SoftBody
+from .body import MIN_A, SoftBody
 from .colliders import Collider
 from .mesh import grid, voxels
 from .simulator import ALGOVIVO_VERTEX_MASS, Simulator
@@ -176,8 +176,8 @@ def _from_diffsoft(data, path, dtype):
         raise ValueError(f"{path}: key 'simulator.colliders' must be a list, got {colliders!r}")
     colliders = [Collider.from_dict(c, f"{path}: key 'simulator.colliders[{k}]'") for k, c in enumerate(colliders)]
     try:
-        body = SoftBody(verts, elements, material=data.get("material"), muscles=muscles, min_a=data.get("min_a", 0.25),
-                        dtype=dtype, **fields)
+        body = SoftBody(verts, elements, material=data.get("material"), muscles=muscles,
+                        min_a=data.get("min_a", MIN_A), dtype=dtype, **fields)
         sim = Simulator(body, colliders=colliders, **{k: s[k] for k in keys})
         for c in colliders:  # each one's fields fit the body
             c.step_params_for_one(dim)
