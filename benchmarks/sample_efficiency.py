@@ -45,6 +45,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 
 from diffsoft import ppo, training
+from diffsoft._checks import setting_kind
 from diffsoft._compat import load_checkpoint
 from diffsoft.creatures import CREATURES, make_creature
 from diffsoft.policy import FramePolicy, Gait, distance_walked, gait
@@ -159,8 +160,7 @@ def diff_settings(pairs):
         name, _, value = pair.partition("=")
         if name not in {f.name for f in dataclasses.fields(defaults)} or not value:
             raise ValueError(f"--diff-set takes TrainConfig's NAME=VALUE, got {pair!r}")
-        default = getattr(defaults, name)
-        kind = float if default is None else type(default)  # None: an optional float (min_a)
+        kind = setting_kind(getattr(defaults, name))
         out[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
     return out
 

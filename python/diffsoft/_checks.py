@@ -22,6 +22,12 @@ def is_integer(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def setting_kind(default):
+    """The type a settings field takes: its default's, or float for a default of None (an optional number
+    whose value comes from elsewhere: the creature's ``min_a``)."""
+    return float if default is None else type(default)
+
+
 def check_fields(config, ranges):
     """Checks a dataclass of settings before anything is built, raising ValueError naming the first field at
     fault: every field has its default's kind (a float field takes any finite real number, an int field any
@@ -34,7 +40,7 @@ def check_fields(config, ranges):
         value, default = getattr(config, f.name), getattr(defaults, f.name)
         if default is None and value is None:
             continue
-        kind = float if default is None else type(default)
+        kind = setting_kind(default)
         ok = {float: is_finite_real, int: is_integer}.get(kind, lambda v: isinstance(v, kind))(value)
         if not ok:
             what = "a finite float" if kind is float else f"an {kind.__name__}" if kind is int else f"a {kind.__name__}"

@@ -16,6 +16,7 @@ import warnings
 
 import torch
 
+from ._checks import setting_kind
 from ._optional import require
 from .creatures import make_creature
 from .policy import KEEPS_WALKING, STAYS_UP, FramePolicy, distance_walked, distances_along, gait, run_policy
@@ -128,7 +129,7 @@ def main(argv=None):
     defaults, descriptions = TrainConfig(), field_help(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         value = getattr(defaults, f.name)
-        kind = float if value is None else type(value)  # None: an optional float (min_a: the creature's)
+        kind = setting_kind(value)
         default = ("default: the creature's" if value is None else f"default {value!r}") + (
             f", {QUICK[f.name]!r} with --quick" if f.name in QUICK else "")
         text = re.sub(r":\w+:`~?([\w.]+)`", r"\1", descriptions[f.name]).replace("``", "")  # Sphinx roles, literals
