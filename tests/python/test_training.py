@@ -237,7 +237,7 @@ def test_min_a_is_the_creatures_unless_given_and_the_run_records_it(tmp_path):
         training.train(_tiny(tmp_path / "a", iterations=4, min_a=0.3), resume=True, progress=False)
 
 
-def test_a_3d_policy_reads_its_heading_which_the_body_frame_hides():
+def test_a_3d_policy_reads_its_heading_which_the_body_frame_hides(tmp_path):
     # The body frame makes the observation the same whichever way the creature faces: a tetrapod turned a
     # quarter about the vertical looks the same as one facing +x, so a policy must read the heading (0: +x) to
     # hold its course; in 2D the frame keeps +x (turned about the vertical, a 2D creature faces -x: mirrored).
@@ -253,6 +253,8 @@ def test_a_3d_policy_reads_its_heading_which_the_body_frame_hides():
     cfg = TrainConfig()
     assert training.reads_heading(cfg, sim) and not training.reads_heading(cfg, creatures.make_creature("biped"))
     assert training.reads_heading(TrainConfig(steer=True), creatures.make_creature("biped"))
+    trained, _ = training.train(_tiny(tmp_path, creature="tetrapod", iterations=1), progress=False)
+    assert trained.steered and trained.fc1.in_features == 2 * 3 * sim.body.num_vertices + 3
 
 
 def test_resume_continues_to_the_same_state(tmp_path):
