@@ -3,7 +3,7 @@ trains on diffsoft: :class:`LocomotionEnv` (one creature, a ``gymnasium.Env``) a
 (``num_envs`` creatures stepped as one batched ``sim.step``, a ``gymnasium.vector.VectorEnv``).
 
 * observation: the frame policy's input (:func:`~diffsoft.policy.observe`), ``Box(-inf, inf, (2 N d,))`` in
-  the creature's dtype;
+  the creature's dtype (in 3D ``(2 N d + 3,)``, the heading +x last: :attr:`LocomotionTask.num_observations`);
 * action: the activation change before the ``max_abs_da`` clamp, the frame policy's ``tanh`` output,
   ``Box(-1, 1, (M,))``; actions outside it are accepted and clamped to ``max_abs_da`` as
   :mod:`diffsoft.ppo` clamps its Gaussian samples;

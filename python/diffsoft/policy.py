@@ -12,7 +12,8 @@ Both trainers use it: :mod:`diffsoft.training` (gradients through the simulator)
 A *steered* policy (``FramePolicy(..., steered=True)``, trained with ``TrainConfig.steer``) also reads a commanded
 heading: an angle in the ground plane (:func:`heading_direction`: 0 is +x; in 3D it turns toward +z; in 2D it is 0
 or pi, forward or backward), given to it as the heading's unit vector in the body frame, so that, like the rest of
-its input, it does not depend on where the creature stands or faces.
+its input, it does not depend on where the creature stands or faces. In 3D every policy is steered
+(:func:`reads_heading`), +x unless commanded otherwise.
 """
 import dataclasses
 import json
@@ -40,6 +41,15 @@ def heading_direction(heading, dim, dtype=None, device=None):
             raise ValueError(f"in 2D a heading is 0 (+x) or pi (-x), got {heading!r}")
         return torch.stack([torch.cos(h).sign(), zero], -1)
     return torch.stack([torch.cos(h), zero, torch.sin(h)], -1)
+
+
+def reads_heading(dim, steer=False):
+    """Whether a frame policy for a ``dim``-D body reads a commanded heading (``FramePolicy``'s ``steered``):
+    when it is trained to follow commands (``steer``), and always in 3D, where the body frame that makes the
+    observation the same wherever the creature stands and faces also hides which way +x is, so that a policy
+    that does not read it cannot hold its course (unsteered, the command is 0: +x; in 2D the frame keeps +x, up
+    to turning over). Both trainers and the Gymnasium environments use it."""
+    return bool(steer) or dim == 3
 
 
 def frame_vertices(sim):

@@ -106,7 +106,8 @@ class GaussianFramePolicy(nn.Module):
         self.mean_policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=task.min_a,
                                                      max_abs_da=task.max_abs_da,
                                                      center_vertex_id=task.center_vertex_id,
-                                                     forward_vertex_id=task.forward_vertex_id)
+                                                     forward_vertex_id=task.forward_vertex_id,
+                                                     steered=task.steered)
         n_obs = self.mean_policy.fc1.in_features
         self.norm = RunningNorm(n_obs)
         self.log_std = nn.Parameter(torch.full((sim.body.num_muscles,), cfg.init_log_std, dtype=sim.body.dtype))

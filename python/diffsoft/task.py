@@ -3,7 +3,8 @@ rewarded for and when its episode ends, shared by :mod:`diffsoft.ppo` and the Gy
 :mod:`diffsoft.envs`.
 
 * reset: every creature at rest (``sim.rest_state``) with relaxed muscles (activation 1);
-* observation: :func:`~diffsoft.policy.observe`, the frame policy's input ``(B, 2 N d)``;
+* observation: :func:`~diffsoft.policy.observe`, the frame policy's input ``(B, 2 N d)``; in 3D it also reads the
+  heading +x (``(B, 2 N d + 3)``: :func:`~diffsoft.policy.reads_heading`), as the trainer's policies do;
 * action: an activation change ``da (B, M)``, the frame policy's ``tanh`` output in ``[-1, 1]``; the muscles
   take ``a_t = clamp(a_{t-1} + clamp(da, -max_abs_da, max_abs_da), min_a, 1)``
   (:func:`~diffsoft.policy.next_activation`), then the simulator steps once;
@@ -16,7 +17,8 @@ import dataclasses
 import torch
 
 from ._checks import is_integer
-from .policy import center_of_mass_x, check_frame_and_limits, frame_vertices, next_activation, observe
+from .policy import (center_of_mass_x, check_frame_and_limits, frame_vertices, next_activation, observe,
+                     reads_heading)
 
 
 @dataclasses.dataclass
@@ -53,11 +55,13 @@ class LocomotionTask:
         self.sim, self.horizon = sim, int(horizon)
         self.min_a, self.max_abs_da = float(min_a), float(max_abs_da)
         self.center_vertex_id, self.forward_vertex_id = int(center_vertex_id), int(forward_vertex_id)
+        self.steered = reads_heading(sim.body.dim)
 
     @property
     def num_observations(self):
-        """The observation's length ``2 N d``."""
-        return 2 * self.sim.body.num_vertices * self.sim.body.dim
+        """The observation's length: ``2 N d``, and ``d`` more for the heading in 3D."""
+        d = self.sim.body.dim
+        return 2 * self.sim.body.num_vertices * d + (d if self.steered else 0)
 
     @property
     def num_actions(self):
@@ -83,8 +87,10 @@ class LocomotionTask:
                                  for f in dataclasses.fields(LocomotionState)))
 
     def observe(self, state):
-        """The frame policy's input, ``(B, 2 N d)``."""
-        return observe(state.x, state.v, self.center_vertex_id, self.forward_vertex_id)
+        """The frame policy's input, ``(B, num_observations)``: with the heading +x (0) where it reads one."""
+        x = state.x
+        heading = x.new_zeros(x.shape[0]) if self.steered else None
+        return observe(x, state.v, self.center_vertex_id, self.forward_vertex_id, heading)
 
     def step(self, state, da):
         """Applies the activation changes ``da (B, M)`` (clamped to ``max_abs_da``) and steps the simulator

@@ -67,7 +67,7 @@ from ._compat import load_checkpoint
 from ._optional import require
 from .creatures import check_device, fingerprint, make_creature
 from .policy import (FramePolicy, Posture, center_of_mass, center_of_mass_x, distance_walked, distances_along,
-                     heading_direction, observe, save_algovivo_policy)
+                     heading_direction, observe, reads_heading, save_algovivo_policy)
 from .terrain import grid, on_terrain, random_heights
 
 
@@ -703,14 +703,6 @@ def _load_checkpoint(path, cfg, sim):
     return ckpt
 
 
-def reads_heading(cfg, sim):
-    """Whether the run's policy reads a commanded heading (:class:`~diffsoft.policy.FramePolicy`'s
-    ``steered``): with ``steer``, and always in 3D, where the body frame that makes the observation the same
-    wherever the creature stands and faces also hides which way +x is, so that a policy that does not read it
-    cannot hold its course (unsteered, the command is 0: +x; in 2D the frame keeps +x, up to turning over)."""
-    return cfg.steer or sim.body.dim == 3
-
-
 def evaluate(cfg, sim, policy):
     """The training's evaluation of ``policy``: the distance it walks along +x in ``eval_horizon`` steps from
     rest (:func:`~diffsoft.policy.distance_walked`); with ``steer``, the mean over :data:`EVAL_HEADINGS` of the
@@ -761,7 +753,7 @@ def train(cfg, resume=False, progress=True, log=print):
     sim.solver_options["backward_rtol"] = cfg.backward_rtol
     torch.manual_seed(cfg.seed)
     policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da,
-                                       steered=reads_heading(cfg, sim))
+                                       steered=reads_heading(sim.body.dim, cfg.steer))
     critic = Critic(policy.fc1.in_features, sim.body.num_muscles, cfg.critic_hidden).to(device=cfg.device,
                                                                                           dtype=dtype)
     target_critic = copy.deepcopy(critic).requires_grad_(False)

@@ -51,6 +51,9 @@ def test_spaces_are_the_policys_input_and_output():
     env64 = LocomotionEnv(horizon=HORIZON, dtype=torch.float64)
     obs, _ = env64.reset()
     assert obs.dtype == np.float64 and env64.action_space.dtype == np.float64
+    env3d = LocomotionEnv("tetrapod", horizon=HORIZON)  # in 3D the heading (+x) follows the frame's input
+    body = env3d.task.sim.body
+    assert env3d.observation_space.shape == (2 * 3 * body.num_vertices + 3,) == env3d.reset()[0].shape
 
 
 def test_an_episode_returns_the_distance_walked_and_truncates_at_the_horizon():

@@ -66,6 +66,15 @@ def test_train_ppo_smoke():
     assert Gait.of(task.sim, xs, window=2).summary()["steps"] == 4
 
 
+def test_a_3d_ppo_actor_reads_the_heading_as_the_trainers_policy_does():
+    cfg = PPOConfig(creature="tetrapod", horizon=2, envs=2, steps=4, epochs=1, minibatch=4, eval_every=1,
+                    dtype="float64")
+    model, history = ppo.train_ppo(cfg, progress=False)
+    task = LocomotionTask(creatures.make_creature("tetrapod", torch.float64), horizon=2)
+    assert model.mean_policy.steered and model.mean_policy.fc1.in_features == task.num_observations
+    assert all(math.isfinite(r["eval_distance"]) for r in history if "eval_distance" in r)
+
+
 def test_ppo_device_is_checked():
     with pytest.raises(ValueError, match="device must be a torch device"):
         ppo.train_ppo(PPOConfig(device="gpu0"), progress=False)

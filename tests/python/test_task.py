@@ -46,6 +46,20 @@ def test_a_rollout_runs_past_the_horizon_and_is_the_frame_policys_gait(task):
         task.rollout(lambda obs: policy.head(obs), 0)
 
 
+def test_in_3d_the_task_observes_the_heading_as_the_trainers_policy_does():
+    """A 3D task reads the heading +x (policy.reads_heading), so its observation is the input of the policy
+    the differentiable trainer builds (steered, heading 0), and a PPO actor has that policy's shape."""
+    sim = creatures.make_creature("tetrapod", F64)
+    task = LocomotionTask(sim, horizon=2)
+    policy = FramePolicy.for_simulator(sim, steered=True)
+    assert task.steered and task.num_observations == policy.fc1.in_features == 2 * 3 * sim.body.num_vertices + 3
+    state, _ = task.step(task.reset(1), torch.full((1, task.num_actions), -0.2, dtype=F64))
+    obs = task.observe(state)
+    assert obs.shape == (1, task.num_observations)
+    torch.testing.assert_close(policy.head(obs), policy(state.x, state.v), rtol=0, atol=0)
+    assert not LocomotionTask(creatures.make_creature("biped", F64)).steered
+
+
 def test_actions_are_clamped_to_max_abs_da_and_activations_to_min_a(task):
     state = task.reset(2)
     da = torch.tensor([5.0, -5.0], dtype=F64)[:, None].expand(2, task.num_actions)

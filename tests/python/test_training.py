@@ -250,9 +250,8 @@ def test_a_3d_policy_reads_its_heading_which_the_body_frame_hides(tmp_path):
     torch.testing.assert_close(same[0], same[1])
     seen = [policy_module.observe(p[None], v[None], *frame, heading=torch.zeros(1, dtype=F64)) for p in (x, turned)]
     assert (seen[0][0, -3:] - seen[1][0, -3:]).abs().max() > 0.9
-    cfg = TrainConfig()
-    assert training.reads_heading(cfg, sim) and not training.reads_heading(cfg, creatures.make_creature("biped"))
-    assert training.reads_heading(TrainConfig(steer=True), creatures.make_creature("biped"))
+    assert policy_module.reads_heading(3) and not policy_module.reads_heading(2)
+    assert policy_module.reads_heading(2, steer=True)
     trained, _ = training.train(_tiny(tmp_path, creature="tetrapod", iterations=1), progress=False)
     assert trained.steered and trained.fc1.in_features == 2 * 3 * sim.body.num_vertices + 3
 
