@@ -703,6 +703,17 @@ def _load_checkpoint(path, cfg, sim):
     return ckpt
 
 
+def _unsteered_3d(ckpt, policy):
+    """The reason a 3D checkpoint's policy does not fit, where it was written before 3D policies read their
+    heading (:func:`~diffsoft.policy.reads_heading`), else ''."""
+    weight = ckpt.get("policy", {}).get("fc1.weight") if isinstance(ckpt.get("policy"), dict) else None
+    if policy.dim == 3 and isinstance(weight, torch.Tensor) and weight.dim() == 2 and \
+            weight.shape[1] == policy.fc1.in_features - policy.dim:
+        return ("; its policy was written before every 3D policy read its heading (diffsoft.policy.reads_heading) "
+                "and cannot resume")
+    return ""
+
+
 def evaluate(cfg, sim, policy):
     """The training's evaluation of ``policy``: the distance it walks along +x in ``eval_horizon`` steps from
     rest (:func:`~diffsoft.policy.distance_walked`); with ``steer``, the mean over :data:`EVAL_HEADINGS` of the
@@ -773,7 +784,8 @@ def train(cfg, resume=False, progress=True, log=print):
                 m.load_state_dict(ckpt[name])
             except (RuntimeError, KeyError, ValueError, TypeError) as e:
                 raise ValueError(f"{ckpt_path}: key {name!r} does not fit this run's {name} ({type(e).__name__}: "
-                                 f"{e}); delete the checkpoint to start over, or resume from a copy of the run") from None
+                                 f"{e}){_unsteered_3d(ckpt, policy)}; delete the checkpoint to start over, or resume "
+                                 f"from a copy of the run") from None
         # scale, terrain, heading: absent from checkpoints written before randomize, terrain and steer
         state = {"scale": torch.ones(cfg.batch, 3, dtype=pool.x.dtype),
                  "terrain": torch.zeros(cfg.batch, 0, dtype=pool.x.dtype),

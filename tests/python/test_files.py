@@ -154,6 +154,18 @@ def test_a_hand_edited_checkpoint_names_the_file_and_key(tmp_path, edit, match):
         training.train(_tiny(tmp_path, "biped", iterations=2), resume=True, progress=False)
 
 
+def test_a_3d_checkpoint_from_before_the_heading_says_why_it_cannot_resume(tmp_path):
+    # A 3D policy written before every 3D policy read its heading has 3 inputs fewer: as such a checkpoint.
+    training.train(_tiny(tmp_path, "tetrapod"), progress=False)
+    ckpt_path = os.path.join(tmp_path, "run", "checkpoint.pt")
+    ckpt = torch.load(ckpt_path)
+    ckpt["policy"]["fc1.weight"] = ckpt["policy"]["fc1.weight"][:, :-3].clone()
+    torch.save(ckpt, ckpt_path)
+    with pytest.raises(ValueError, match="(?s)key 'policy' does not fit .* written before every 3D policy read its "
+                                         "heading .*delete the checkpoint"):
+        training.train(_tiny(tmp_path, "tetrapod", iterations=2), resume=True, progress=False)
+
+
 def test_a_checkpoint_records_the_creatures_content(tmp_path):
     training.train(_tiny(tmp_path, "biped"), progress=False)
     ckpt = torch.load(os.path.join(tmp_path, "run", "checkpoint.pt"))
