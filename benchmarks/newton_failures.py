@@ -5,7 +5,7 @@ forward pass (the pool's creatures, the policy plus the training noise of the ch
 gradient) for ``--windows`` windows under each solver setting, and counts the creature-steps that did not
 converge, with the Newton iterations used and the final force residual over its tolerance.
 
-    .venv/bin/python benchmarks/newton_failures.py runs/biped/checkpoint.pt --windows 8 --threads 1
+    .venv/bin/python benchmarks/newton_failures.py runs/biped/checkpoint.pt --windows 8 --threads 1 [--variant NAME ...]
 """
 import argparse
 import os
@@ -20,7 +20,7 @@ import torch
 from diffsoft import training
 from diffsoft._compat import load_checkpoint
 from diffsoft.creatures import make_creature
-from diffsoft.policy import FramePolicy
+from diffsoft.policy import FramePolicy, reads_heading
 from diffsoft.threads import set_num_threads
 
 VARIANTS = {
@@ -40,10 +40,12 @@ def run(ckpt, variant, windows):
         sim.solver_options["max_iter"] = variant["max_iter"]
     if "atol_scale" in variant:
         sim.solver_options["atol"] *= variant["atol_scale"]
-    policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da)
+    policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da,
+                                       steered=reads_heading(sim.body.dim, cfg.steer))
     policy.load_state_dict(ckpt["policy"])
     policy.to(dtype)
     x, v, a = (ckpt["pool"][k].to(dtype) for k in ("x", "v", "a"))
+    heading = ckpt["pool"]["heading"].to(dtype) if policy.steered else None
     failed, iterations, excess, steps = 0, [], [], 0
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -51,7 +53,7 @@ def run(ckpt, variant, windows):
             g = torch.Generator().manual_seed(12345 + w)
             noise = cfg.action_noise * torch.randn(cfg.window, *a.shape, generator=g, dtype=torch.float64)
             for t in range(cfg.window):
-                a = policy.update(a, policy(x, v), noise[t].to(dtype))
+                a = policy.update(a, policy(x, v, heading), noise[t].to(dtype))
                 x, v, info = sim.step(x, v, a, return_info=True)
                 steps += a.shape[0]
                 bad = ~torch.as_tensor(info.problem_converged)
@@ -69,6 +71,8 @@ def main():
     p.add_argument("checkpoint")
     p.add_argument("--windows", type=int, default=8)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--variant", action="append", choices=sorted(VARIANTS), default=None,
+                   help="the solver settings to run (repeatable; default: all)")
     args = p.parse_args()
     if args.threads:
         set_num_threads(args.threads)
@@ -76,8 +80,8 @@ def main():
     print("| solver setting | creature-steps not converged | creature-steps | most Newton iterations in a step "
           "| mean Newton iterations per step | seconds |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for name, variant in VARIANTS.items():
-        r = run(ckpt, variant, args.windows)
+    for name in args.variant or VARIANTS:
+        r = run(ckpt, VARIANTS[name], args.windows)
         print(f"| {name} | {r['failed']} | {r['steps']} | {r['max_newton_iterations']} | "
               f"{r['mean_newton_iterations_per_call']:.1f} | {r['seconds']:.1f} |", flush=True)
         for m in r["messages"]:
