@@ -374,7 +374,8 @@ def distance_covered(sim, xs):
 class Posture:
     """A body's posture in a state ``x (..., N, d)``: its axis runs from the mean of the lowest fifth of its
     vertices to that of the highest fifth, both fifths chosen at rest (one weighted sum of the positions).
-    Built once per simulator and kept by callers that ask at every step (training's early terminations)."""
+    Building it takes two quantiles of the rest heights; asking it, one product: training builds one per window
+    and asks it at every step (its early terminations)."""
 
     def __init__(self, sim):
         y = sim.body.rest_positions[:, 1]
