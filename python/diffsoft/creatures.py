@@ -234,14 +234,15 @@ def worm(segments=8, cell=0.25, dtype=None):
     return algovivo_simulator(verts, tris, bottom + top, dtype=dtype)
 
 
-def tetrapod(cell=0.1, density=1000.0, youngs_modulus=5e4, poisson_ratio=0.3, material="neo_hookean", min_a=0.5,
+def tetrapod(cell=0.1, density=1000.0, youngs_modulus=5e5, poisson_ratio=0.3, material="neo_hookean", min_a=0.35,
              dtype=None):
     """A 3D tetrapod in SI units: a 4 x 1 x 2 cell torso (x long, z wide) on four 1 x 2 x 1 legs at its
     corners, 6 tetrahedra per cell; each leg has a muscle along each of its 4 vertical edges (16 muscles).
     Muscle stiffness is the body's default (see :class:`~diffsoft.body.SoftBody`). Its muscles contract to no
-    less than half their length (``min_a``): since they run along its legs, a leg is as short as its muscles,
-    and at algovivo's 0.25 the gaits trained on it crawl at half its height (docs/training.md, "The 3D
-    tetrapod")."""
+    less than 0.35 of their length (``min_a``): since they run along its legs, a leg is as short as its
+    muscles, and at algovivo's 0.25 the gaits trained on it crawl at half its height. Its body is soft rubber
+    (5e5 Pa; the other creatures' 5e4 is a gel's): a stiffer body stands taller at the same contraction, so its
+    muscles may contract further and its gaits walk faster upright (docs/training.md, "The 3D tetrapod")."""
     nx, nz, leg_h = 4, 2, 2
     mask = np.zeros((nz, leg_h + 1, nx), dtype=bool)  # (z, y, x)
     mask[:, leg_h, :] = True

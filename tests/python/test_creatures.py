@@ -182,13 +182,13 @@ def test_malformed_diffsoft_file_names_the_key(tmp_path):
 
 
 def test_the_muscles_contraction_range_is_the_creatures():
-    # algovivo's 0.25 for the 2D creatures and files; the tetrapod's legs are as short as their muscles: 0.5.
+    # algovivo's 0.25 for the 2D creatures and files; the tetrapod's legs are as short as their muscles: 0.35.
     # Kept through copies and dtype/device moves; assigned through its check.
-    assert [creatures.make_creature(c).body.min_a for c in ("biped", "worm", "tetrapod")] == [0.25, 0.25, 0.5]
+    assert [creatures.make_creature(c).body.min_a for c in ("biped", "worm", "tetrapod")] == [0.25, 0.25, 0.35]
     sim = creatures.tetrapod()
-    assert sim.to(dtype=F64).body.min_a == copy.deepcopy(sim).body.min_a == 0.5
+    assert sim.to(dtype=F64).body.min_a == copy.deepcopy(sim).body.min_a == 0.35
     assert creatures.tetrapod(min_a=0.3).body.min_a == 0.3
     for bad in (0.0, 1.0, float("nan"), True, "0.5", None):
         with pytest.raises(ValueError, match="min_a must be a number in"):
             sim.body.min_a = bad
-    assert sim.body.min_a == 0.5
+    assert sim.body.min_a == 0.35

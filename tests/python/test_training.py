@@ -216,17 +216,17 @@ def test_uprightness_is_one_at_rest_and_minus_one_upside_down(name):
 
 
 def test_min_a_is_the_creatures_unless_given_and_the_run_records_it(tmp_path):
-    # None (the default): the body's contraction range (algovivo's 0.25; the tetrapod's 0.5), resolved before
+    # None (the default): the body's contraction range (algovivo's 0.25; the tetrapod's 0.35), resolved before
     # anything is built, so a checkpoint holds the number: resuming with it given or left to the creature
     # continues, with another refuses by name; init_activation is checked against the creature's.
     sim = creatures.make_creature("tetrapod")
-    assert FramePolicy.for_simulator(sim).min_a == 0.5 == LocomotionTask(sim).min_a
+    assert FramePolicy.for_simulator(sim).min_a == 0.35 == LocomotionTask(sim).min_a
     assert FramePolicy.for_simulator(sim, min_a=0.3).min_a == 0.3 == LocomotionTask(sim, min_a=0.3).min_a
     TrainConfig(min_a=None).check()
     with pytest.raises(ValueError, match="init_activation must be in"):
         TrainConfig(min_a=0.8).check()
-    with pytest.raises(ValueError, match=r"init_activation must be in \[0, 1 - min_a\] = \[0, 0.5\]"):
-        training.train(TrainConfig(creature="tetrapod", init_activation=0.6, out_dir=str(tmp_path / "t")),
+    with pytest.raises(ValueError, match=r"init_activation must be in \[0, 1 - min_a\] = \[0, 0.65\]"):
+        training.train(TrainConfig(creature="tetrapod", init_activation=0.7, out_dir=str(tmp_path / "t")),
                        progress=False)
     policy, _ = training.train(_tiny(tmp_path / "a", iterations=1), progress=False)
     assert policy.min_a == 0.25
