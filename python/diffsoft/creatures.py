@@ -241,8 +241,9 @@ def tetrapod(cell=0.1, density=1000.0, youngs_modulus=5e5, poisson_ratio=0.3, ma
     Muscle stiffness is the body's default (see :class:`~diffsoft.body.SoftBody`). Its muscles contract to no
     less than 0.35 of their length (``min_a``): since they run along its legs, a leg is as short as its
     muscles, and at algovivo's 0.25 the gaits trained on it crawl at half its height. Its body is soft rubber
-    (5e5 Pa; the other creatures' 5e4 is a gel's): a stiffer body stands taller at the same contraction, so its
-    muscles may contract further and its gaits walk faster upright (docs/training.md, "The 3D tetrapod")."""
+    (5e5 Pa; the other creatures' 5e4 is a gel's) and its muscles as stiff in proportion: it stands as tall at
+    each activation as a gel's would (``benchmarks/stance.py``), but follows its muscles faster, and its gaits
+    walk further upright (docs/training.md, "The 3D tetrapod")."""
     nx, nz, leg_h = 4, 2, 2
     mask = np.zeros((nz, leg_h + 1, nx), dtype=bool)  # (z, y, x)
     mask[:, leg_h, :] = True
