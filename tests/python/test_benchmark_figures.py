@@ -28,7 +28,7 @@ def test_make_figures_regenerates_every_committed_table_and_the_plots(tmp_path):
     headline = (RESULTS / "headline.md").read_text()
     readme = (BENCHMARKS / "README.md").read_text()
     start = readme.index("<!-- headline: written by benchmarks/make_figures.py")
-    assert readme[start:start + 3000].split("\n", 1)[1].startswith(headline)  # the first screen shows it as made
+    assert readme[start:].split("\n", 1)[1].startswith(headline)  # the first screen shows it as made
     assert start < 600
 
 
