@@ -19,7 +19,7 @@ import torch
 
 from diffsoft import training
 from diffsoft._compat import load_checkpoint
-from diffsoft.creatures import make_creature
+from diffsoft.creatures import fingerprint, make_creature
 from diffsoft.policy import FramePolicy, reads_heading
 from diffsoft.threads import set_num_threads
 
@@ -36,6 +36,9 @@ def run(ckpt, variant, windows):
     cfg = training.TrainConfig(**ckpt["config"])
     dtype = variant.get("dtype", getattr(torch, cfg.dtype))
     sim = make_creature(cfg.creature, dtype)
+    if "creature" in ckpt and ckpt["creature"] != fingerprint(sim):
+        raise SystemExit(f"the checkpoint was trained on another creature than {cfg.creature!r} is now (its "
+                         f"recorded content differs): replay it with the code it was trained with")
     if "max_iter" in variant:
         sim.solver_options["max_iter"] = variant["max_iter"]
     if "atol_scale" in variant:

@@ -22,7 +22,7 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     args = ap.parse_args()
     factors = (1 - args.spread, 1.0, 1 + args.spread)
-    print(f"| policy | nominal | mean over the 27 variants | worst | best |\n|---|---:|---:|---:|---:|")
+    print("| policy | nominal | mean over the 27 variants | worst | best |\n|---|---:|---:|---:|---:|")
     for path in args.policies:
         policy = load_algovivo_policy(path, torch.float64)
         distances = []

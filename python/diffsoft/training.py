@@ -116,7 +116,7 @@ class TrainConfig:
             each fit.
         hidden: The policy's hidden width (algovivo's: 32).
         min_a: The least activation a muscle may take (1 is relaxed); None: the creature's
-            (:attr:`~diffsoft.body.SoftBody.min_a`: algovivo's 0.25, the tetrapod's 0.5), which the run records.
+            (:attr:`~diffsoft.body.SoftBody.min_a`: algovivo's 0.25, the tetrapod's 0.35), which the run records.
         max_abs_da: The bound on a step's activation change (algovivo's: 0.3).
         init_activation: A reset creature's activations are drawn uniformly from ``[1 - init_activation, 1]``.
         action_noise: The std of the Gaussian exploration noise on activation changes.

@@ -1,7 +1,6 @@
 """benchmarks/make_figures.py regenerates the committed sample-efficiency tables exactly, and the plots, from the
 compact summaries in benchmarks/results/; benchmarks/README.md shows the headline as generated; benchmarks/
 commits at most 2 MB and no full history."""
-import os
 import subprocess
 import sys
 from pathlib import Path
