@@ -706,7 +706,8 @@ def _load_checkpoint(path, cfg, sim):
 def _unsteered_3d(ckpt, policy):
     """The reason a 3D checkpoint's policy does not fit, where it was written before 3D policies read their
     heading (:func:`~diffsoft.policy.reads_heading`), else ''."""
-    weight = ckpt.get("policy", {}).get("fc1.weight") if isinstance(ckpt.get("policy"), dict) else None
+    stored = ckpt.get("policy")
+    weight = stored.get("fc1.weight") if isinstance(stored, dict) else None
     if policy.dim == 3 and isinstance(weight, torch.Tensor) and weight.dim() == 2 and \
             weight.shape[1] == policy.fc1.in_features - policy.dim:
         return ("; its policy was written before every 3D policy read its heading (diffsoft.policy.reads_heading) "
