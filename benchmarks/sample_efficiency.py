@@ -348,6 +348,8 @@ def speed(args, rounds):
     same in process CPU time."""
     ckpt = load_checkpoint(args.speed)
     cfg = training.TrainConfig(**dict(ckpt["config"], out_dir=args.out))
+    if cfg.steer:
+        raise SystemExit(f"--speed {args.speed}: a steered run (steer=True); PPO here walks along +x only")
     sim = make_creature(cfg.creature, getattr(torch, cfg.dtype))
     sim.solver_options["backward_rtol"] = cfg.backward_rtol
     policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da)
@@ -358,8 +360,10 @@ def speed(args, rounds):
     target_critic.load_state_dict(ckpt["target_critic"])
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr_end)
     critic_optimizer = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
-    x = ckpt["pool"]["x"]  # checkpoints written before TrainConfig.randomize have no "scale" in the pool
-    pool = training.Pool(**{"scale": torch.ones(x.shape[0], 3, dtype=x.dtype), **ckpt["pool"]})
+    x = ckpt["pool"]["x"]  # checkpoints written before randomize, terrain, steer lack scale, terrain, heading
+    pool = training.Pool(**{"scale": torch.ones(x.shape[0], 3, dtype=x.dtype),
+                            "terrain": torch.zeros(x.shape[0], 0, dtype=x.dtype),
+                            "heading": torch.zeros(x.shape[0], dtype=x.dtype), **ckpt["pool"]})
     pcfg = ppo.PPOConfig(creature=cfg.creature, horizon=args.horizon, envs=args.ppo_envs, lr=args.ppo_lr,
                          epochs=args.ppo_epochs, minibatch=args.ppo_minibatch, entropy_coef=args.ppo_entropy,
                          clip_ratio=args.ppo_clip)

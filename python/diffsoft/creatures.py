@@ -31,7 +31,7 @@ import torch
 
 from ._io import only_numbers, read_json
 from .body import MIN_A, SoftBody
-from .colliders import Collider
+from .colliders import CONTACT_PARAMS, Collider
 from .mesh import grid, voxels
 from .simulator import ALGOVIVO_VERTEX_MASS, Simulator
 
@@ -285,10 +285,12 @@ CREATURES = {"biped": biped, "quadruped": quadruped, "worm": worm,
 def fingerprint(sim):
     """What a creature is, as ``{field: SHA-256 hex digest}`` of its content: each of the body's fields (rest
     positions, elements, rest shapes, masses, Lame parameters, muscles, their rest lengths and stiffnesses, fixed
-    vertices, material) and each of the simulator's constants, as float64 values (int64 for indices). Two
-    creatures with equal fingerprints are the same creature, whatever their names or files (a training
-    checkpoint records it; ``--resume`` compares it). The muscles' contraction range (``body.min_a``) is a
-    controller's limit, not the body's physics: a run records the one it trained with in its settings."""
+    vertices, material), each of the simulator's constants, as float64 values (int64 for indices), and its
+    colliders (each one's kind, fields and contact constants, in order). Two creatures with equal fingerprints
+    are the same creature, whatever their names or files (a training checkpoint records it; ``--resume``
+    compares it). The muscles' contraction range (``body.min_a``) is a controller's limit, not the body's
+    physics: a run records the one it trained with in its settings. User terms (``sim.terms``) are code, not
+    content: they are not in it."""
     body = sim.body
     fields = {name: getattr(body, name) for name in ("rest_positions", "elements", "Dm_inv", "mass", "mu", "lam",
                                                      "muscles", "muscle_rest_length", "muscle_stiffness", "fixed")}
@@ -296,14 +298,35 @@ def fingerprint(sim):
                                                          "friction_eps")})
     out = {"material": hashlib.sha256(body.material.encode()).hexdigest()}
     for name, value in fields.items():
-        if value is None:
-            data = b"None"
-        else:
-            t = value.detach().cpu() if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float64)
-            t = t.to(torch.int64 if not t.is_floating_point() else torch.float64).contiguous()
-            data = repr(tuple(t.shape)).encode() + t.numpy().tobytes()
-        out[name] = hashlib.sha256(data).hexdigest()
+        out[name] = hashlib.sha256(_content(value)).hexdigest()
+    if sim.colliders:  # none: no key (as in checkpoints written before colliders were part of it)
+        digest = hashlib.sha256()
+        for c in sim.colliders:  # as a step reads them: in the body's dtype
+            digest.update(c.KIND.encode())
+            for name in c.FIELDS + CONTACT_PARAMS:
+                value = getattr(c, name)
+                if value is not None:
+                    value = torch.as_tensor(value.detach() if isinstance(value, torch.Tensor) else value,
+                                            dtype=body.dtype, device="cpu")
+                digest.update(name.encode() + _content(value))
+        out["colliders"] = digest.hexdigest()
     return out
+
+
+def _content(value):
+    """A field's value as bytes for :func:`fingerprint`: its shape and float64 (int64) values; b"None" for None."""
+    if value is None:
+        return b"None"
+    t = value.detach().cpu() if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float64)
+    t = t.to(torch.int64 if not t.is_floating_point() else torch.float64).contiguous()
+    return repr(tuple(t.shape)).encode() + t.numpy().tobytes()
+
+
+def fingerprint_changes(recorded, sim):
+    """The fields (sorted) in which ``sim``'s :func:`fingerprint` differs from a ``recorded`` one; [] for the
+    same creature."""
+    now = fingerprint(sim)
+    return [k for k in sorted(set(now) | set(recorded)) if recorded.get(k) != now.get(k)]
 
 
 def check_device(device, name="device"):

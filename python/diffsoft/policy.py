@@ -65,6 +65,16 @@ def frame_vertices(sim):
     return center, forward
 
 
+def frame_of(sim, center_vertex_id=None, forward_vertex_id=None):
+    """The frame vertices given, both, or :func:`frame_vertices` for neither; a ValueError for one alone (the
+    default pair is chosen together: one of it beside another vertex need not make a frame)."""
+    if (center_vertex_id is None) != (forward_vertex_id is None):
+        given = "center_vertex_id" if forward_vertex_id is None else "forward_vertex_id"
+        raise ValueError(f"give both center_vertex_id and forward_vertex_id, or neither (frame_vertices picks the "
+                         f"pair), got only {given}")
+    return frame_vertices(sim) if center_vertex_id is None else (center_vertex_id, forward_vertex_id)
+
+
 def body_frame(x, center_vertex_id, forward_vertex_id):
     """The frame attached to the body, as algovivo's ``frame_projection`` defines it in 2D.
 
@@ -113,11 +123,11 @@ class FramePolicy(nn.Module):
         min_a, max_abs_da: activations are kept in ``[min_a, 1]``; each step changes them by at most
             ``max_abs_da``.
         steered: the policy also reads a commanded heading (``fc1`` takes ``dim`` more inputs; see the module
-            docstring).
+            docstring); None (default): :func:`reads_heading` of ``dim``, so in 3D only.
     """
 
     def __init__(self, num_vertices, num_muscles, dim, center_vertex_id, forward_vertex_id, hidden=32,
-                 min_a=0.25, max_abs_da=0.3, steered=False):
+                 min_a=0.25, max_abs_da=0.3, steered=None):
         super().__init__()
         check_frame_and_limits(num_vertices, center_vertex_id, forward_vertex_id, min_a, max_abs_da)
         if not (is_integer(hidden) and hidden >= 1):
@@ -125,8 +135,8 @@ class FramePolicy(nn.Module):
         self.num_vertices, self.num_muscles, self.dim = num_vertices, num_muscles, dim
         self.center_vertex_id, self.forward_vertex_id = int(center_vertex_id), int(forward_vertex_id)
         self.min_a, self.max_abs_da = float(min_a), float(max_abs_da)
-        self.steered = bool(steered)
-        self.fc1 = nn.Linear(2 * dim * num_vertices + (dim if steered else 0), hidden)
+        self.steered = reads_heading(dim) if steered is None else bool(steered)
+        self.fc1 = nn.Linear(2 * dim * num_vertices + (dim if self.steered else 0), hidden)
         self.fc2 = nn.Linear(hidden, num_muscles)
 
     @classmethod
@@ -136,8 +146,8 @@ class FramePolicy(nn.Module):
         b = sim.body
         if kw.get("min_a") is None:
             kw["min_a"] = b.min_a
-        if "center_vertex_id" not in kw or "forward_vertex_id" not in kw:
-            kw["center_vertex_id"], kw["forward_vertex_id"] = frame_vertices(sim)
+        kw["center_vertex_id"], kw["forward_vertex_id"] = frame_of(sim, kw.get("center_vertex_id"),
+                                                                  kw.get("forward_vertex_id"))
         return cls(b.num_vertices, b.num_muscles, b.dim, **kw).to(device=b.device, dtype=b.dtype)
 
     def forward(self, x, v, heading=None):

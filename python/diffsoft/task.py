@@ -17,7 +17,7 @@ import dataclasses
 import torch
 
 from ._checks import is_integer
-from .policy import (center_of_mass_x, check_frame_and_limits, frame_vertices, next_activation, observe,
+from .policy import (center_of_mass_x, check_frame_and_limits, frame_of, next_activation, observe,
                      reads_heading)
 
 
@@ -48,8 +48,7 @@ class LocomotionTask:
     def __init__(self, sim, horizon=100, min_a=None, max_abs_da=0.3, center_vertex_id=None, forward_vertex_id=None):
         if not (is_integer(horizon) and horizon >= 1):
             raise ValueError(f"horizon must be a positive integer (the episode length in steps), got {horizon!r}")
-        if center_vertex_id is None or forward_vertex_id is None:
-            center_vertex_id, forward_vertex_id = frame_vertices(sim)
+        center_vertex_id, forward_vertex_id = frame_of(sim, center_vertex_id, forward_vertex_id)
         min_a = sim.body.min_a if min_a is None else min_a
         check_frame_and_limits(sim.body.num_vertices, center_vertex_id, forward_vertex_id, min_a, max_abs_da)
         self.sim, self.horizon = sim, int(horizon)

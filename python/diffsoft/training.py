@@ -65,7 +65,7 @@ from torch import nn
 from ._checks import check_fields
 from ._compat import load_checkpoint
 from ._optional import require
-from .creatures import check_device, fingerprint, make_creature
+from .creatures import check_device, fingerprint, fingerprint_changes, make_creature
 from .policy import (FramePolicy, Posture, center_of_mass, center_of_mass_x, distance_walked, distances_along,
                      heading_direction, observe, reads_heading, save_algovivo_policy)
 from .terrain import grid, on_terrain, random_heights
@@ -689,17 +689,18 @@ def _load_checkpoint(path, cfg, sim):
     # A checkpoint that records its creature's content may resume under another name or path for it.
     may_change = TrainConfig.RESUMABLE + (("creature",) if "creature" in ckpt else ())
     differ = [k for k, v in wanted.items() if k not in may_change and stored[k] != v]
-    if differ:
-        raise ValueError(f"{path} was trained with other settings ({', '.join(f'{k}={stored[k]!r}' for k in differ)}"
-                         f"); resume with the same ones (only {', '.join(TrainConfig.RESUMABLE)} may change)")
-    if "creature" in ckpt:
-        now = fingerprint(sim)
-        changed = [k for k in sorted(set(now) | set(ckpt["creature"])) if ckpt["creature"].get(k) != now.get(k)]
+    # the creature before the settings, since another one changes those that default to the creature's (min_a)
+    # too; not where the dtype changed, which changes the creature's rounding (the settings' error names it)
+    if "creature" in ckpt and stored["dtype"] == wanted["dtype"]:
+        changed = fingerprint_changes(ckpt["creature"], sim)
         if changed:
             raise ValueError(f"{path} was trained on another creature than {cfg.creature!r} is now: its "
                              f"{', '.join(changed)} differ (the checkpoint records the creature's content, not its "
                              f"name or path); resume with the creature it was trained on, or start a new run in "
                              f"another out_dir")
+    if differ:
+        raise ValueError(f"{path} was trained with other settings ({', '.join(f'{k}={stored[k]!r}' for k in differ)}"
+                         f"); resume with the same ones (only {', '.join(TrainConfig.RESUMABLE)} may change)")
     return ckpt
 
 
@@ -734,9 +735,12 @@ class _Best:
     policy: dict = None
 
     def offer(self, distance, iteration, policy):
+        """Keeps ``policy`` if it walked further than the best so far; whether it did."""
         if distance > self.distance:
             self.distance, self.iteration = distance, iteration
             self.policy = {k: t.detach().clone() for k, t in policy.state_dict().items()}
+            return True
+        return False
 
 
 def train(cfg, resume=False, progress=True, log=print):
@@ -787,6 +791,11 @@ def train(cfg, resume=False, progress=True, log=print):
                 raise ValueError(f"{ckpt_path}: key {name!r} does not fit this run's {name} ({type(e).__name__}: "
                                  f"{e}){_unsteered_3d(ckpt, policy)}; delete the checkpoint to start over, or resume "
                                  f"from a copy of the run") from None
+        frame = [policy.center_vertex_id, policy.forward_vertex_id]
+        if ckpt.get("frame", frame) != frame:  # (the same creature, but the frame's choice changed since)
+            raise ValueError(f"{ckpt_path}: its policy observes the body frame of vertices {ckpt['frame']} (center, "
+                             f"forward), this run's {frame}; resume with the code it was trained with, or start a new "
+                             f"run in another out_dir")
         # scale, terrain, heading: absent from checkpoints written before randomize, terrain and steer
         state = {"scale": torch.ones(cfg.batch, 3, dtype=pool.x.dtype),
                  "terrain": torch.zeros(cfg.batch, 0, dtype=pool.x.dtype),
@@ -851,8 +860,8 @@ def train(cfg, resume=False, progress=True, log=print):
                 _save_checkpoint(ckpt_path, cfg, sim, learners, pool_state, it + 1, history, train_seconds, best)
     if cfg.keep_best:
         last = evaluate(cfg, sim, policy)
-        best.offer(last, cfg.iterations, policy)
-        if best.iteration < cfg.iterations:
+        # (a resumed run may be past iterations; a NaN distance is never the best)
+        if not best.offer(last, max(start, cfg.iterations), policy) and best.policy is not None:
             policy.load_state_dict(best.policy)
         if rank == 0:
             log(f"the result is the best evaluated policy: before iteration {best.iteration}, {best.distance:.3f} "

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from diffsoft import creatures, mesh, training
+from diffsoft.colliders import Sphere
 from diffsoft.policy import FramePolicy, distance_walked, load_algovivo_policy, run_policy, save_algovivo_policy
 
 from conftest import F64
@@ -50,6 +51,19 @@ def test_save_refuses_a_batch_and_round_trips(tmp_path):
     creatures.save(sim, path)
     back = creatures.load(path, dtype=F64)
     assert creatures.fingerprint(back) == creatures.fingerprint(sim)
+    assert creatures.fingerprint_changes(creatures.fingerprint(sim), back) == []
+    assert creatures.fingerprint_changes(creatures.fingerprint(creatures.biped(dtype=F64)), back) == \
+        ["friction", "mu"]
+    # colliders are content too, compared as a step reads them (in the body's dtype), and round-trip through files
+    sim.colliders = [Sphere([1.6, 0.3], 0.25)]
+    assert creatures.fingerprint_changes(creatures.fingerprint(back), sim) == ["colliders"]
+    creatures.save(sim, path)
+    same = creatures.load(path, dtype=F64)
+    same.colliders = [Sphere(torch.tensor([1.6, 0.3], dtype=torch.float32).double(), 0.25)]
+    assert creatures.fingerprint_changes(creatures.fingerprint(sim), creatures.load(path, dtype=F64)) == []
+    assert creatures.fingerprint_changes(creatures.fingerprint(sim), same) == ["colliders"]  # float32's 1.6
+    sim.colliders = [Sphere([1.6, 0.3], 0.25, stiffness=5.0)]
+    assert creatures.fingerprint_changes(creatures.fingerprint(same), sim) == ["colliders"]
     for writer in (creatures.save, creatures.save_algovivo):
         batch = creatures.biped(dtype=F64)
         batch.body.Dm_inv = batch.body.Dm_inv.expand(2, -1, -1, -1).clone()
@@ -131,6 +145,12 @@ def test_resume_refuses_another_creature_at_the_same_path_naming_what_changed(tm
     with pytest.raises(ValueError, match="checkpoint.pt was trained on another creature .* its muscle_rest_length "
                                          "differ.*not its name or path"):
         training.train(_tiny(tmp_path, path, iterations=2), resume=True, progress=False)
+    # another creature whose contraction range differs too (min_a: the creature's unless given): the creature
+    # is named, not the setting; a changed dtype (the creature's rounding) is named as a setting
+    with pytest.raises(ValueError, match="trained on another creature than 'tetrapod' is now: its .*lam"):
+        training.train(_tiny(tmp_path, "tetrapod", iterations=2), resume=True, progress=False)
+    with pytest.raises(ValueError, match=r"trained with other settings \(dtype='float64'\)"):
+        training.train(_tiny(tmp_path, path, iterations=2, dtype="float32"), resume=True, progress=False)
     # the same creature under another path resumes
     moved = str(tmp_path / "moved.json")
     os.replace(path, moved)
@@ -143,6 +163,7 @@ def test_resume_refuses_another_creature_at_the_same_path_naming_what_changed(tm
     (lambda c: c["pool"].pop("age"), "checkpoint.pt lacks key 'pool.age'"),
     (lambda c: c.update(pool={**c["pool"], "x": c["pool"]["x"][:1]}), r"key 'pool.x' must be a tensor of shape \(2, 26, 2\)"),
     (lambda c: c.update(policy={"fc1.weight": torch.zeros(1)}), "key 'policy' does not fit this run's policy"),
+    (lambda c: c.update(frame=[0, 1]), r"its policy observes the body frame of vertices \[0, 1\]"),
 ])
 def test_a_hand_edited_checkpoint_names_the_file_and_key(tmp_path, edit, match):
     training.train(_tiny(tmp_path, "biped"), progress=False)

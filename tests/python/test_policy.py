@@ -9,6 +9,7 @@ import torch
 from diffsoft import creatures
 from diffsoft.policy import (POLICY_KEYS, FramePolicy, center_of_mass_x, frame_vertices, load_algovivo_policy,
                              observe, run_policy, save_algovivo_policy)
+from diffsoft.task import LocomotionTask
 
 from conftest import F64
 
@@ -38,6 +39,22 @@ def test_observation_is_in_the_body_frame(make):
     assert torch.allclose(p[:, center], torch.zeros_like(p[:, center]))
     assert (p[:, forward, 0] > 0).all() and torch.allclose(p[:, forward, 1:], torch.zeros_like(p[:, forward, 1:]))
 
+
+
+def test_a_frame_takes_both_vertices_or_neither():
+    sim = creatures.tetrapod(dtype=F64)
+    center, forward = frame_vertices(sim)
+    other = (center + 1, forward + 1)
+    assert (FramePolicy.for_simulator(sim).center_vertex_id, FramePolicy.for_simulator(sim).forward_vertex_id) == \
+        (center, forward)
+    made = FramePolicy.for_simulator(sim, center_vertex_id=other[0], forward_vertex_id=other[1])
+    assert (made.center_vertex_id, made.forward_vertex_id) == other
+    for one in ({"center_vertex_id": other[0]}, {"forward_vertex_id": other[1]}):
+        with pytest.raises(ValueError, match=f"give both center_vertex_id and forward_vertex_id, or neither .* "
+                                             f"got only {next(iter(one))}"):
+            FramePolicy.for_simulator(sim, **one)
+        with pytest.raises(ValueError, match="give both center_vertex_id and forward_vertex_id, or neither"):
+            LocomotionTask(sim, **one)
 
 def test_observation_matches_algovivo_frame_projection():
     # algovivo's frame_projection, written out for one vertex: a = (f - c)/|f - c|, b = (-a_y, a_x).
@@ -137,7 +154,8 @@ def test_a_steered_policy_reads_its_heading_in_the_body_frame(make, tmp_path):
     assert steered.fc1.in_features == 2 * sim.body.num_vertices * d + d
     # without a heading: 0 (+x); a plain policy refuses one
     torch.testing.assert_close(steered(x, v), steered(x, v, torch.zeros(2, dtype=F64)))
-    plain = FramePolicy.for_simulator(sim)
+    assert FramePolicy.for_simulator(sim).steered == (d == 3)  # reads_heading: in 3D by default
+    plain = FramePolicy.for_simulator(sim, steered=False)
     with pytest.raises(ValueError, match="not steered"):
         plain(x, v, heading)
     with pytest.raises(ValueError, match=r"heading must be one angle or one per creature \(2,\)"):

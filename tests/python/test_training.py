@@ -311,6 +311,12 @@ def test_keep_best_returns_the_policy_that_walked_furthest(tmp_path):
         assert torch.equal(p, q)
     ckpt = torch.load(tmp_path / "best" / "checkpoint.pt")
     assert ckpt["best"]["iteration"] == min(i, 3) and ckpt["best"]["distance"] == max(evals[:4])
+    # resumed with fewer iterations than it ran (nothing left to train), the result is still the best policy
+    assert i < 4  # (else the last policy is the best, and this would not tell)
+    again, _ = training.train(_tiny(tmp_path / "best", keep_best=True, **dict(kw, iterations=i)), resume=True,
+                              progress=False)
+    for p, q in zip(best.parameters(), again.parameters()):
+        assert torch.equal(p, q)
 
 
 def test_two_processes_under_torchrun_match_one_process_with_the_combined_batch(tmp_path):
