@@ -5,6 +5,7 @@ import re
 import sys
 
 import torch
+from torch.autograd import forward_ad
 
 TORCH_VERSION = tuple(int(n) for n in re.findall(r"\d+", torch.__version__)[:2])
 """``(major, minor)`` of the torch in use, e.g. ``(1, 13)``."""
@@ -73,8 +74,27 @@ def is_transformed(t):
     return torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
+def is_dual(t):
+    """Whether ``t`` carries a forward-mode tangent (``torch.autograd.forward_ad``) at the current level; costs
+    one comparison outside ``forward_ad.dual_level()`` (a private attribute that torch has kept since 1.9)."""
+    if getattr(forward_ad, "_current_level", 0) < 0:
+        return False
+    return forward_ad.unpack_dual(t).tangent is not None
+
+
 def is_batched(t):
     """Whether ``t`` is batched by a vmap: functorch's, or the legacy one of ``torch.autograd.grad(...,
     is_grads_batched=True)`` and ``torch.autograd.functional.jacobian(vectorize=True)``, whose tensors hold no
     storage (torch 1.13 has no predicate for them; their dispatch keys name them in both versions)."""
     return "Batched" in str(torch._C._dispatch_keys(t))
+
+
+def own_graphs():
+    """A context in which autograd saves tensors as they are, whatever saved-tensor hooks the caller has set
+    (``torch.utils.checkpoint``'s non-reentrant mode, offloading to another device): for the solvers' graphs of
+    their own, which they differentiate several times within one call and which never join the caller's."""
+    return torch.autograd.graph.saved_tensors_hooks(_same, _same)
+
+
+def _same(t):
+    return t

@@ -5,7 +5,7 @@ import warnings
 import torch
 
 from ._checks import is_finite_real
-from ._compat import batched_vjp, eager_under_compile, is_batched, is_transformed
+from ._compat import batched_vjp, eager_under_compile, is_batched, is_dual, is_transformed, own_graphs
 from ._extension import ConvergenceError, SolveInfo, SolverOptions, _C
 
 
@@ -19,6 +19,12 @@ ONE_GRADIENT_AT_A_TIME = (
     "is_grads_batched=True), torch.autograd.functional.jacobian(vectorize=True)) are not supported; take them one by "
     "one (is_grads_batched=False, jacobian(vectorize=False))")
 """The error of a backward given batched gradients, on every path (the C++ backward says the same)."""
+
+REVERSE_MODE_ONLY = (
+    "diffsoft's implicit layer (diffsoft.minimize, Simulator.step) differentiates in reverse mode only: forward-mode "
+    "AD (torch.autograd.forward_ad's dual tensors, jacobian(strategy='forward-mode')) is not supported; use "
+    "loss.backward(), torch.autograd.grad or torch.autograd.functional.jacobian(vectorize=False)")
+"""The error of a dual tensor (forward-mode AD) given to a solver, on every path."""
 
 
 def unsolved_message(problems, forward_message):
@@ -34,11 +40,14 @@ STEP_BATCH = "a batch x0 of shape (B, N, d), with per-creature parameters of sha
 def refuse_transforms(what, tensors, batch=STEP_BATCH):
     """A RuntimeError naming ``what`` and the supported ways (``batch``: how to pass many problems at once) when
     one of ``tensors`` (others skipped) is a torch.func transform's wrapper: the solvers are autograd Functions
-    on plain tensors, batched and differentiable natively."""
+    on plain tensors, batched and differentiable natively; a NotImplementedError (a RuntimeError) when one is a
+    forward-mode dual tensor."""
     if any(isinstance(t, torch.Tensor) and is_transformed(t) for t in tensors):
         raise RuntimeError(f"{what} does not run under torch.func transforms (vmap, grad, jacrev, jacfwd, hessian, "
                            f"jvp): for many problems at once pass {batch}; for derivatives use torch.autograd.grad, "
                            f"torch.autograd.functional.jacobian(vectorize=False) or loss.backward()")
+    if any(isinstance(t, torch.Tensor) and is_dual(t) for t in tensors):
+        raise NotImplementedError(f"{what}: {REVERSE_MODE_ONLY}")
 
 
 def check_backward_mode(grad_output):
@@ -83,7 +92,10 @@ def minimize(
 
     Args:
         energy: ``energy(x, *params) -> 0-dim tensor`` (see ``batched``), written with torch ops. Every tensor it depends on
-            that may need a gradient must be passed in ``params``: tensors captured by a closure get none.
+            that may need a gradient must be passed in ``params``: tensors captured by a closure get none. The
+            backward calls it again at ``x*``: what it reads besides its arguments must not change until the
+            backward has run, and it must be twice differentiable by autograd (torch drops the second derivative
+            of a custom Function marked ``once_differentiable`` without a word).
         x0: floating-point tensor of any shape, the starting guess (it receives no gradient).
         *params: tensors (any may require grad; floating ones must match x0's dtype, all x0's device) or
             plain Python values, passed through to ``energy`` unchanged.
@@ -211,10 +223,11 @@ def minimize(
             # mode also turns grad mode on: hence only here, and under no_grad for the result.)
             with torch.inference_mode(False):
                 x0, tensors = x0.clone(), [t.clone() for t in tensors]
-                with torch.no_grad():
+                with torch.no_grad(), own_graphs():
                     x_star = _C.minimize(fn, x0, tensors, options, info, _analytic, sparsity, batched_vjp)
         else:
-            x_star = _C.minimize(fn, x0, tensors, options, info, _analytic, sparsity, batched_vjp)
+            with own_graphs():
+                x_star = _C.minimize(fn, x0, tensors, options, info, _analytic, sparsity, batched_vjp)
     except ConvergenceError as e:  # keep the record (per-problem flags, residuals) with the exception
         e.info = info
         raise

@@ -37,6 +37,8 @@ class Term:
             are each row's vertices' positions at the end of the step (the unknowns; fixed vertices at their
             ``x0``) and at its start; ``h`` the time step (``()``, or ``(B, 1)`` with one per creature). Each
             row's energy may read only its own row's positions (the Hessian is assembled from per-row blocks).
+            A step's backward calls it again: what it reads besides its arguments (a closure's tensors) must
+            not change until the step's backward has run, and it must be twice differentiable by autograd.
         rows: ``(K, k)`` int64 vertex indices, the term's stencil; default: one row per vertex, ``(N, 1)``.
         params: a tuple of tensors the energy reads after ``h``: each may require grad (the step's outputs are
             differentiable with respect to it, through the implicit backward) and may carry a leading batch
@@ -63,8 +65,28 @@ class Term:
                 raise ValueError(f"Term: rows has a negative vertex index {int(rows.min())}")
             rows = rows.long()
         self._rows = rows
-        self.energy, self.blocks, self.name = energy, blocks, name or getattr(energy, "__name__", "term")
+        self._energy, self._blocks, self.name = energy, blocks, name or getattr(energy, "__name__", "term")
         self.params = params
+
+    @property
+    def energy(self):
+        """The energy function. Fixed: a step's backward calls it again, so another one assigned between a
+        step and its backward would give that step wrong gradients; make a new Term (and simulator) instead."""
+        return self._energy
+
+    @energy.setter
+    def energy(self, value):
+        raise AttributeError(f"Term {self.name!r}: energy is fixed (a step's backward calls it again, so another "
+                             f"one would give the steps before it wrong gradients): make a new Term")
+
+    @property
+    def blocks(self):
+        """The Hessian blocks' function, or None. Fixed, as :attr:`energy`."""
+        return self._blocks
+
+    @blocks.setter
+    def blocks(self, value):
+        raise AttributeError(f"Term {self.name!r}: blocks is fixed, as energy: make a new Term")
 
     @property
     def rows(self):

@@ -38,6 +38,7 @@ import weakref
 
 import torch
 
+from ._compat import own_graphs
 from ._extension import ConvergenceError, SolveInfo
 from ._minimize import _options, check_backward_mode, refuse_transforms, unsolved_message
 from .energies import step_terms, term_rows
@@ -168,7 +169,8 @@ class ImplicitStep(torch.autograd.Function):
     def forward(ctx, options, info, top, *tensors):
         # Values only: Newton's derivatives need no graph to the parameters.
         p, _ = unpack((*[t.detach() if isinstance(t, torch.Tensor) else t for t in tensors], top))
-        y, kept = _newton(p, top, options, info)
+        with own_graphs():
+            y, kept = _newton(p, top, options, info)
         ctx.save_for_backward(y, *tensors)
         ctx.options, ctx.info, ctx.top, ctx.kept = options, info, top, kept
         return y.clone()  # the caller's to change in place (x1 += 1): not the y* the backward keeps
@@ -188,7 +190,7 @@ class ImplicitStep(torch.autograd.Function):
         if not wanted:
             return (None, None, None, *grads)
         kept, ctx.kept = ctx.kept, None  # the factor's memory goes with the backward
-        with torch.enable_grad():
+        with torch.enable_grad(), own_graphs():
             # One evaluation at y*: its gradient's graph gives the vector-Jacobian product, its Hessian blocks
             # (used without a graph) the adjoint system, unless the forward kept its own.
             leaves = [t if t is None else t.detach().requires_grad_(i in wanted) for i, t in enumerate(tensors)]

@@ -5,9 +5,11 @@ import importlib
 
 import pytest
 import torch
+from torch.autograd import forward_ad
+from torch.utils.checkpoint import checkpoint
 
 import diffsoft
-from diffsoft._minimize import FIRST_ORDER_ONLY, ONE_GRADIENT_AT_A_TIME
+from diffsoft._minimize import FIRST_ORDER_ONLY, ONE_GRADIENT_AT_A_TIME, REVERSE_MODE_ONLY
 
 from conftest import F64, small_sim
 
@@ -117,6 +119,42 @@ def test_enable_grad_inside_no_grad_differentiates(problem):
     (g,) = torch.autograd.grad(loss, p)
     torch.testing.assert_close(g, expected, rtol=1e-10, atol=1e-12)
 
+
+
+@pytest.mark.parametrize("hooks", ["checkpoint", "pack_hooks"])
+def test_the_callers_saved_tensor_hooks_leave_the_solvers_own_graphs_alone(problem, hooks):
+    """Non-reentrant activation checkpointing and saved-tensor hooks apply to the caller's graph; the solvers
+    differentiate graphs of their own several times within one call, which those hooks once broke (torch's
+    "saved by autograd multiple times" and "a tensor that is never exposed")."""
+    expected = _grad(problem)
+    p = problem.p0.clone().requires_grad_()
+    if hooks == "checkpoint":
+        loss = checkpoint(problem.loss, p, use_reentrant=False)
+    else:
+        packed = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(1) or t.clone(), lambda t: t):
+            loss = problem.loss(p)
+        assert packed  # the caller's graph went through them
+    (g,) = torch.autograd.grad(loss, p)
+    torch.testing.assert_close(g, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_forward_mode_is_refused_with_the_same_message(problem):
+    """Dual tensors reached the autograd Functions, which have no forward-mode rule: torch's own errors, of
+    another type per path, named neither diffsoft nor the supported way."""
+    with forward_ad.dual_level():
+        for dual_x0 in (False, True):
+            p, x0 = problem.p0.clone(), problem.x0.clone()
+            if dual_x0:
+                x0 = forward_ad.make_dual(x0, torch.ones_like(x0))
+            else:
+                p = forward_ad.make_dual(p, torch.ones_like(p))
+            with pytest.raises(NotImplementedError, match=f"{REVERSE_MODE_ONLY.replace('(', '.').replace(')', '.')}"):
+                problem.solve(p, x0)
+    problem.fresh()
+    torch.testing.assert_close(problem.solve(problem.p0), problem.solve(problem.p0.clone()))  # nothing broken
+    with pytest.raises(RuntimeError, match="first order only"):  # reverse mode twice
+        torch.autograd.functional.jvp(problem.loss, problem.p0.clone(), torch.ones_like(problem.p0))
 
 def test_create_graph_is_refused_with_the_same_message(problem):
     """A second derivative through the first-order backward would be silently wrong (the torch backend once

@@ -130,6 +130,10 @@ def test_bad_terms_are_refused_by_name():
         Term(_spring, rows=[0, 1])
     with pytest.raises(TypeError, match=r"params\[1\] must be a torch.Tensor"):
         Term(_spring, params=(torch.zeros(2), 3.0))
+    # a step's backward calls the energy again: another one assigned before it would give wrong gradients
+    for name in ("energy", "blocks"):
+        with pytest.raises(AttributeError, match=f"Term 'spring': {name} is fixed.*make a new Term"):
+            setattr(Term(_spring, name="spring"), name, _spring)
     sim = small_sim()
     with pytest.raises(TypeError, match=r"terms\[0\] must be a diffsoft.terms.Term"):
         sim.terms = [_spring]
