@@ -1,5 +1,6 @@
 """The torch-version-specific calls of the Python package, in one place (the C++ side keeps its own in
 ``csrc/bindings.cpp``)."""
+import contextlib
 import functools
 import re
 import sys
@@ -89,11 +90,22 @@ def is_batched(t):
     return "Batched" in str(torch._C._dispatch_keys(t))
 
 
+@contextlib.contextmanager
 def own_graphs():
     """A context in which autograd saves tensors as they are, whatever saved-tensor hooks the caller has set
     (``torch.utils.checkpoint``'s non-reentrant mode, offloading to another device): for the solvers' graphs of
-    their own, which they differentiate several times within one call and which never join the caller's."""
-    return torch.autograd.graph.saved_tensors_hooks(_same, _same)
+    their own, which they differentiate several times within one call and which never join the caller's. Where
+    the caller has disabled hooks (torch >= 2.0's ``disable_saved_tensors_hooks``), there are none to bypass."""
+    hooks = torch.autograd.graph.saved_tensors_hooks(_same, _same)
+    try:
+        hooks.__enter__()
+    except RuntimeError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        hooks.__exit__(None, None, None)
 
 
 def _same(t):
