@@ -26,6 +26,7 @@ import copy
 import torch
 
 from .energies import StepTerm
+from ._compat import own_graphs
 from .step import per_problem
 
 
@@ -115,6 +116,30 @@ class Term:
             raise ValueError(f"Term {self.name!r}: rows has vertex index {int(self._rows.max())}, but the body has "
                              f"{num_vertices} vertices")
         return self._rows.to(device)
+
+    def check_rows(self, p):
+        """A ValueError where one row's energy reads another row's positions, which the step cannot see (it
+        assembles the Hessian from per-row blocks: such a term's steps and gradients come out quietly wrong).
+        Checked at the step's start ``p.x0`` (:class:`~diffsoft.step.StepParams`) by two gradients of the rows'
+        energies under different random weights: with separate rows, row j's gradient is its weight times its
+        own energy's gradient, under either weight."""
+        rows = self.stencil(p.x0.shape[-2], p.x0.device)
+        x = p.x0.detach()[..., rows, :]
+        with torch.enable_grad(), own_graphs():
+            x.requires_grad_()
+            e = self.energy(x, p.x0.detach()[..., rows, :], per_problem(p.h).detach(),
+                            *[t.detach() for t in self.params])
+            g = torch.Generator().manual_seed(0)
+            weights = [(1 + torch.rand(e.shape, generator=g, dtype=torch.float64)).to(e) for _ in range(2)]
+            grads = [torch.autograd.grad(e, x, w, retain_graph=True, allow_unused=True)[0] for w in weights]
+        if grads[0] is None:
+            return
+        per_row = [gr / w[..., None, None] for gr, w in zip(grads, weights)]
+        scale = max(float(per_row[0].abs().max()), torch.finfo(x.dtype).tiny)
+        if float((per_row[0] - per_row[1]).abs().max()) > 1e3 * torch.finfo(x.dtype).eps * scale:
+            raise ValueError(f"Term {self.name!r}: one row's energy reads another row's positions; each row's energy "
+                             f"may read only its own row of x (the step assembles the Hessian from per-row blocks): "
+                             f"give the coupled vertices one row together (rows=...)")
 
     def step_term(self, k):
         """This term, the ``k``-th of a topology's, as a :class:`~diffsoft.energies.StepTerm` (its parameters are
