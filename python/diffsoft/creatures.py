@@ -12,7 +12,8 @@ Two file formats, both JSON:
   ``Dm_inv (E, d, d)``, ``mass (N,)``, ``mu (E,)``, ``lam (E,)``, ``muscles (M, 2)``,
   ``muscle_rest_length (M,)``, ``muscle_stiffness (M,)``, ``fixed (K,)``, ``min_a`` (the muscles' contraction
   range, :attr:`~diffsoft.body.SoftBody.min_a`; files written before it read 0.25) and ``simulator``:
-  ``{"dt", "gravity", "ground" (a number or null), "contact_stiffness", "friction", "friction_eps"}`` and, optionally,
+  ``{"dt", "gravity", "ground" (a number or null), "contact_stiffness", "friction" (each a number, or null: the
+  default, which follows the masses), "friction_eps"}`` and, optionally,
   ``"colliders"``: a list of ``{"kind": "plane" | "height_field" | "sphere", its fields, "stiffness",
   "friction", "friction_eps"}`` (:meth:`diffsoft.colliders.Collider.to_dict`; a contact constant that is null
   follows the simulator's). Lists are nested JSON arrays, numbers are written with full float64 precision.
@@ -132,8 +133,8 @@ def save(sim, path):
         "mass": _list(b.mass), "mu": _list(b.mu), "lam": _list(b.lam), "muscles": _list(b.muscles),
         "muscle_rest_length": _list(b.muscle_rest_length), "muscle_stiffness": _list(b.muscle_stiffness),
         "fixed": _list(b.fixed), "min_a": b.min_a,
-        "simulator": {k: _number(k, getattr(sim, k)) for k in ("dt", "gravity", "ground", "contact_stiffness",
-                                                                  "friction", "friction_eps")},
+        "simulator": {k: None if k in _FOLLOW_MASSES and sim.follows_masses(k) else _number(k, getattr(sim, k))
+                      for k in ("dt", "gravity", "ground", "contact_stiffness", "friction", "friction_eps")},
     }
     if sim.colliders:
         data["simulator"]["colliders"] = [_collider(k, c, b.dim) for k, c in enumerate(sim.colliders)]
@@ -169,7 +170,8 @@ def _from_diffsoft(data, path, dtype):
     if not isinstance(s, dict) or any(k not in s for k in keys):
         raise ValueError(f"{path}: key 'simulator' must be an object with keys {keys}")
     for k in keys:
-        if not (isinstance(s[k], numbers.Real) or (k == "ground" and s[k] is None)) or isinstance(s[k], bool):
+        if not (isinstance(s[k], numbers.Real) or (k in ("ground",) + _FOLLOW_MASSES and s[k] is None)) or \
+                isinstance(s[k], bool):
             raise ValueError(f"{path}: key 'simulator.{k}' must be a number, got {s[k]!r}")
     colliders = s.get("colliders", [])
     if not isinstance(colliders, list):
@@ -282,11 +284,16 @@ CREATURES = {"biped": biped, "quadruped": quadruped, "worm": worm,
 """Procedural creatures by name; any other ``creature`` is read as a file (algovivo's or diffsoft's JSON)."""
 
 
+_FOLLOW_MASSES = ("contact_stiffness", "friction")
+"""The simulator's constants whose default follows the body's masses (:meth:`Simulator.follows_masses
+<diffsoft.simulator.Simulator.follows_masses>`)."""
+
+
 def fingerprint(sim):
     """What a creature is, as ``{field: SHA-256 hex digest}`` of its content: each of the body's fields (rest
     positions, elements, rest shapes, masses, Lame parameters, muscles, their rest lengths and stiffnesses, fixed
-    vertices, material), each of the simulator's constants, as float64 values (int64 for indices), and its
-    colliders (each one's kind, fields and contact constants, in order). Two creatures with equal fingerprints
+    vertices, material), each of the simulator's constants, as float64 values (int64 for indices; for
+    ``contact_stiffness`` and ``friction``, whether they follow the masses instead), and its colliders (each one's kind, fields and contact constants, in order). Two creatures with equal fingerprints
     are the same creature, whatever their names or files (a training checkpoint records it; ``--resume``
     compares it). The muscles' contraction range (``body.min_a``) is a controller's limit, not the body's
     physics: a run records the one it trained with in its settings. User terms (``sim.terms``) are code, not
@@ -296,9 +303,10 @@ def fingerprint(sim):
                                                      "muscles", "muscle_rest_length", "muscle_stiffness", "fixed")}
     fields.update({name: getattr(sim, name) for name in ("dt", "gravity", "ground", "contact_stiffness", "friction",
                                                          "friction_eps")})
-    out = {"material": hashlib.sha256(body.material.encode()).hexdigest()}
+    out = {"version": "2", "material": hashlib.sha256(body.material.encode()).hexdigest()}
     for name, value in fields.items():
-        out[name] = hashlib.sha256(_content(value)).hexdigest()
+        follows = name in _FOLLOW_MASSES and sim.follows_masses(name)  # the default: not a number of its own
+        out[name] = hashlib.sha256(b"follows the masses" if follows else _content(value)).hexdigest()
     if sim.colliders:  # none: no key (as in checkpoints written before colliders were part of it)
         digest = hashlib.sha256()
         for c in sim.colliders:  # as a step reads them: in the body's dtype
@@ -324,8 +332,13 @@ def _content(value):
 
 def fingerprint_changes(recorded, sim):
     """The fields (sorted) in which ``sim``'s :func:`fingerprint` differs from a ``recorded`` one; [] for the
-    same creature."""
+    same creature. A fingerprint recorded before its version 2 (no ``"version"``) is compared as it was made:
+    with ``contact_stiffness`` and ``friction`` as their values, whether or not they follow the masses."""
     now = fingerprint(sim)
+    if "version" not in recorded:
+        del now["version"]
+        for name in _FOLLOW_MASSES:
+            now[name] = hashlib.sha256(_content(getattr(sim, name))).hexdigest()
     return [k for k in sorted(set(now) | set(recorded)) if recorded.get(k) != now.get(k)]
 
 

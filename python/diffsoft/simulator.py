@@ -422,6 +422,13 @@ class Simulator:
     def contact_stiffness(self, value):
         self._set_constant("contact_stiffness", value)
 
+    def follows_masses(self, name):
+        """Whether the constant ``name`` (``"contact_stiffness"`` or ``"friction"``) is left at its default,
+        which follows the body's masses (None assigned), rather than a value of its own."""
+        if name not in ("contact_stiffness", "friction"):
+            raise ValueError(f"only contact_stiffness and friction follow the masses, got {name!r}")
+        return getattr(self, "_" + name) is None
+
     @property
     def friction(self):
         """``k_f``, a 0-dim or ``(B,)`` tensor: the value given, or the default, computed from the body's masses

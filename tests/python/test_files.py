@@ -193,3 +193,19 @@ def test_a_checkpoint_records_the_creatures_content(tmp_path):
     assert ckpt["creature"] == creatures.fingerprint(creatures.make_creature("biped", F64))
     history = json.loads((tmp_path / "run" / "history.json").read_text())
     assert history["config"]["creature"] == "biped"
+
+
+def test_constants_that_follow_the_masses_still_follow_them_once_saved(tmp_path):
+    # The tetrapod leaves contact_stiffness and friction at their defaults, which follow its masses (domain
+    # randomisation scales them): a file once wrote their values, and the creature read back kept them fixed.
+    sim = creatures.tetrapod(dtype=F64)
+    path = str(tmp_path / "t.json")
+    creatures.save(sim, path)
+    back = creatures.load(path, dtype=F64)
+    assert back.follows_masses("contact_stiffness") and back.follows_masses("friction")
+    assert creatures.fingerprint_changes(creatures.fingerprint(sim), back) == []
+    back.body.mass = back.body.mass * 1.3
+    torch.testing.assert_close(back.contact_stiffness, sim.contact_stiffness * 1.3)
+    fixed = creatures.load(path, dtype=F64)
+    fixed.contact_stiffness = float(fixed.contact_stiffness)  # the same value, now its own
+    assert creatures.fingerprint_changes(creatures.fingerprint(sim), fixed) == ["contact_stiffness"]
