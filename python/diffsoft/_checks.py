@@ -3,12 +3,17 @@ import dataclasses
 import math
 import numbers
 
+MIN_ACTIVATION = 1e-6
+"""The least activation a muscle may have (the step refuses less; a muscle at ``a`` targets ``a`` times its rest
+length), and so the least ``min_a`` a body, policy or training may give."""
+
 _RANGES = {
     ">0": (lambda v: v > 0, "positive"),
     ">=0": (lambda v: v >= 0, "non-negative"),
     "(0,1)": (lambda v: 0 < v < 1, "in (0, 1)"),
     "[0,1]": (lambda v: 0 <= v <= 1, "in [0, 1]"),
     "[0,1)": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "min_a": (lambda v: MIN_ACTIVATION <= v < 1, f"in [{MIN_ACTIVATION:g}, 1) (the least activation a muscle may have)"),
 }
 
 

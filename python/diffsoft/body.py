@@ -3,7 +3,7 @@ import math
 
 import torch
 
-from ._checks import is_finite_real
+from ._checks import MIN_ACTIVATION, is_finite_real
 from ._minimize import refuse_transforms
 from .energies import MATERIALS, determinant
 
@@ -277,14 +277,14 @@ class SoftBody:
     @property
     def min_a(self):
         """The muscles' contraction range: the least activation their controllers give them (a number in
-        ``(0, 1)``; see the class docstring)."""
+        ``[1e-6, 1)``; see the class docstring)."""
         return self._min_a
 
     @min_a.setter
     def min_a(self, value):
-        if not (is_finite_real(value) and 0 < value < 1):
-            raise ValueError(f"min_a must be a number in (0, 1) (the least activation of the body's muscles), "
-                             f"got {value!r}")
+        if not (is_finite_real(value) and MIN_ACTIVATION <= value < 1):
+            raise ValueError(f"min_a must be a number in [{MIN_ACTIVATION:g}, 1) (the least activation of the body's "
+                             f"muscles), got {value!r}")
         self._min_a = float(value)
 
     def check(self):

@@ -21,7 +21,7 @@ import json
 import torch
 from torch import nn
 
-from ._checks import is_finite_real, is_integer
+from ._checks import MIN_ACTIVATION, is_finite_real, is_integer
 from ._io import only_numbers, read_json
 
 POLICY_KEYS = ("fc1", "fc2", "min_a", "max_abs_da", "center_vertex_id", "forward_vertex_id")
@@ -206,10 +206,10 @@ class FramePolicy(nn.Module):
 
 def check_frame_and_limits(num_vertices, center_vertex_id, forward_vertex_id, min_a, max_abs_da):
     """ValueError naming the first argument at fault: the frame's vertices must be distinct indices in
-    ``[0, num_vertices)``, ``min_a`` in ``(0, 1)``, ``max_abs_da`` positive (shared by :class:`FramePolicy` and
+    ``[0, num_vertices)``, ``min_a`` in ``[MIN_ACTIVATION, 1)``, ``max_abs_da`` positive (shared by :class:`FramePolicy` and
     :class:`~diffsoft.task.LocomotionTask`)."""
-    if not (is_finite_real(min_a) and 0 < min_a < 1):
-        raise ValueError(f"min_a must be a number in (0, 1), got {min_a!r}")
+    if not (is_finite_real(min_a) and MIN_ACTIVATION <= min_a < 1):
+        raise ValueError(f"min_a must be a number in [{MIN_ACTIVATION:g}, 1), got {min_a!r}")
     if not (is_finite_real(max_abs_da) and max_abs_da > 0):
         raise ValueError(f"max_abs_da must be a positive finite number, got {max_abs_da!r}")
     for name, i in (("center_vertex_id", center_vertex_id), ("forward_vertex_id", forward_vertex_id)):

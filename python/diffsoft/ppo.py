@@ -63,7 +63,7 @@ class PPOConfig:
     def check(self):
         """Every field's type and range, each error naming the field: called before anything is built."""
         check_fields(self, dict(
-            horizon=">0", envs=">0", steps=">0", hidden=">0", value_hidden=">0", min_a="(0,1)", max_abs_da=">0",
+            horizon=">0", envs=">0", steps=">0", hidden=">0", value_hidden=">0", min_a="min_a", max_abs_da=">0",
             epochs=">0", minibatch=">0", lr=">0", gamma="[0,1]", lam="[0,1]", clip_ratio=">0", value_coef=">=0",
             entropy_coef=">=0", max_grad_norm=">0", reward_scale=">0", eval_every=">0",
             dtype=("float32", "float64"), seed=">=0"))

@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-from ._checks import is_finite_real
+from ._checks import MIN_ACTIVATION, is_finite_real
 from ._compat import eager_under_compile
 from ._extension import _C
 from ._minimize import minimize, refuse_transforms
@@ -38,8 +38,6 @@ _HAS_CHOLMOD = _C.HAS_CHOLMOD
 ALGOVIVO_VERTEX_MASS = 6.0714287757873535
 _CONTACT_PER_MASS = 14000.0 / ALGOVIVO_VERTEX_MASS
 _FRICTION_PER_MASS = 300.0 / ALGOVIVO_VERTEX_MASS
-# The smallest activation: a muscle's target length a l0 stays a normal float, and its energy finite.
-_MIN_ACTIVATION = 1e-6
 _KIND_NAMES = ", ".join(cls.__name__ for cls in KINDS)  # the collider kinds, for messages
 
 
@@ -853,10 +851,10 @@ class Simulator:
                              f"got {tuple(a.shape)}")
         if m == 0:
             return None
-        ok = (a >= _MIN_ACTIVATION) & (a <= 1)
+        ok = (a >= MIN_ACTIVATION) & (a <= 1)
         if not bool(ok.all()):
             bad = a[~ok].flatten()[0].item()
-            raise ValueError(f"activation must be in [{_MIN_ACTIVATION:g}, 1] (1 is relaxed; a muscle's rest length "
+            raise ValueError(f"activation must be in [{MIN_ACTIVATION:g}, 1] (1 is relaxed; a muscle's rest length "
                              f"is scaled by it, and cannot vanish), got {bad:g}")
         return a
 

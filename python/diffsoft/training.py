@@ -213,7 +213,7 @@ class TrainConfig:
             clip=">0", critic_lr=">0", reward_scale=">0", max_abs_da=">0", upright_weight=">=0",
             action_noise=">=0", action_noise_end=">=0", noise_decay_iterations=">=0", saturation_penalty=">=0",
             gamma="[0,1]", lam="[0,1]", target_alpha="[0,1]", terminate_height="[0,1)",
-            backward_rtol="(0,1)", min_a="(0,1)", on_failure=("skip", "stop"), randomize="[0,1)"))
+            backward_rtol="(0,1)", min_a="min_a", on_failure=("skip", "stop"), randomize="[0,1)"))
         if not 0 <= self.terrain < 45:
             raise ValueError(f"terrain must be in [0, 45) (the steepest slope in degrees; 0: flat ground), got "
                              f"{self.terrain!r}")

@@ -10,6 +10,7 @@ from diffsoft import creatures
 from diffsoft.policy import (POLICY_KEYS, FramePolicy, center_of_mass_x, frame_vertices, load_algovivo_policy,
                              observe, run_policy, save_algovivo_policy)
 from diffsoft.task import LocomotionTask
+from diffsoft.training import TrainConfig
 
 from conftest import F64
 
@@ -55,6 +56,18 @@ def test_a_frame_takes_both_vertices_or_neither():
             FramePolicy.for_simulator(sim, **one)
         with pytest.raises(ValueError, match="give both center_vertex_id and forward_vertex_id, or neither"):
             LocomotionTask(sim, **one)
+
+
+def test_min_a_below_the_least_activation_is_refused_everywhere_up_front():
+    # (0, 1) was taken, then a step with an activation under 1e-6 raised in the middle of a training
+    sim = creatures.biped(dtype=F64)
+    for make in (lambda: FramePolicy.for_simulator(sim, min_a=1e-7), lambda: LocomotionTask(sim, min_a=1e-7),
+                 lambda: setattr(sim.body, "min_a", 1e-7)):
+        with pytest.raises(ValueError, match=r"min_a must be a number in \[1e-06, 1\)"):
+            make()
+    with pytest.raises(ValueError, match=r"min_a must be in \[1e-06, 1\)"):
+        TrainConfig(min_a=1e-7).check()
+    assert FramePolicy.for_simulator(sim, min_a=1e-6).min_a == 1e-6
 
 def test_observation_matches_algovivo_frame_projection():
     # algovivo's frame_projection, written out for one vertex: a = (f - c)/|f - c|, b = (-a_y, a_x).
