@@ -212,6 +212,18 @@ def write(path, vertices, elements, point_data=None):
 
     points, cells, data = _meshio_arrays(vertices, elements, point_data, "vertices")
     meshio.write(path, meshio.Mesh(points, cells, point_data=data))
+    # Some formats drop cells they cannot hold (tetrahedra in .stl, .off, .ply), meshio only printing a warning.
+    kind, count = cells[0][0], len(cells[0][1])
+    try:
+        back = meshio.read(path)
+        kept = sum(len(block.data) for block in back.cells if block.type == kind)
+    except Exception:  # noqa: BLE001 - a file its own format cannot read back is the same failure
+        kept = None
+    if kept != count:
+        os.remove(path)
+        raise ValueError(f"{path}: its format ({os.path.splitext(path)[1] or 'no extension'}) does not hold the "
+                         f"{count} {kind} cells (it read back {'nothing' if kept is None else kept}); nothing was "
+                         f"written: use .vtu, .vtk or .msh")
 
 
 def write_vtk_series(directory, positions, elements, name="frame", dt=1.0, point_data=None, colliders=()):
@@ -233,6 +245,12 @@ def write_vtk_series(directory, positions, elements, name="frame", dt=1.0, point
     """
     meshio = require("meshio", "io")
 
+    try:
+        dt = float(dt)  # a number, or a tensor of one (a simulator's dt)
+    except (TypeError, ValueError):
+        dt = None
+    if dt is None or not (math.isfinite(dt) and dt > 0):
+        raise ValueError("dt must be a positive number (the time between frames)")
     os.makedirs(directory, exist_ok=True)
     positions = _numpy(positions)
     if positions.ndim != 3:
@@ -262,8 +280,8 @@ def write_vtk_series(directory, positions, elements, name="frame", dt=1.0, point
         fname = f"{name}_{t:05d}.vtu"
         points, cells, data = _meshio_arrays(x, elements, {k: v[t] for k, v in point_data.items()}, f"positions[{t}]")
         meshio.write(os.path.join(directory, fname), meshio.Mesh(points, cells, point_data=data))
-        entries.append(f'    <DataSet timestep="{t * dt!r}" group="" part="0" file="{escape(fname)}"/>')
-        entries += [f'    <DataSet timestep="{t * dt!r}" group="" part="{k + 1}" file="{escape(part)}"/>'
+        entries.append(f'    <DataSet timestep="{t * dt!r}" group="" part="0" file="{escape(fname, _QUOTE)}"/>')
+        entries += [f'    <DataSet timestep="{t * dt!r}" group="" part="{k + 1}" file="{escape(part, _QUOTE)}"/>'
                     for k, part in enumerate(parts)]
     pvd = os.path.join(directory, f"{name}.pvd")
     with open(pvd, "w") as f:
@@ -271,6 +289,9 @@ def write_vtk_series(directory, positions, elements, name="frame", dt=1.0, point
         f.write("\n".join(entries))
         f.write("\n  </Collection>\n</VTKFile>\n")
     return pvd
+
+
+_QUOTE = {'"': "&quot;"}  # escape's entities inside an attribute's double quotes
 
 
 def _meshio_arrays(vertices, elements, point_data, name):

@@ -20,6 +20,7 @@ from .mesh import boundary_facets
 _BACKGROUND = (250, 250, 247)
 _GROUND = (200, 196, 186)
 _GROUND_EDGE = (120, 116, 108)
+_MIN_FPS = 1000 / 655350  # GIF frame durations are at most 65535 centiseconds
 _BODY = (120, 170, 220)
 _EDGE = (60, 90, 130)
 _RELAXED = np.array([90, 100, 140])
@@ -46,6 +47,8 @@ def render_frame(sim, x, activation=None, size=(480, 360), bounds=None, yaw=-35.
     if activation is not None and _numpy(activation).size != sim.body.num_muscles:
         raise ValueError(f"activation must have one value per muscle: got {_numpy(activation).size} for the body's "
                          f"{sim.body.num_muscles} muscles")
+    if activation is not None and not np.isfinite(_numpy(activation)).all():
+        raise ValueError("activation has non-finite (NaN or infinite) values")
     p, depth = _project(_positions("x", x, sim.body), yaw, pitch)
     if bounds is None:
         bounds = _bounds(p[None], sim)
@@ -128,13 +131,14 @@ def render_rollout(sim, xs, activations=None, gif=None, frames_dir=None, fps=Non
     elif creature is not None:
         raise ValueError(f"creature={creature!r} picks a creature of a batch, but xs is not one: its shape is "
                          f"{xs.shape}, not (T, B, N, d)")
-    xs = _positions("xs", xs, sim.body, frames=True)
     if len(xs) == 0:
         raise ValueError("xs must hold at least one frame, got 0")
+    xs = _positions("xs", xs, sim.body, frames=True)
     if not (is_integer(every) and every >= 1):
         raise ValueError(f"every must be an integer >= 1, got {every!r}")
-    if fps is not None and not (is_finite_real(fps) and fps > 0):
-        raise ValueError(f"fps must be a positive number or None, got {fps!r}")
+    if fps is not None and not (is_finite_real(fps) and fps >= _MIN_FPS):
+        raise ValueError(f"fps must be a number >= {_MIN_FPS:g} (a GIF shows a frame for at most 655.35 s) or None, "
+                         f"got {fps!r}")
     if camera not in ("fit", "follow"):
         raise ValueError(f"camera must be 'fit' or 'follow', got {camera!r}")
     _check_view(size, None, yaw, pitch)
@@ -142,6 +146,8 @@ def render_rollout(sim, xs, activations=None, gif=None, frames_dir=None, fps=Non
         acts = np.concatenate([np.ones_like(acts[:1]), acts])
     if acts is not None and len(acts) != len(xs):
         raise ValueError(f"activations must have T or T - 1 = {len(xs) - 1} entries, got {len(acts)}")
+    if acts is not None and not np.isfinite(acts).all():
+        raise ValueError("activations has non-finite (NaN or infinite) values")
     frames = range(0, len(xs), every)
     projected = np.stack([_project(xs[t], yaw, pitch)[0] for t in frames])
     if camera == "fit":
@@ -155,9 +161,10 @@ def render_rollout(sim, xs, activations=None, gif=None, frames_dir=None, fps=Non
         for k, img in enumerate(images):
             img.save(os.path.join(frames_dir, f"frame_{k:05d}.png"))
     if gif is not None:
-        fps = 1.0 / (sim.dt * every) if fps is None else fps
-        images[0].save(gif, save_all=True, append_images=images[1:], duration=max(int(round(1000 / fps)), 20),
-                       loop=0)
+        if fps is None:  # real time (dt: a number, or a tensor, one per creature of a batch: their mean)
+            fps = max(1.0 / (float(torch.as_tensor(sim.dt, dtype=torch.float64).mean()) * every), _MIN_FPS)
+        images[0].save(gif, format="GIF", save_all=True, append_images=images[1:],
+                       duration=max(int(round(1000 / fps)), 20), loop=0)
     return images
 
 

@@ -106,6 +106,20 @@ def test_vtk_series_writes_frames_and_a_collection(tmp_path):
     m = meshio.read(os.path.join(str(tmp_path / "out"), files[2]))
     assert np.allclose(m.points[:, :2], xs[2].numpy()) and np.allclose(m.points[:, 2], 0)
     assert m.point_data["velocity"].shape == (len(v), 3)
+    # a dt that is a tensor (a simulator's), a name with a quote: the collection still parses; a bad dt is refused
+    pvd = mesh.write_vtk_series(str(tmp_path / "q"), xs, t, name='a"b', dt=torch.tensor(0.25, requires_grad=True))
+    assert [float(d.get("timestep")) for d in ET.parse(pvd).getroot().iter("DataSet")] == [0.0, 0.25, 0.5]
+    for dt in ("abc", float("nan"), -1.0):
+        with pytest.raises(ValueError, match="dt must be a positive number"):
+            mesh.write_vtk_series(str(tmp_path / "bad"), xs, t, dt=dt)
+
+
+def test_a_format_that_drops_tetrahedra_is_refused_and_leaves_no_file(tmp_path):
+    v, el = mesh.box((1, 1, 1), (2, 1, 1), dtype=torch.float64)
+    path = tmp_path / "m.stl"
+    with pytest.raises(ValueError, match=r"m.stl: its format \(.stl\) does not hold the 12 tetra cells"):
+        mesh.write(str(path), v, el)
+    assert not path.exists()
 
 
 def test_bad_generator_arguments():

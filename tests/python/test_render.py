@@ -118,3 +118,22 @@ def test_unknown_keywords_and_cameras_are_refused_by_name():
         render_rollout(sim, xs, zoom=2)
     with pytest.raises(ValueError, match=r"camera must be 'fit' or 'follow', got 'track'"):
         render_rollout(sim, xs, camera="track")
+
+
+def test_rollouts_refuse_up_front_what_they_once_failed_on_after_drawing(tmp_path):
+    sim = creatures.biped(dtype=torch.float64)
+    x, _ = sim.rest_state
+    xs = torch.stack([x, x])
+    with pytest.raises(ValueError, match="xs must hold at least one frame, got 0"):
+        render_rollout(sim, xs[:0])
+    with pytest.raises(ValueError, match=r"fps must be a number >= 0.0015"):
+        render_rollout(sim, xs, gif=str(tmp_path / "a.gif"), fps=1e-6)
+    with pytest.raises(ValueError, match="activation has non-finite"):
+        render_frame(sim, x, torch.full((sim.body.num_muscles,), float("nan")))
+    with pytest.raises(ValueError, match="activations has non-finite"):
+        render_rollout(sim, xs, torch.full((2, sim.body.num_muscles), float("nan")))
+    # a dt that is a tensor (an optimizer's), and a path whose extension is not .gif: a GIF, in real time
+    sim.dt = torch.tensor(0.05, dtype=torch.float64, requires_grad=True)
+    render_rollout(sim, xs, gif=str(tmp_path / "a.jpg"))
+    gif = Image.open(tmp_path / "a.jpg")
+    assert gif.format == "GIF" and gif.info["duration"] == 50
