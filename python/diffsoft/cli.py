@@ -151,15 +151,22 @@ def main(argv=None):
     cfg = TrainConfig(**values)
     try:
         cfg.check()  # every flag, before anything is built
+        if not cfg.out_dir:
+            raise ValueError("--out-dir must name a directory, got ''")
     except ValueError as e:
         p.error(str(e))
     if args.threads:
         set_num_threads(args.threads)
     rank, _ = distributed_world()
     t0 = time.perf_counter()
-    sim = make_creature(cfg.creature, getattr(torch, cfg.dtype), cfg.device)
-    eval_horizon = cfg.eval_horizon
-    policy, history = train(cfg, resume=args.resume, progress=not args.no_progress)
+    try:
+        # A user's mistakes found once things are built (a creature file, a checkpoint that does not fit, an
+        # out_dir that is a file) are ValueErrors and OSErrors that name it: one line, as the flags' own.
+        sim = make_creature(cfg.creature, getattr(torch, cfg.dtype), cfg.device)
+        eval_horizon = cfg.eval_horizon
+        policy, history = train(cfg, resume=args.resume, progress=not args.no_progress)
+    except (ValueError, OSError) as e:
+        p.exit(1, f"{p.prog}: error: {e}\n")
     if rank != 0:
         return
     torch.manual_seed(cfg.seed)

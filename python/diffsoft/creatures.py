@@ -349,6 +349,8 @@ def check_device(device, name="device"):
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"{name} must be a torch device such as 'cpu' or 'cuda:0', got {device!r} ({e})") from None
+    if dev.type == "meta":
+        raise ValueError(f"{name} 'meta' holds shapes without values: nothing can be simulated there")
     try:
         torch.empty(0, device=dev)
     except (RuntimeError, AssertionError) as e:  # torch raises AssertionError when built without CUDA

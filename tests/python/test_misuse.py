@@ -1,6 +1,7 @@
 """Misuse a new user meets, class by class (issue "no silent answers"): each gets the right answer or a clear
 error naming the argument or file at fault, never a quietly wrong result or an exit of the process."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -261,6 +262,22 @@ def test_cli_flags_are_checked_before_anything_is_built(flags, name, capsys, mon
     with pytest.raises(SystemExit) as e:
         cli.main(flags + ["--out-dir", str(tmp_path), "--no-progress"])
     assert e.value.code == 2 and name in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--creature", "nosuch"], "creature must be one of"), (["--device", "meta"], "device 'meta' holds shapes"),
+    (["--creature", "tetrapod", "--init-activation", "0.7"], r"init_activation must be in \[0, 1 - min_a\]"),
+    (["--out-dir", "FILE"], "File exists"), (["--out-dir", ""], "--out-dir must name a directory"),
+])
+def test_cli_mistakes_found_once_built_are_one_line_not_a_traceback(flags, message, capsys, tmp_path):
+    from diffsoft import cli
+    (tmp_path / "FILE").write_text("")
+    flags = [str(tmp_path / f) if f == "FILE" else f for f in flags]
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--out-dir", str(tmp_path / "run"), "--iterations", "1", "--batch", "2", "--window", "2",
+                  "--episode", "4", "--critic-minibatches", "1", "--no-progress"] + flags)
+    err = capsys.readouterr().err
+    assert e.value.code in (1, 2) and re.search(message, err) and "Traceback" not in err
 
 
 @pytest.mark.parametrize("content", [b"", b"not a checkpoint", bytes(range(256)) * 8])
