@@ -325,16 +325,23 @@ def fit_critic(cfg, critic, target_critic, optimizer, obs, a, targets, valid, ge
     obs, a, targets = obs[keep], a[keep], targets[keep]
     k = targets.shape[0]
     size = -(-k // cfg.critic_minibatches)
-    loss_sum = 0.0
+    loss_sum, skipped = 0.0, 0
     for _ in range(cfg.critic_iterations if k else 0):
         order = torch.randperm(k, generator=generator).to(obs.device)
         loss_sum = 0.0
         for idx in order.split(size):
             loss = (critic(obs[idx], a[idx]) - targets[idx]).square().mean()
+            value = loss.item()
+            loss_sum += value * len(idx)
+            if not math.isfinite(value):  # an Adam step on it would make every weight NaN for good
+                skipped += 1
+                continue
             optimizer.zero_grad(set_to_none=False)  # in place: the gradients may be views (flat_parameters)
             loss.backward()
             optimizer.step()
-            loss_sum += loss.item() * len(idx)
+    if skipped:
+        warnings.warn(f"the critic's loss was not finite on {skipped} minibatches (rewards or targets out of float "
+                      f"range: reward_scale {cfg.reward_scale:g}?): those steps were skipped", RuntimeWarning)
     with torch.no_grad():
         for pt, pc in zip(target_critic.parameters(), critic.parameters()):
             pt.mul_(cfg.target_alpha).add_(pc, alpha=1 - cfg.target_alpha)
@@ -600,7 +607,11 @@ def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer
     distance = (progress.detach().sum(0) * ok).sum().div(b).reshape(1)
     _all_reduce_mean([p.grad for p in params] + [distance], world)
     grad_norm = nn.utils.clip_grad_norm_(params, cfg.clip)
-    optimizer.step()
+    if torch.isfinite(grad_norm):
+        optimizer.step()
+    else:  # clipping would scale it by 0 (no step) or NaN (every weight NaN for good)
+        warnings.warn(f"iteration {iteration}: the actor's gradient is not finite (norm {float(grad_norm)}; rewards "
+                      f"out of float range: reward_scale {cfg.reward_scale:g}?): its step was skipped", RuntimeWarning)
 
     # The critic, on the whole batch's window: (W, B, ...) gathered along the batch.
     obs_all = _all_gather(torch.stack(observations).detach(), world, 1)

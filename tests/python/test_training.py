@@ -535,3 +535,14 @@ def test_steered_training_resumes_exactly_and_evaluates_every_heading(tmp_path, 
         assert torch.equal(p, q)
     assert [r["distance"] for r in h1] == [r["distance"] for r in h2]
     assert [r.get("eval_distance") for r in h1] == [r.get("eval_distance") for r in h2]
+
+
+def test_non_finite_gradients_skip_their_steps_with_a_warning(tmp_path):
+    # Rewards out of float range: clipping an infinite gradient scaled it by 0 (nothing learnt, silently), a
+    # NaN one made every weight NaN for good; the critic's Adam on an infinite loss likewise.
+    with pytest.warns(RuntimeWarning) as record:
+        policy, history = training.train(_tiny(tmp_path, reward_scale=1e308, iterations=2), progress=False)
+    messages = [str(w.message) for w in record]
+    assert any("the actor's gradient is not finite" in m and "its step was skipped" in m for m in messages)
+    assert any("the critic's loss was not finite" in m for m in messages)
+    assert all(torch.isfinite(p).all() for p in policy.parameters())
