@@ -15,6 +15,7 @@ the deterministic policy's output. PPO's clipped surrogate objective with genera
 """
 import dataclasses
 import time
+import warnings
 from typing import Optional
 
 import torch
@@ -179,7 +180,7 @@ def ppo_update(model, optimizer, batch, cfg, generator):
     obs, u, logp, adv, ret. Returns the last minibatch's (policy loss, value loss, approximate KL)."""
     k = batch["obs"].shape[0]
     adv = (batch["adv"] - batch["adv"].mean()) / (batch["adv"].std() + 1e-8)
-    stats = (0.0, 0.0, 0.0)
+    stats, skipped = (0.0, 0.0, 0.0), 0
     for _ in range(cfg.epochs):
         order = torch.randperm(k, generator=generator).to(batch["obs"].device)
         for i in range(0, k, cfg.minibatch):
@@ -195,9 +196,14 @@ def ppo_update(model, optimizer, batch, cfg, generator):
             loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy
             optimizer.zero_grad()
             loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            optimizer.step()
+            if torch.isfinite(nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)):
+                optimizer.step()
+            else:  # clipping would scale it by 0 (no step) or NaN (every weight NaN for good)
+                skipped += 1
             stats = (policy_loss.item(), value_loss.item(), (batch["logp"][idx] - logp).mean().item())
+    if skipped:
+        warnings.warn(f"PPO's gradient was not finite on {skipped} minibatches (returns out of float range?): those "
+                      f"steps were skipped", RuntimeWarning)
     return stats
 
 
