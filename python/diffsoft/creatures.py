@@ -368,7 +368,9 @@ def make_creature(creature, dtype=torch.float32, device="cpu"):
     elif not os.path.isfile(creature):
         raise ValueError(f"creature must be one of {sorted(CREATURES)} or a creature JSON file, got {creature!r}")
     else:
-        is_ours = read_json(creature).get("format") == FORMAT
+        # diffsoft's files name their format; algovivo's have no such key (a misspelt one is diffsoft's, refused
+        # by load naming the key, rather than read as algovivo's and missing algovivo's keys)
+        is_ours = "format" in read_json(creature)
         sim = load(creature, dtype=dtype) if is_ours else load_algovivo(creature, dtype=dtype)
     return sim if sim.body.device == device else sim.to(device=device)
 

@@ -162,6 +162,9 @@ class FramePolicy(nn.Module):
                                  f"{self.fc1.in_features} values). A policy belongs to the creature it was made for "
                                  f"(FramePolicy.for_simulator): load or train one for this creature, and give a batch "
                                  f"(B, N, d)")
+            if t.dtype != self.fc1.weight.dtype:
+                raise TypeError(f"{name} is {t.dtype} but this policy's weights are {self.fc1.weight.dtype}: "
+                                f"policy.to({t.dtype}), or load_algovivo_policy(path, dtype={t.dtype})")
         return self.head(observe(x, v, self.center_vertex_id, self.forward_vertex_id, self.command(heading, x)))
 
     def command(self, heading, x):
@@ -255,6 +258,8 @@ def load_algovivo_policy(path, dtype=torch.float32):
     """Reads a policy in algovivo's JSON (see :func:`save_algovivo_policy`) into a :class:`FramePolicy`.
     Sizes come from the weights: ``fc1.weight`` is ``(hidden, 2 d N)``, ``fc2.weight`` ``(M, hidden)``; a
     malformed file raises ValueError naming the key."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype such as torch.float32, got {dtype!r}")
     return _policy_from(read_json(path), path, dtype)
 
 

@@ -209,3 +209,14 @@ def test_constants_that_follow_the_masses_still_follow_them_once_saved(tmp_path)
     fixed = creatures.load(path, dtype=F64)
     fixed.contact_stiffness = float(fixed.contact_stiffness)  # the same value, now its own
     assert creatures.fingerprint_changes(creatures.fingerprint(sim), fixed) == ["contact_stiffness"]
+
+
+def test_a_diffsoft_creature_file_with_a_misspelt_format_is_refused_naming_the_key(tmp_path):
+    path = tmp_path / "c.json"
+    creatures.save(creatures.biped(dtype=F64), str(path))
+    data = json.loads(path.read_text())
+    data["format"] = "diffsoft.creatur"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="key 'format' must be 'diffsoft.creature'"):  # was: missing key 'pos'
+        creatures.make_creature(str(path))
+

@@ -217,3 +217,17 @@ def test_the_steering_benchmark_reads_steered_policies(tmp_path):
     assert out.returncode == 0, out.stderr
     row = [line for line in out.stdout.splitlines() if line.startswith(f"| {tmp_path}")]
     assert len(row) == 1 and row[0].count(" / ") == 4  # two headings: distance / degrees off / lasts
+
+
+def test_a_policy_of_another_dtype_and_a_dtype_by_name_are_refused_by_name(tmp_path):
+    sim = creatures.biped(dtype=F64)
+    path = str(tmp_path / "p.json")
+    save_algovivo_policy(FramePolicy.for_simulator(sim), path)
+    x, v = sim.rest_state
+    with pytest.raises(TypeError, match=r"x is torch.float64 but this policy's weights are torch.float32: "
+                                        r"policy.to\(torch.float64\)"):
+        load_algovivo_policy(path)(x[None], v[None])  # torch said "mat1 and mat2 must have the same dtype"
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype.*got 'float64'"):
+        load_algovivo_policy(path, "float64")  # torch said "Invalid device string"
+    assert load_algovivo_policy(path, F64)(x[None], v[None]).dtype == F64
+
