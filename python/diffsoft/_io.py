@@ -16,16 +16,27 @@ def read_json(path):
         raise IsADirectoryError(f"{path}: a directory, not a JSON file")
     try:
         with open(path, "rb") as f:
-            data = json.loads(f.read().decode("utf-8"))
+            data = json.loads(f.read().decode("utf-8"), parse_int=_int64)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no such file") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not a text file ({e.reason} at byte {e.start}); expected JSON") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except ValueError as e:  # _int64's
+        raise ValueError(f"{path}: {e}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object with named keys, got {type(data).__name__}")
     return data
+
+
+def _int64(text):
+    """A JSON integer, refused beyond 64 bits (as an index or a count it is garbage; as a float it overflows
+    later, in an OverflowError that names no file)."""
+    value = int(text)
+    if not -2 ** 63 <= value < 2 ** 63:
+        raise ValueError(f"an integer beyond 64 bits ({text[:20]}{'...' if len(text) > 20 else ''})")
+    return value
 
 
 def only_numbers(value):

@@ -205,6 +205,10 @@ def test_json_readers_name_the_file_and_what_is_wrong(tmp_path, reader):
             reader(path)
     with pytest.raises(IsADirectoryError, match=str(tmp_path)):
         reader(str(tmp_path)) if reader is not creatures.make_creature else creatures.read_json(str(tmp_path))
+    huge = tmp_path / "huge.json"  # an integer beyond 64 bits: an OverflowError naming no file, before
+    huge.write_text('{"format": "diffsoft.creature", "version": 1, "elements": [[0, 1, ' + "9" * 400 + ']]}')
+    with pytest.raises(ValueError, match=f"{huge}: an integer beyond 64 bits"):
+        reader(str(huge))
 
 
 def test_mesh_reader_never_exits_the_process(tmp_path):
