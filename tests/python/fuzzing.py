@@ -336,6 +336,11 @@ def _unit_open(v):
     return _real(v) and 0 < v < 1
 
 
+def _min_a(v):
+    """A muscles' least activation: in [1e-6, 1) (the least activation a step takes)."""
+    return _real(v) and 1e-6 <= v < 1
+
+
 def _body_args(dtype):
     v, t = rectangle(0.6, 0.2, 3, 1, dtype=dtype)
     return v, t, dict(density=1000.0, youngs_modulus=1e4, poisson_ratio=0.3, muscles=[[0, 6]])
@@ -462,7 +467,7 @@ MISUSE_TARGETS = (
         ("density", _normal), ("youngs_modulus", _normal), ("muscle_stiffness", lambda v, d: v is None or _normal(v, d)),
         ("muscle_rest_length", lambda v, d: v is None or _normal(v, d)),
         ("poisson_ratio", lambda v, d: _real_or_scalar_tensor(v) and 0 <= v < 0.5),
-        ("min_a", lambda v, d: _real(v) and 0 < v < 1))]
+        ("min_a", lambda v, d: _min_a(v)))]
     + [("SoftBody(mass=...)", "mass", lambda dtype, v: _soft_body(dtype, density=None, mass=v), _normal)]
     + [("Simulator", name, (lambda dtype, v, name=name: _step(dtype, **{name: v})), ok) for name, ok in (
         ("gravity", lambda v, d: _real_or_scalar_tensor(v) and v >= 0),
@@ -487,14 +492,14 @@ MISUSE_TARGETS = (
        for name, ok in (("width", lambda v, d: _positive(v)), ("height", lambda v, d: _positive(v)),
                         ("nx", lambda v, d: _count(v)), ("ny", lambda v, d: _count(v)))]
     + [("FramePolicy", name, (lambda dtype, v, name=name: _policy(dtype, **{name: v})), ok) for name, ok in (
-        ("min_a", lambda v, d: _unit_open(v)), ("max_abs_da", lambda v, d: _positive(v)),
+        ("min_a", lambda v, d: _min_a(v)), ("max_abs_da", lambda v, d: _positive(v)),
         ("hidden", lambda v, d: _count(v) and v < 1000))]
     + [("PPOConfig", name, (lambda dtype, v, name=name: _config(PPOConfig, **{name: v})), ok) for name, ok in (
         ("lr", lambda v, d: _positive(v)), ("gamma", lambda v, d: _real(v) and 0 <= v <= 1),
         ("lam", lambda v, d: _real(v) and 0 <= v <= 1), ("clip_ratio", lambda v, d: _positive(v)),
         ("entropy_coef", lambda v, d: _nonneg(v)), ("value_coef", lambda v, d: _nonneg(v)),
         ("max_grad_norm", lambda v, d: _positive(v)), ("init_log_std", lambda v, d: _real(v)),
-        ("min_a", lambda v, d: v is None or _unit_open(v)), ("horizon", lambda v, d: _count(v)),
+        ("min_a", lambda v, d: v is None or _min_a(v)), ("horizon", lambda v, d: _count(v)),
         ("envs", lambda v, d: _count(v)), ("minibatch", lambda v, d: _count(v)), ("epochs", lambda v, d: _count(v)),
         ("steps", lambda v, d: _count(v)), ("seed", lambda v, d: _whole(v) and v >= 0),
         ("dtype", lambda v, d: v in ("float32", "float64") and isinstance(v, str)))]
@@ -504,7 +509,7 @@ MISUSE_TARGETS = (
         ("batch", lambda v, d: _count(v)), ("window", lambda v, d: _count(v) and 256 % v == 0),
         ("iterations", lambda v, d: _whole(v) and v >= 0),
         ("init_activation", lambda v, d: _real(v) and 0 <= v < 1),  # <= 1 - the creature's min_a: train() checks
-        ("min_a", lambda v, d: v is None or (_unit_open(v) and v <= 0.7)),  # init_activation 0.3 <= 1 - min_a
+        ("min_a", lambda v, d: v is None or (_min_a(v) and v <= 0.7)),  # init_activation 0.3 <= 1 - min_a
         ("straight_through", lambda v, d: isinstance(v, bool)),
         ("on_failure", lambda v, d: isinstance(v, str) and v in ("skip", "stop")))]
     + [("render_frame", name, (lambda dtype, v, name=name, wrap=wrap: _render(dtype, **{name: wrap(v)})), ok)
@@ -519,19 +524,20 @@ MISUSE_TARGETS = (
          and _within_sqrt_max(v, d)),
         ("simulator.gravity", lambda v, d: _json_real(v) and v >= 0),
         ("simulator.ground", lambda v, d: v is None or (_json_real(v) and _within_sqrt_max(v, d))),
-        ("simulator.contact_stiffness", lambda v, d: _json_real(v) and v >= torch.finfo(d).tiny),
-        ("simulator.friction", lambda v, d: _json_real(v) and v >= 0),
+        # null: the default, which follows the masses
+        ("simulator.contact_stiffness", lambda v, d: v is None or (_json_real(v) and v >= torch.finfo(d).tiny)),
+        ("simulator.friction", lambda v, d: v is None or (_json_real(v) and v >= 0)),
         ("simulator.friction_eps", lambda v, d: _json_real(v) and v >= 0 and _within_sqrt_max(v, d)),
         ("mass", lambda v, d: _json_real(v) and v >= torch.finfo(d).tiny),
         ("mu", lambda v, d: _json_real(v) and v >= torch.finfo(d).tiny),
         ("lam", lambda v, d: _json_real(v) and v >= 0),
         ("muscle_rest_length", lambda v, d: _json_real(v) and v >= torch.finfo(d).tiny),
         ("muscle_stiffness", lambda v, d: _json_real(v) and v >= torch.finfo(d).tiny),
-        ("min_a", lambda v, d: _json_real(v) and 0 < v < 1))]
+        ("min_a", lambda v, d: _json_real(v) and _min_a(v)))]
     + [("algovivo creature file", "l0", lambda dtype, v: _creature_file(dtype, "l0", v, algovivo=True),
         lambda v, d: _json_real(v) and v >= torch.finfo(d).tiny)]
     + [("policy file", key, (lambda dtype, v, key=key: _policy_file(dtype, key, v)), ok) for key, ok in (
-        ("min_a", lambda v, d: _json_real(v) and 0 < v < 1), ("max_abs_da", lambda v, d: _json_real(v) and v > 0),
+        ("min_a", lambda v, d: _json_real(v) and _min_a(v)), ("max_abs_da", lambda v, d: _json_real(v) and v > 0),
         ("center_vertex_id", lambda v, d: _whole(_as_json(v)) and v in (0, 2, 3)),
         ("space_dim", lambda v, d: _whole(_as_json(v)) and v == 2),
         ("fc1.weight", lambda v, d: _json_real(v)))]
