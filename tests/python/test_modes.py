@@ -2,6 +2,7 @@
 backend (``backend="torch"``) and the plain step (``fused=False``). Each pair gives the right answer, or the same
 clear error on every path naming the supported way; none gives a quietly wrong result or breaks what follows."""
 import importlib
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from torch.autograd import forward_ad
 from torch.utils.checkpoint import checkpoint
 
 import diffsoft
+from diffsoft import creatures
 from diffsoft._minimize import FIRST_ORDER_ONLY, ONE_GRADIENT_AT_A_TIME, REVERSE_MODE_ONLY
 
 from conftest import F64, small_sim
@@ -120,7 +122,6 @@ def test_enable_grad_inside_no_grad_differentiates(problem):
     torch.testing.assert_close(g, expected, rtol=1e-10, atol=1e-12)
 
 
-
 @pytest.mark.parametrize("hooks", ["checkpoint", "pack_hooks"])
 def test_the_callers_saved_tensor_hooks_leave_the_solvers_own_graphs_alone(problem, hooks):
     """Non-reentrant activation checkpointing and saved-tensor hooks apply to the caller's graph; the solvers
@@ -155,6 +156,40 @@ def test_forward_mode_is_refused_with_the_same_message(problem):
     torch.testing.assert_close(problem.solve(problem.p0), problem.solve(problem.p0.clone()))  # nothing broken
     with pytest.raises(RuntimeError, match="first order only"):  # reverse mode twice
         torch.autograd.functional.jvp(problem.loss, problem.p0.clone(), torch.ones_like(problem.p0))
+
+
+@pytest.mark.parametrize("hooks", [False, True])
+def test_a_parameter_changed_in_place_before_the_backward_is_refused_or_harmless(problem, hooks):
+    """The backward needs the parameters as the solve saw them: a change in place before it raises autograd's
+    error, or (where the solver saw a tensor computed from the parameter, which the change leaves alone) leaves
+    the gradient as it was. Autograd's own check of saved tensors is off under saved-tensor hooks, which the
+    solvers set around their own graphs: the C++ path then gave quietly wrong gradients, until it checked the
+    versions itself."""
+    context = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t) if hooks else nullcontext()
+    expected = _grad(problem)
+    p = problem.p0.clone().requires_grad_()
+    with context:
+        loss = problem.loss(p)
+    with torch.no_grad():
+        p.add_(0.1 * p.abs().max())
+    try:
+        (g,) = torch.autograd.grad(loss, p)
+    except RuntimeError as e:
+        assert "modified by an inplace operation" in str(e)
+    else:
+        torch.testing.assert_close(g, expected, rtol=1e-10, atol=1e-12)
+    # the biped's fused step reads its Lame parameter as given, and so refuses the change
+    if problem.path == "cpp":
+        sim = creatures.biped(dtype=F64)
+        sim.body.mu = mu = sim.body.mu.detach().clone().requires_grad_()
+        x, v = sim.rest_state
+        with context:
+            x1, _ = sim.step(x, v + 0.5)
+        with torch.no_grad():
+            mu.mul_(1.1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            x1.square().sum().backward()
+
 
 def test_create_graph_is_refused_with_the_same_message(problem):
     """A second derivative through the first-order backward would be silently wrong (the torch backend once

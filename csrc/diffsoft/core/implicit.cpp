@@ -19,6 +19,7 @@ struct Problem : torch::CustomClassHolder {
   std::shared_ptr<const AnalyticEnergy> analytic;
   LinearOperator factor;  // with options.keep_factor: the solve of the forward's last factorization
   RaiseFn raise_backward;
+  std::vector<int64_t> versions;  // of the saved tensors (params, then x*) as the forward left them
 };
 
 // The problems whose forward solve did not converge and whose gradient is asked for (a nonzero row of
@@ -50,6 +51,7 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
     problem->shape = x_star.sizes().vec();
     ctx->saved_data["problem"] = c10::IValue::make_capsule(problem);
     ps.push_back(x_star);
+    for (const auto& t : ps) problem->versions.push_back(t._version());
     ctx->save_for_backward(ps);
     // The caller's to change in place (x1 += 1 on a step's result): a tensor of its own, neither a view (autograd
     // forbids in-place changes of views made inside a Function) nor the x* the backward keeps.
@@ -88,6 +90,19 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
     auto problem = ctx->saved_data["problem"].toCapsule();
     auto* pb = static_cast<Problem*>(problem.get());
     torch::autograd::variable_list saved = ctx->get_saved_variables();
+    // Autograd's own check of in-place changes since the forward, which saved-tensor hooks turn off (the Python
+    // layer sets identity hooks around the solve, so that the caller's hooks leave its own graphs alone).
+    for (size_t i = 0; i < saved.size() && i < pb->versions.size(); ++i) {
+      if (saved[i].defined() && saved[i]._version() != pb->versions[i]) {
+        std::ostringstream msg;
+        msg << "one of the variables needed for gradient computation has been modified by an inplace operation: "
+            << "diffsoft's implicit layer's param " << i << " (shape " << saved[i].sizes() << ") is at version "
+            << saved[i]._version() << "; expected version " << pb->versions[i]
+            << " instead. A solve's inputs (a step's state, a body's fields, a simulator's constants, a collider's "
+               "fields) must keep their values until its backward has run: change them after it, or on a copy";
+        throw std::runtime_error(msg.str());
+      }
+    }
     torch::Tensor x_star = saved.back();
     saved.pop_back();
 
