@@ -282,8 +282,9 @@ class HeightField(Collider):
         d = q.shape[-1]
         axes = d - 1
         horizontal = q[..., [0]] if d == 2 else q[..., [0, 2]]  # (..., F, A)
-        if origin.dim() > 1:  # per problem: (B, A) against (B, F, A)
-            origin, spacing = origin.unsqueeze(-2), spacing.unsqueeze(-2)
+        # per problem, each on its own (a shared origin with spacings per creature): (B, A) against (B, F, A)
+        origin = origin.unsqueeze(-2) if origin.dim() > 1 else origin
+        spacing = spacing.unsqueeze(-2) if spacing.dim() > 1 else spacing
         coord = (horizontal - origin) / spacing
         counts = torch.tensor(heights.shape[heights.dim() - axes:], device=q.device)
         cell = torch.floor(coord.detach())

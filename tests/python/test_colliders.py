@@ -637,3 +637,20 @@ def test_a_state_too_far_out_for_its_dtype_is_warned_about():
         if warned:
             assert "x0 lies 1e+04 from the origin" in str(far[0].message) and "float32" in str(far[0].message)
             assert far[0].filename == __file__  # stacklevel: the caller's line
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ("plain",))
+def test_a_height_field_with_spacings_per_creature_and_a_shared_origin(backend):
+    # The reference surface gave spacings a batch axis only with the origin's: with B equal to the free vertices
+    # it read vertex j's spacing for creature j (quietly), else it raised a shape error.
+    v, e = rectangle(0.2, 0.1, 1, 1, dtype=F64)  # 4 vertices: a batch of 4
+    body = SoftBody(v, e, density=1000.0, youngs_modulus=1e4, poisson_ratio=0.3)
+    dx = torch.tensor([0.05, 0.1, 0.2, 0.4], dtype=F64)
+    h = torch.tensor([0.0, 0.02, -0.01, 0.03, 0.0, 0.01], dtype=F64)
+    options = dict(fused=False) if backend == "plain" else dict(backend=backend)
+    sim = Simulator(body, ground=None, colliders=[HeightField(-0.1, dx, h)], **options)
+    x, vel = sim.rest_state
+    x1, _ = sim.step(x.expand(4, -1, -1), vel.expand(4, -1, -1))
+    for k in range(4):
+        one = Simulator(body, ground=None, colliders=[HeightField(-0.1, dx[k], h)], **options)
+        torch.testing.assert_close(one.step(x, vel)[0], x1[k], rtol=0, atol=1e-12)
