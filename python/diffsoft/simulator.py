@@ -682,6 +682,9 @@ class Simulator:
         body = self.body
         body.check()
         self._check_constants()
+        for kind, items in (("colliders", self._colliders), ("terms", self._terms)):
+            for k, item in enumerate(items):
+                item.check_copies(f"sim.{kind}[{k}]")
         self._refresh_default_atol()
         top = self.topology
         constants = self._step_constants()

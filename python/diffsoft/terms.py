@@ -27,6 +27,7 @@ import torch
 
 from .energies import StepTerm
 from ._compat import own_graphs
+from .body import stamp
 from .step import per_problem
 
 
@@ -161,7 +162,16 @@ class Term:
         <diffsoft.simulator.Simulator.to>`'s constants (gradients flow back to this term's parameters)."""
         out = copy.copy(self)
         out._params = tuple(t.to(device=device, dtype=dtype) for t in self._params)
+        out._copied_from = [(t, stamp(t), c) for t, c in zip(self._params, out._params) if c is not t]
         return out
+
+    def check_copies(self, where):
+        """A ValueError naming ``where`` (e.g. ``sim.terms[0]``) where a parameter of this copy (:meth:`to`) was
+        copied from one changed in place since: the copy does not follow it."""
+        for original, seen, c in getattr(self, "_copied_from", ()):
+            if any(p is c for p in self._params) and stamp(original) != seen:
+                raise ValueError(f"{where}.params holds a copy made by Simulator.to of a tensor that was changed in "
+                                 f"place since, and does not follow it: call to() again (or assign {where}.params)")
 
     def __repr__(self):
         rows = "every vertex" if self._rows is None else f"rows {tuple(self._rows.shape)}"

@@ -9,7 +9,9 @@ import torch
 
 from diffsoft import creatures, mesh
 from diffsoft.body import SoftBody, Stamped
+from diffsoft.colliders import Sphere
 from diffsoft.simulator import Simulator
+from diffsoft.terms import Term
 
 from conftest import F32, F64, small_sim
 
@@ -260,6 +262,19 @@ def test_a_copy_does_not_follow_the_originals_later_in_place_changes_and_says_so
     _optimizer_step(sim.dt, 0.001)
     with pytest.raises(ValueError, match="sim.dt is a copy made by Simulator.to of a tensor that was changed in place"):
         _step(small)
+    # the colliders' and the terms' tensors likewise (their copies followed nothing, and said nothing)
+    center, target = torch.tensor([0.1, -1.0], dtype=F64), torch.zeros(2, dtype=F64)
+    sim = small_sim(ground=None, colliders=[Sphere(center, 1.0)],
+                    terms=[Term(lambda x, x0, h, t: (x - t).square().sum((-1, -2)), rows=[[0]], params=(target,))])
+    small = _float32(sim)
+    _step(small)
+    for tensor, name in ((center, r"sim.colliders\[0\].center"), (target, r"sim.terms\[0\].params")):
+        small = _float32(sim)
+        with torch.no_grad():
+            tensor.add_(0.01)
+        with pytest.raises(ValueError, match=f"{name} (is|holds) a copy made by Simulator.to of a tensor that was "
+                                             f"changed in place"):
+            _step(small)
 
 
 def test_deep_copies_step_like_the_original_and_are_checked_afresh():
