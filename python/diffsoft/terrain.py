@@ -126,7 +126,9 @@ def height_field(sim, heights):
     if ground is None or (isinstance(ground, torch.Tensor) and ground.dim()):
         raise ValueError(f"terrain replaces the simulator's ground at its height, so the simulator needs one ground "
                          f"height for every creature (a number), got ground={ground!r}")
-    return HeightField(x0, dx, heights.to(dtype=sim.body.dtype, device=sim.body.device) + float(ground))
+    # (a tensor ground stays one: its gradient flows through the terrain, as through the flat ground)
+    ground = ground.to(dtype=sim.body.dtype, device=sim.body.device) if isinstance(ground, torch.Tensor) else ground
+    return HeightField(x0, dx, heights.to(dtype=sim.body.dtype, device=sim.body.device) + ground)
 
 
 @contextlib.contextmanager
@@ -145,6 +147,9 @@ def on_terrain(sim, heights):
 def distances_on(sim, policy, heights, steps=100):
     """How far the deterministic ``policy`` walks (its centre of mass along +x) in ``steps`` steps from rest
     on each terrain of ``heights`` ``(K, *samples)``: ``(K,)``, one batched rollout of K creatures."""
+    if isinstance(heights, torch.Tensor) and heights.dim() != sim.body.dim:
+        raise ValueError(f"heights must be (K, *samples), one terrain per row ({sim.body.dim} dimensions for a "
+                         f"{sim.body.dim}D creature), got shape {tuple(heights.shape)}: for one terrain, heights[None]")
     with on_terrain(sim, heights):
         xs, _ = run_policy(sim, policy, steps, batch=heights.shape[0])
     return distance_covered(sim, xs)

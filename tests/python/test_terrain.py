@@ -225,3 +225,21 @@ def test_the_training_command_reports_terrain_and_steering(tmp_path, capsys):
     assert "in 5 steps toward each commanded heading: 0 degrees:" in out and "180 degrees:" in out
     assert "its gait lasts 1,000 steps toward" in out
     assert '"steered": true' in (tmp_path / "policy.json").read_text()
+
+
+def test_distances_on_refuses_one_terrain_without_its_batch_row_and_a_tensor_ground_keeps_its_gradient():
+    sim = creatures.biped(dtype=F64)
+    with pytest.raises(ValueError, match=r"heights must be \(K, \*samples\), one terrain per row .*heights\[None\]"):
+        terrain.distances_on(sim, FramePolicy.for_simulator(sim), terrain.ramp_heights(sim, 5))  # ran 1,025 creatures
+    # the terrain is raised by the ground's height: a tensor ground's gradient flows through it (float() cut it)
+    x, v = sim.rest_state
+
+    def moved(ground):
+        sim.ground = ground
+        with terrain.on_terrain(sim, terrain.ramp_heights(sim, 5)):
+            return sim.step(x - torch.tensor([0.0, 0.01], dtype=F64), v + 0.3)[0].sum()
+    ground = torch.tensor(0.0, dtype=F64, requires_grad=True)
+    (g,) = torch.autograd.grad(moved(ground), ground)
+    with torch.no_grad():
+        central = (moved(torch.tensor(1e-6, dtype=F64)) - moved(torch.tensor(-1e-6, dtype=F64))) / 2e-6
+    torch.testing.assert_close(g, central, rtol=1e-5, atol=1e-8)
