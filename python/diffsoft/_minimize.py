@@ -1,4 +1,5 @@
 """The implicit layer: ``x* = argmin_x energy(x, *params)``, differentiable with respect to params."""
+import contextlib
 import numbers
 import warnings
 
@@ -215,6 +216,11 @@ def minimize(
             raise ValueError(f"with sparsity, x0 must be (N, d){' with a leading batch dimension' if batched else ''}"
                              f", got shape {tuple(x0.shape)}")
     info = SolveInfo()
+    # Newton's products by double backward build graphs of the solver's own, which the caller's saved-tensor hooks
+    # (non-reentrant checkpointing) must leave alone; the identity hooks that ensure it also reach the tensors
+    # this solve saves for its backward (the C++ backward then checks their versions itself). An analytic
+    # energy (the fused step) builds no such graphs: the caller's hooks see what it saves.
+    own = own_graphs() if _analytic is None else contextlib.nullcontext()
     try:
         if torch.is_inference_mode_enabled():
             # Newton needs autograd (Hessian-vector products by double backward), which inference mode turns
@@ -223,10 +229,10 @@ def minimize(
             # mode also turns grad mode on: hence only here, and under no_grad for the result.)
             with torch.inference_mode(False):
                 x0, tensors = x0.clone(), [t.clone() for t in tensors]
-                with torch.no_grad(), own_graphs():
+                with torch.no_grad(), own:
                     x_star = _C.minimize(fn, x0, tensors, options, info, _analytic, sparsity, batched_vjp)
         else:
-            with own_graphs():
+            with own:
                 x_star = _C.minimize(fn, x0, tensors, options, info, _analytic, sparsity, batched_vjp)
     except ConvergenceError as e:  # keep the record (per-problem flags, residuals) with the exception
         e.info = info

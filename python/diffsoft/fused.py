@@ -26,6 +26,7 @@ import dataclasses
 
 import torch
 
+from ._compat import own_graphs
 from ._extension import _C
 from ._ops import FIELDS, KernelModel, ops
 from .energies import reference_step_energy, step_terms, terms_energy
@@ -74,12 +75,13 @@ class _UserTerms:
             return terms_energy(y_rows.view(self.shape), self.p, self.top, self.terms)
 
     def derivatives(self, y_rows):
-        grad, hessian = gradient_and_hessian(y_rows.view(self.shape), self.p, self.top, self.terms)
+        with own_graphs():  # autograd's blocks: a graph of the solver's own, whatever hooks the caller set
+            grad, hessian = gradient_and_hessian(y_rows.view(self.shape), self.p, self.top, self.terms)
         return grad.detach(), [(rows, k) for rows, k in hessian.blocks]
 
     def mixed_vjp(self, y_rows, w_rows, wanted):
         leaves = [t.detach().requires_grad_(j in wanted) for j, t in enumerate(self.params)]
-        with torch.enable_grad():
+        with torch.enable_grad(), own_graphs():
             grad, _ = gradient_and_hessian(y_rows.view(self.shape), self._p(leaves), self.top, self.terms,
                                            hessian=False)
             grads = torch.autograd.grad(grad, [leaves[j] for j in wanted], w_rows.view(grad.shape), allow_unused=True)
