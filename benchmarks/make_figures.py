@@ -35,9 +35,9 @@ HEADLINE = (("procedural biped", "biped_defaults"), ("algovivo's biped", "algovi
 """The headline's runs: the differentiable trainer with ``TrainConfig``'s defaults, against ``diffsoft.ppo``'s three
 seeds, then its six, then Stable-Baselines3's tuned PPO (the best PPO)."""
 OTHERS = (("worm", "worm_defaults"), ("quadruped", "quadruped_defaults"),
-          ("3D tetrapod (5e4 Pa, `min_a` 0.5)", "tetrapod_defaults_8160023"))
+          ("3D tetrapod (5e4 Pa, `min_a` 0.5)", "tetrapod_defaults_8160023"), ("3D tetrapod", "tetrapod_defaults"))
 """The other creatures' runs (issue 32, item 6): the defaults against ``diffsoft.ppo``'s three seeds, rows under
-the headline's (the tetrapod's build before its stiffer body)."""
+the headline's (the tetrapod's build before its stiffer body, then the tetrapod)."""
 PEERS = {"ppo": "diffsoft.ppo", "sb3": "SB3 (tuned)"}
 MARKERS = ("<!-- headline: written by benchmarks/make_figures.py from results/sample_efficiency -->\n",
            "<!-- end of headline -->\n")
