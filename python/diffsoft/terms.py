@@ -25,9 +25,9 @@ import copy
 
 import torch
 
-from .energies import StepTerm
 from ._compat import own_graphs
 from .body import stamp
+from .energies import StepTerm
 from .step import per_problem
 
 
