@@ -134,6 +134,6 @@ def test_rollouts_refuse_up_front_what_they_once_failed_on_after_drawing(tmp_pat
         render_rollout(sim, xs, torch.full((2, sim.body.num_muscles), float("nan")))
     # a dt that is a tensor (an optimizer's), and a path whose extension is not .gif: a GIF, in real time
     sim.dt = torch.tensor(0.05, dtype=torch.float64, requires_grad=True)
-    render_rollout(sim, xs, gif=str(tmp_path / "a.jpg"))
+    render_rollout(sim, torch.stack([x, x + 0.05]), gif=str(tmp_path / "a.jpg"))  # (Pillow merges equal frames)
     gif = Image.open(tmp_path / "a.jpg")
     assert gif.format == "GIF" and gif.info["duration"] == 50

@@ -91,9 +91,10 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
     auto* pb = static_cast<Problem*>(problem.get());
     torch::autograd::variable_list saved = ctx->get_saved_variables();
     // Autograd's own check of in-place changes since the forward, which saved-tensor hooks turn off (the Python
-    // layer sets identity hooks around the solve, so that the caller's hooks leave its own graphs alone).
+    // layer sets identity hooks around the solve, so that the caller's hooks leave its own graphs alone). Only a
+    // later version counts: a caller's hooks may hand back another tensor (a copy, at version 0).
     for (size_t i = 0; i < saved.size() && i < pb->versions.size(); ++i) {
-      if (saved[i].defined() && saved[i]._version() != pb->versions[i]) {
+      if (saved[i].defined() && saved[i]._version() > pb->versions[i]) {
         std::ostringstream msg;
         msg << "one of the variables needed for gradient computation has been modified by an inplace operation: "
             << "diffsoft's implicit layer's param " << i << " (shape " << saved[i].sizes() << ") is at version "
