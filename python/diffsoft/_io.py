@@ -1,6 +1,8 @@
-"""Reading the project's JSON files (creatures, policies): every way a file can be unreadable becomes an
-error that names the file and what is wrong with it, never a bare decoder error."""
+"""Reading and writing the project's JSON files (creatures, policies, training histories): every way a file can
+be unreadable becomes an error that names the file and what is wrong with it, never a bare decoder error; every
+file written is strict JSON, which any reader parses."""
 import json
+import math
 import numbers
 import os
 
@@ -45,3 +47,15 @@ def only_numbers(value):
     if isinstance(value, list):
         return all(only_numbers(v) for v in value)
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def finite_or_null(value):
+    """``value`` (nested dicts, lists and tuples) with every non-finite float made None: Python's ``json`` writes
+    them as ``NaN`` and ``Infinity``, which strict readers (JavaScript's ``JSON.parse``, jq) refuse."""
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

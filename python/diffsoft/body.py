@@ -56,6 +56,31 @@ class Stamped:
     __hash__ = None
 
 
+class Copies:
+    """The tensors a ``to`` method copied (:meth:`Simulator.to <diffsoft.simulator.Simulator.to>`'s constants, a
+    collider's fields, a term's parameters), each kept with its original and the original's stamp: a copy still
+    in use whose original was changed in place since (an optimizer's step on the original) does not follow it,
+    and :meth:`stale` tells which."""
+
+    def __init__(self):
+        self._records = {}
+
+    def to(self, key, t, dtype=None, device=None):
+        """``t.to(device, dtype)``, remembered under ``key`` when it is a copy."""
+        c = t.to(device=device, dtype=dtype)
+        if c is not t:
+            self._records[key] = (t, stamp(t), c)
+        return c
+
+    def forget(self, key):
+        self._records.pop(key, None)
+
+    def stale(self, current):
+        """The keys whose copy is still what ``current(key)`` holds and whose original was changed in place since
+        it was copied."""
+        return [k for k, (t, seen, c) in self._records.items() if current(k) is c and stamp(t) != seen]
+
+
 def _field(name):
     """The property of the tensor field ``name`` of a :class:`SoftBody`: assigned through its check."""
     def get(self):

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ._extension import _C
-from .body import stamp
+from .body import Copies
 
 CONTACT_PARAMS = ("stiffness", "friction", "friction_eps")
 """The parameters every collider kind starts with: the contact's ``k_c``, ``k_f`` and ``eps``."""
@@ -92,24 +92,18 @@ class Collider:
         <diffsoft.simulator.Simulator.to>`'s constants (gradients flow back to this collider's tensors); numbers
         stay numbers."""
         out = object.__new__(type(self))
-        copies = {}
+        copies = Copies()
         for name, value in vars(self).items():
-            if isinstance(value, torch.Tensor):
-                copy = value.to(device=device, dtype=dtype)
-                if copy is not value:
-                    copies[name] = (value, stamp(value), copy)
-                value = copy
-            setattr(out, name, value)
-        out._copied_from = copies
+            setattr(out, name, copies.to(name, value, dtype, device) if isinstance(value, torch.Tensor) else value)
+        out._copies = copies
         return out
 
     def check_copies(self, where):
         """A ValueError naming ``where`` (e.g. ``sim.colliders[0]``) where a tensor of this copy (:meth:`to`) was
         copied from one changed in place since: the copy does not follow it."""
-        for name, (original, seen, copy) in getattr(self, "_copied_from", {}).items():
-            if getattr(self, name, None) is copy and stamp(original) != seen:
-                raise ValueError(f"{where}.{name} is a copy made by Simulator.to of a tensor that was changed in "
-                                 f"place since, and does not follow it: call to() again (or assign {where}.{name})")
+        for name in getattr(self, "_copies", Copies()).stale(lambda name: getattr(self, name, None)):
+            raise ValueError(f"{where}.{name} is a copy made by Simulator.to of a tensor that was changed in "
+                             f"place since, and does not follow it: call to() again (or assign {where}.{name})")
 
     def to_dict(self, dim):
         """The collider as JSON values (creature files) for a ``dim``-dimensional body: its kind and its fields as

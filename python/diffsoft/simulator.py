@@ -23,7 +23,7 @@ from ._checks import MIN_ACTIVATION, is_finite_real
 from ._compat import eager_under_compile
 from ._extension import _C
 from ._minimize import minimize, refuse_transforms
-from .body import SoftBody, Stamped, stamp
+from .body import Copies, SoftBody, Stamped, stamp
 from .colliders import CONTACT_PARAMS, KINDS, Collider, Plane
 from .energies import (contact_energy, deformation_gradient, determinant, elastic_energy, gravity_energy,
                        muscle_energy, reference_step_energy)
@@ -170,7 +170,7 @@ class Simulator:
         if not isinstance(body, SoftBody):
             raise TypeError(f"body must be a diffsoft.SoftBody, got {type(body).__name__}")
         self._body = body
-        self._checked, self._copied_from = {}, {}
+        self._checked, self._copies = {}, Copies()
         self.colliders, self.terms = colliders, terms
         self.dt, self.ground, self.friction_eps = dt, ground, friction_eps  # checked by their setters
         self.fused = fused
@@ -293,7 +293,7 @@ class Simulator:
     def __setstate__(self, state):
         """A copy (``copy.deepcopy``, pickle): its constant tensors are its own, checked again at its first step."""
         self.__dict__.update(state)
-        self._checked, self._copied_from = {}, {}
+        self._checked, self._copies = {}, Copies()
         self.__dict__.setdefault("_frame", None)
         self.__dict__.setdefault("_rows_checked", None)
 
@@ -351,14 +351,11 @@ class Simulator:
             return self
         out = object.__new__(Simulator)
         out.__dict__.update(self.__dict__)
-        out._body, out._checked, out._copied_from = body, {}, {}
+        out._body, out._checked, out._copies = body, {}, Copies()
         for name in CONSTANTS:
             value = getattr(self, "_" + name)
             if isinstance(value, torch.Tensor):
-                copy = value.to(device=body.device, dtype=body.dtype)
-                setattr(out, "_" + name, copy)
-                if copy is not value:
-                    out._copied_from[name] = (value, stamp(value), copy)
+                setattr(out, "_" + name, out._copies.to(name, value, body.dtype, body.device))
         out._colliders = tuple(c.to(dtype=body.dtype, device=body.device) for c in self._colliders)
         out._terms = tuple(t.to(dtype=body.dtype, device=body.device) for t in self._terms)
         out.solver_options = dict(self.solver_options)
@@ -476,7 +473,7 @@ class Simulator:
             if t is None or not self._in_range(t, ok):
                 raise ValueError(f"{name} must be {rule}, got {value!r}")
             value = float(value) if name in ("dt", "ground", "friction_eps") else t.clone()
-        self._copied_from.pop(name, None)
+        self._copies.forget(name)
         setattr(self, "_" + name, value)
 
     def _in_range(self, t, ok):
@@ -486,14 +483,13 @@ class Simulator:
     def _check_constants(self):
         """Each constant tensor changed in place since it was checked (an optimizer's step) is checked again; a
         ValueError for one out of range, or for a copy (:meth:`to`) whose original was changed in place."""
+        for name in self._copies.stale(lambda name: getattr(self, "_" + name)):
+            raise ValueError(f"sim.{name} is a copy made by Simulator.to of a tensor that was changed in place "
+                             f"since, and does not follow it: call to() again (or assign sim.{name})")
         for name in CONSTANTS:
             value = getattr(self, "_" + name)
             if not isinstance(value, torch.Tensor):
                 continue
-            copied = self._copied_from.get(name)
-            if copied is not None and copied[2] is value and stamp(copied[0]) != copied[1]:
-                raise ValueError(f"sim.{name} is a copy made by Simulator.to of a tensor that was changed in place "
-                                 f"since, and does not follow it: call to() again (or assign sim.{name})")
             seen = self._checked.get(name)
             if seen is not None and seen[0] is value and seen[1] == stamp(value):
                 continue

@@ -26,7 +26,7 @@ import copy
 import torch
 
 from ._compat import own_graphs
-from .body import stamp
+from .body import Copies
 from .energies import StepTerm
 from .step import per_problem
 
@@ -161,17 +161,17 @@ class Term:
         """A copy with its parameters ``t.to(device, dtype)``: differentiable, as :meth:`Simulator.to
         <diffsoft.simulator.Simulator.to>`'s constants (gradients flow back to this term's parameters)."""
         out = copy.copy(self)
-        out._params = tuple(t.to(device=device, dtype=dtype) for t in self._params)
-        out._copied_from = [(t, stamp(t), c) for t, c in zip(self._params, out._params) if c is not t]
+        out._copies = Copies()
+        out._params = tuple(out._copies.to(i, t, dtype, device) for i, t in enumerate(self._params))
         return out
 
     def check_copies(self, where):
         """A ValueError naming ``where`` (e.g. ``sim.terms[0]``) where a parameter of this copy (:meth:`to`) was
         copied from one changed in place since: the copy does not follow it."""
-        for original, seen, c in getattr(self, "_copied_from", ()):
-            if any(p is c for p in self._params) and stamp(original) != seen:
-                raise ValueError(f"{where}.params holds a copy made by Simulator.to of a tensor that was changed in "
-                                 f"place since, and does not follow it: call to() again (or assign {where}.params)")
+        params = self._params
+        if getattr(self, "_copies", Copies()).stale(lambda i: params[i] if i < len(params) else None):
+            raise ValueError(f"{where}.params holds a copy made by Simulator.to of a tensor that was changed in "
+                             f"place since, and does not follow it: call to() again (or assign {where}.params)")
 
     def __repr__(self):
         rows = "every vertex" if self._rows is None else f"rows {tuple(self._rows.shape)}"

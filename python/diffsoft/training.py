@@ -64,6 +64,7 @@ from torch import nn
 
 from ._checks import check_fields
 from ._compat import load_checkpoint
+from ._io import finite_or_null
 from ._optional import require
 from .creatures import check_device, fingerprint, fingerprint_changes, make_creature
 from .policy import (FramePolicy, Posture, center_of_mass, center_of_mass_x, distance_walked, distances_along,
@@ -823,6 +824,10 @@ def train(cfg, resume=False, progress=True, log=print):
             best = _Best(**ckpt["best"])
         if rank == 0:
             log(f"resumed from {ckpt_path} at iteration {start}")
+        if start > cfg.iterations:
+            warnings.warn(f"{ckpt_path} is at iteration {start}, past iterations={cfg.iterations}: nothing is "
+                          f"trained, and the result is the checkpoint's policy (resume with iterations >= {start} "
+                          f"to train on)", RuntimeWarning, stacklevel=2)
     elif world > 1:
         import torch.distributed as dist
         for m in (policy, critic, target_critic):
@@ -880,5 +885,7 @@ def train(cfg, resume=False, progress=True, log=print):
     if rank == 0:
         save_algovivo_policy(policy, os.path.join(cfg.out_dir, "policy.json"))
         with open(os.path.join(cfg.out_dir, "history.json"), "w") as f:
-            json.dump({"config": dataclasses.asdict(cfg), "history": history}, f, indent=1)
+            # (a skipped step's non-finite critic loss or gradient norm is written null: strict JSON)
+            json.dump(finite_or_null({"config": dataclasses.asdict(cfg), "history": history}), f, indent=1,
+                      allow_nan=False)
     return policy, history

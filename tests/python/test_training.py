@@ -546,3 +546,17 @@ def test_non_finite_gradients_skip_their_steps_with_a_warning(tmp_path):
     assert any("the actor's gradient is not finite" in m and "its step was skipped" in m for m in messages)
     assert any("the critic's loss was not finite" in m for m in messages)
     assert all(torch.isfinite(p).all() for p in policy.parameters())
+    # ... and history.json stays strict JSON, those records' values null (NaN and Infinity are not JSON)
+    text = (tmp_path / "history.json").read_text()
+    written = json.loads(text, parse_constant=lambda c: pytest.fail(f"history.json holds {c}"))["history"]
+    assert any(r["critic_loss"] is None or r["grad_norm"] is None for r in written)
+    assert len(written) == len(history)
+
+
+def test_resuming_past_the_iterations_says_nothing_is_trained(tmp_path):
+    first, _ = training.train(_tiny(tmp_path, iterations=2), progress=False)
+    with pytest.warns(RuntimeWarning, match=r"is at iteration 2, past iterations=1: nothing is trained"):
+        again, history = training.train(_tiny(tmp_path, iterations=1), resume=True, progress=False)
+    assert len(history) == 2
+    for p, q in zip(first.parameters(), again.parameters()):
+        assert torch.equal(p, q)
