@@ -19,11 +19,10 @@ import torch
 from ._checks import setting_kind
 from ._optional import require
 from .creatures import make_creature
-from .policy import (KEEPS_WALKING, STAYS_UP, FramePolicy, distance_walked, distances_along, gait, reads_heading,
-                     run_policy)
+from .policy import KEEPS_WALKING, STAYS_UP, distance_walked, distances_along, gait, run_policy
 from .terrain import distances_on, held_out_heights, ramp_distances
 from .threads import set_num_threads
-from .training import TrainConfig, distributed_world, train
+from .training import TrainConfig, distributed_world, new_policy, train
 
 
 def plot_learning_curve(history, path, title=None):
@@ -170,8 +169,7 @@ def main(argv=None):
     if rank != 0:
         return
     torch.manual_seed(cfg.seed)
-    initial = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da,
-                                        steered=reads_heading(sim.body.dim, cfg.steer))
+    initial = new_policy(cfg, sim)
     before = distance_walked(sim, initial, eval_horizon)
     after = distance_walked(sim, policy, eval_horizon)
     plot_learning_curve(history, os.path.join(cfg.out_dir, "learning_curve.png"),

@@ -14,9 +14,17 @@ heading: an angle in the ground plane (:func:`heading_direction`: 0 is +x; in 3D
 or pi, forward or backward), given to it as the heading's unit vector in the body frame, so that, like the rest of
 its input, it does not depend on where the creature stands or faces. In 3D every policy is steered
 (:func:`reads_heading`), +x unless commanded otherwise.
+
+A *mirrored* policy (``FramePolicy(..., mirror=Mirror.of(sim))``, trained with ``TrainConfig.mirror``) is symmetric
+by construction for a body whose rest pose is its own mirror image (:class:`Mirror`): its activation change is the
+mean of its network's on the state and, mirrored back, on the mirrored state with the mirrored heading, so that
+on a mirrored state it does the mirror image of what it does on the state. A gait learnt toward one side is then
+also a gait toward the other: in 2D the mirror swaps front and back (forward and backward walking), in 3D left
+and right (headings toward +z and toward -z).
 """
 import dataclasses
 import json
+import math
 
 import torch
 from torch import nn
@@ -41,6 +49,78 @@ def heading_direction(heading, dim, dtype=None, device=None):
             raise ValueError(f"in 2D a heading is 0 (+x) or pi (-x), got {heading!r}")
         return torch.stack([torch.cos(h).sign(), zero], -1)
     return torch.stack([torch.cos(h), zero, torch.sin(h)], -1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mirror:
+    """A body's mirror symmetry: the reflection of the ground plane's axis ``axis`` (2D: x, front and back; 3D:
+    z, left and right) that maps its rest pose onto itself, as the permutation of its vertices (vertex ``i``'s
+    image is vertex ``vertices[i]``) and of its muscles (muscle ``j``, between vertices ``u`` and ``w``, has for
+    image the muscle ``muscles[j]`` between ``vertices[u]`` and ``vertices[w]``). Its elements need not be
+    mirror images of each other (the creatures' meshes split their cells one way), so the body's physics is
+    only nearly symmetric."""
+
+    axis: int
+    vertices: tuple
+    muscles: tuple
+
+    @classmethod
+    def of(cls, sim, tolerance=1e-6):
+        """The mirror symmetry of ``sim``'s body, found from its rest pose (each vertex's image within
+        ``tolerance`` of the body's size); a ValueError naming the vertex or muscle without an image."""
+        b = sim.body
+        x = b.rest_positions.detach().to(torch.float64).cpu()
+        axis = 0 if b.dim == 2 else 2
+        image = x.clone()
+        image[:, axis] = x[:, axis].max() + x[:, axis].min() - x[:, axis]
+        gap, vertices = torch.cdist(image, x).min(1)
+        size = float((x.max(0).values - x.min(0).values).max())
+        worst = int(gap.argmax())
+        if float(gap[worst]) > tolerance * size or not torch.equal(vertices[vertices], torch.arange(len(x))):
+            raise ValueError(f"the body is not its own mirror image across its mid-plane normal to "
+                             f"{'xyz'[axis]}: vertex {worst}'s image is {float(gap[worst]):.3g} from the nearest "
+                             f"vertex (tolerance {tolerance:g} of its size {size:.3g}), or two vertices share one")
+        # Muscles by the edge they pull on; an edge may carry several (the tetrapod's legs share their inner
+        # edges), whose images are the image edge's in the same order, or in reverse on an edge that is its own.
+        on_edge = {}
+        for j, m in enumerate(b.muscles.tolist()):
+            on_edge.setdefault(frozenset(m), []).append(j)
+        muscles = [None] * b.num_muscles
+        for edge, js in on_edge.items():
+            u, w = sorted(edge)  # (a muscle joins two vertices: SoftBody's check)
+            image = frozenset((int(vertices[u]), int(vertices[w])))
+            ks = on_edge.get(image, [])[::-1 if image == edge else 1]
+            if len(ks) != len(js):
+                raise ValueError(f"muscle {js[0]} (vertices {u}, {w}) has no mirror image: "
+                                 f"{len(ks)} muscles join vertices {int(vertices[u])} and {int(vertices[w])}, "
+                                 f"{len(js)} join {u} and {w}")
+            for j, k in zip(js, ks):
+                muscles[j] = k
+        return cls(axis, tuple(vertices.tolist()), tuple(muscles))
+
+    def check(self, num_vertices, num_muscles, dim, where="mirror"):
+        """A ValueError naming ``where`` unless this is a mirror of a ``dim``-D body of these sizes."""
+        ok = (self.axis == (0 if dim == 2 else 2) and sorted(self.vertices) == list(range(num_vertices))
+              and sorted(self.muscles) == list(range(num_muscles))
+              and all(self.vertices[self.vertices[i]] == i for i in range(num_vertices))
+              and all(self.muscles[self.muscles[j]] == j for j in range(num_muscles)))
+        if not ok:
+            raise ValueError(f"{where} must be a mirror of a {dim}D body of {num_vertices} vertices and {num_muscles} "
+                             f"muscles: axis {0 if dim == 2 else 2}, and vertices and muscles permutations that are "
+                             f"their own inverses (Mirror.of(sim))")
+
+    def state(self, x, v, heading):
+        """The mirrored state: positions and velocities ``(B, N, d)`` reflected and permuted (relative positions
+        are what the policy observes, so the reflection's plane does not matter), and the mirrored heading
+        ``(B,)`` (2D: pi - h, swapping +x and -x; 3D: -h)."""
+        index = torch.tensor(self.vertices, device=x.device)
+        sign = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+        sign[self.axis] = -1
+        mirrored = (math.pi - heading) if x.shape[-1] == 2 else -heading
+        return x[:, index] * sign, v[:, index] * sign, mirrored
+
+    def to_dict(self):
+        return {"axis": self.axis, "vertices": list(self.vertices), "muscles": list(self.muscles)}
 
 
 def reads_heading(dim, steer=False):
@@ -124,10 +204,12 @@ class FramePolicy(nn.Module):
             ``max_abs_da``.
         steered: the policy also reads a commanded heading (``fc1`` takes ``dim`` more inputs; see the module
             docstring); None (default): :func:`reads_heading` of ``dim``, so in 3D only.
+        mirror: a :class:`Mirror` of the body: the policy is symmetric by construction (see the module
+            docstring; it must be steered); None (default): it is not.
     """
 
     def __init__(self, num_vertices, num_muscles, dim, center_vertex_id, forward_vertex_id, hidden=32,
-                 min_a=0.25, max_abs_da=0.3, steered=None):
+                 min_a=0.25, max_abs_da=0.3, steered=None, mirror=None):
         super().__init__()
         check_frame_and_limits(num_vertices, center_vertex_id, forward_vertex_id, min_a, max_abs_da)
         if not (is_integer(hidden) and hidden >= 1):
@@ -136,16 +218,30 @@ class FramePolicy(nn.Module):
         self.center_vertex_id, self.forward_vertex_id = int(center_vertex_id), int(forward_vertex_id)
         self.min_a, self.max_abs_da = float(min_a), float(max_abs_da)
         self.steered = reads_heading(dim) if steered is None else bool(steered)
+        if mirror is not None:
+            if not isinstance(mirror, Mirror):
+                raise TypeError(f"mirror must be a diffsoft.policy.Mirror (Mirror.of(sim)) or None, got "
+                                f"{type(mirror).__name__}")
+            mirror.check(num_vertices, num_muscles, dim)
+            if not self.steered:
+                raise ValueError("a mirrored policy must be steered (steered=True): the mirror turns its heading "
+                                 "(in 2D forward into backward), which it must read")
+        self.mirror = mirror
         self.fc1 = nn.Linear(2 * dim * num_vertices + (dim if self.steered else 0), hidden)
         self.fc2 = nn.Linear(hidden, num_muscles)
 
     @classmethod
     def for_simulator(cls, sim, **kw):
         """A policy sized for ``sim``'s body (in its dtype, on its device), with :func:`frame_vertices` and the
-        body's ``min_a`` (its muscles' contraction range) unless given."""
+        body's ``min_a`` (its muscles' contraction range) unless given; ``mirror=True``: the body's
+        :meth:`Mirror.of`."""
         b = sim.body
         if kw.get("min_a") is None:
             kw["min_a"] = b.min_a
+        if kw.get("mirror") is True:
+            kw["mirror"] = Mirror.of(sim)
+        elif kw.get("mirror") is False:
+            kw["mirror"] = None
         kw["center_vertex_id"], kw["forward_vertex_id"] = frame_of(sim, kw.get("center_vertex_id"),
                                                                   kw.get("forward_vertex_id"))
         return cls(b.num_vertices, b.num_muscles, b.dim, **kw).to(device=b.device, dtype=b.dtype)
@@ -165,7 +261,20 @@ class FramePolicy(nn.Module):
             if t.dtype != self.fc1.weight.dtype:
                 raise TypeError(f"{name} is {t.dtype} but this policy's weights are {self.fc1.weight.dtype}: "
                                 f"policy.to({t.dtype}), or load_algovivo_policy(path, dtype={t.dtype})")
-        return self.head(observe(x, v, self.center_vertex_id, self.forward_vertex_id, self.command(heading, x)))
+        return self.changes(x, v, self.command(heading, x))
+
+    def changes(self, x, v, heading, obs=None):
+        """:meth:`forward` without its checks, for a caller that has checked its input and may have the
+        observation ``obs`` of ``(x, v, heading)`` already; with a mirror, the mean of the network's activation
+        change and, mirrored back, its change on the mirrored state."""
+        if obs is None:
+            obs = observe(x, v, self.center_vertex_id, self.forward_vertex_id, heading)
+        da = self.head(obs)
+        if self.mirror is None:
+            return da
+        xm, vm, hm = self.mirror.state(x, v, heading)
+        dm = self.head(observe(xm, vm, self.center_vertex_id, self.forward_vertex_id, hm))
+        return 0.5 * (da + dm[:, torch.tensor(self.mirror.muscles, device=da.device)])
 
     def command(self, heading, x):
         """The heading :func:`observe` takes for this policy and positions ``x (B, N, d)``: None for a policy
@@ -248,6 +357,8 @@ def save_algovivo_policy(policy, path):
                 forward_vertex_id=policy.forward_vertex_id, space_dim=policy.dim)
     if policy.steered:  # only then: the files of other policies stay algovivo's
         data["steered"] = True
+    if policy.mirror is not None:
+        data["mirror"] = policy.mirror.to_dict()
     # Checked as load_algovivo_policy reads it (non-finite weights: JSON holds no NaN), so that it reads back.
     _policy_from(data, "save_algovivo_policy: the file would not read back", policy.fc1.weight.dtype)
     with open(path, "w") as f:
@@ -295,6 +406,16 @@ def _policy_from(data, path, dtype):
     steered = data.get("steered", False)
     if not isinstance(steered, bool):
         raise ValueError(f"{path}: key 'steered' must be true or false, got {steered!r}")
+    mirror = data.get("mirror")
+    if mirror is not None:
+        try:
+            if set(mirror) != {"axis", "vertices", "muscles"} or not all(
+                    is_integer(i) for i in [mirror["axis"], *mirror["vertices"], *mirror["muscles"]]):
+                raise TypeError
+            mirror = Mirror(int(mirror["axis"]), tuple(mirror["vertices"]), tuple(mirror["muscles"]))
+        except TypeError:
+            raise ValueError(f"{path}: key 'mirror' must be {{'axis': int, 'vertices': [int, ...], 'muscles': "
+                             f"[int, ...]}}, got {mirror!r}") from None
     body_inputs = w1.shape[1] - (dim if steered else 0)
     if body_inputs <= 0 or body_inputs % (2 * dim):
         raise ValueError(f"{path}: fc1 takes {w1.shape[1]} inputs, not 2 * space_dim * num_vertices"
@@ -302,7 +423,7 @@ def _policy_from(data, path, dtype):
     try:
         policy = FramePolicy(body_inputs // (2 * dim), w2.shape[0], dim, data["center_vertex_id"],
                              data["forward_vertex_id"], hidden=w1.shape[0], min_a=data["min_a"],
-                             max_abs_da=data["max_abs_da"], steered=steered).to(dtype)
+                             max_abs_da=data["max_abs_da"], steered=steered, mirror=mirror).to(dtype)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
     with torch.no_grad():  # after .to(dtype): float64 weights are read exactly, not through float32

@@ -141,6 +141,9 @@ class TrainConfig:
             reads the heading in its body frame) and the critic see, and its reward is its centre of mass's
             progress along that heading; evaluations (and ``keep_best``) take the mean over the headings of
             :data:`EVAL_HEADINGS` of the distance walked along each.
+        mirror: The policy is mirrored (:class:`~diffsoft.policy.Mirror`): symmetric by construction, for a body
+            that is its own mirror image, so that a gait learnt toward one side (2D: forward or backward; 3D:
+            toward +z or -z) is one toward the other too; it must read a heading (in 2D: with ``steer``).
         eval_every: Iterations between evaluations of :func:`~diffsoft.policy.distance_walked`
             (deterministic, from rest).
         eval_horizon: Steps of each evaluation.
@@ -191,6 +194,7 @@ class TrainConfig:
     randomize: float = 0.0
     terrain: float = 0.0
     steer: bool = False
+    mirror: bool = False
     eval_every: int = 10
     eval_horizon: int = 100
     keep_best: bool = False
@@ -569,7 +573,7 @@ def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer
     observations, changes, activations, befores, afters, dones = [], [], [], [], [], []
     for t in range(w):
         obs = observe(x, v, policy.center_vertex_id, policy.forward_vertex_id, heading)
-        da = policy.head(obs)
+        da = policy.changes(x, v, heading, obs)
         observations.append(obs)
         changes.append(da)
         activations.append(a)
@@ -662,6 +666,13 @@ _POOL_KEYS = ("x", "v", "a", "age")
 _BEFORE = {"terminate_height": 0.0}
 """The TrainConfig fields added with a default that changes what the trainer did, and the value that does what
 it did before them: what a checkpoint written before a field existed was trained with."""
+
+
+def new_policy(cfg, sim):
+    """The policy that :func:`train` starts from for ``cfg`` and its creature ``sim``, drawn from torch's
+    generator."""
+    return FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da,
+                                     steered=reads_heading(sim.body.dim, cfg.steer), mirror=cfg.mirror)
 
 
 def _load_checkpoint(path, cfg, sim):
@@ -780,8 +791,7 @@ def train(cfg, resume=False, progress=True, log=print):
         cfg.check()
     sim.solver_options["backward_rtol"] = cfg.backward_rtol
     torch.manual_seed(cfg.seed)
-    policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da,
-                                       steered=reads_heading(sim.body.dim, cfg.steer))
+    policy = new_policy(cfg, sim)
     critic = Critic(policy.fc1.in_features, sim.body.num_muscles, cfg.critic_hidden).to(device=cfg.device,
                                                                                           dtype=dtype)
     target_critic = copy.deepcopy(critic).requires_grad_(False)
