@@ -381,12 +381,7 @@ def speed(args, rounds):
         out["differentiable"].append((time.perf_counter() - t) / n)
         out["differentiable_cpu"].append((time.process_time() - c) / n)
         t, c = time.perf_counter(), time.process_time()
-        roll = ppo.collect(task, model, pcfg, g)
-        model.norm.update(roll["obs"].flatten(0, 1))
-        adv, ret = ppo.gae(roll["reward"], roll["value"], roll["last_value"], pcfg.gamma, pcfg.lam)
-        ppo.ppo_update(model, ppo_optimizer, {"obs": roll["obs"].flatten(0, 1), "u": roll["u"].flatten(0, 1),
-                                              "logp": roll["logp"].flatten(), "adv": adv.flatten(),
-                                              "ret": ret.flatten()}, pcfg, g)
+        ppo.learn(model, ppo_optimizer, ppo.collect(task, model, pcfg, g), pcfg, g)
         n = pcfg.envs * pcfg.horizon
         out["ppo"].append((time.perf_counter() - t) / n)
         out["ppo_cpu"].append((time.process_time() - c) / n)

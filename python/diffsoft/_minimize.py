@@ -71,7 +71,7 @@ def minimize(
     max_iter=100,
     cg_rtol=0.5,
     cg_max_iter=None,
-    backward_rtol=1e-10,
+    backward_rtol=None,
     backward_max_iter=None,
     ls_c1=1e-4,
     ls_shrink=0.5,
@@ -93,7 +93,8 @@ def minimize(
 
     Args:
         energy: ``energy(x, *params) -> 0-dim tensor`` (see ``batched``), written with torch ops. Every tensor it depends on
-            that may need a gradient must be passed in ``params``: tensors captured by a closure get none. The
+            that may need a gradient must be passed in ``params``: tensors captured by a closure get none (a
+            RuntimeWarning says so when one requires grad). The
             backward calls it again at ``x*``: what it reads besides its arguments must not change until the
             backward has run, and it must be twice differentiable by autograd (torch drops the second derivative
             of a custom Function marked ``once_differentiable`` without a word).
@@ -113,8 +114,10 @@ def minimize(
             residual ``min(cg_rtol, sqrt(||g|| / ||g0||))``. CG stops at non-positive curvature and returns a
             descent direction (truncated Newton).
         cg_max_iter: CG iterations per Newton step (default: the number of unknowns per problem).
-        backward_rtol, backward_max_iter: relative residual and iteration cap of the adjoint CG solve
-            (default cap: 10 x the number of unknowns per problem).
+        backward_rtol, backward_max_iter: the adjoint solve's relative residual (measured, not CG's running
+            estimate; None: 1e-10 in float64, 1e-5 in float32, where round-off bounds it near the Hessian's
+            condition number times 1.2e-7) and CG's iteration cap (default: 10 x the number of unknowns per
+            problem).
         ls_c1, ls_shrink, ls_max_iter: backtracking line search, accepting ``E(x + a p) <= E(x) + c1 a g.p``
             (with a round-off allowance), else ``a *= ls_shrink``. Non-finite energies are rejected.
         on_failure: ``"warn"`` (a RuntimeWarning and ``info.converged = False``) or ``"raise"``
@@ -169,10 +172,16 @@ def minimize(
         raise TypeError(f"x0 must be a torch.Tensor, got {type(x0).__name__}")
     if x0.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"x0 must be a float32 or float64 tensor (the dtypes the solver runs in), got {x0.dtype}")
+    for name, flag in (("batched", batched), ("keep_factor", keep_factor), ("reuse_factor", reuse_factor),
+                       ("return_info", return_info)):
+        if isinstance(flag, str) or flag not in (True, False):  # ("no" would be true)
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
     if on_failure not in ("warn", "raise"):
         raise ValueError(f'on_failure must be "warn" or "raise", got {on_failure!r}')
     if is_finite_real(atol) and atol > torch.finfo(x0.dtype).max:
         raise ValueError(f"atol must be a finite number >= 0 in x0's dtype {x0.dtype}, got {atol!r}")
+    if backward_rtol is None:
+        backward_rtol = default_backward_rtol(x0.dtype)
     options = _options(
         batched=batched, rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol, cg_max_iter=cg_max_iter,
         backward_rtol=backward_rtol, backward_max_iter=backward_max_iter, ls_c1=ls_c1, ls_shrink=ls_shrink,
@@ -215,6 +224,11 @@ def minimize(
         if x0.dim() != (3 if batched else 2):
             raise ValueError(f"with sparsity, x0 must be (N, d){' with a leading batch dimension' if batched else ''}"
                              f", got shape {tuple(x0.shape)}")
+    if not torch.is_inference_mode_enabled():
+        # Inference tensors (made under inference_mode) keep no version, which the backward checks: copies do.
+        tensors = [t.clone() if t.is_inference() else t for t in tensors]
+        if _analytic is None and torch.is_grad_enabled():
+            _warn_of_captured_tensors(fn, x0, tensors)
     info = SolveInfo()
     # Newton's products by double backward build graphs of the solver's own, which the caller's saved-tensor hooks
     # (non-reentrant checkpointing) must leave alone; the identity hooks that ensure it also reach the tensors
@@ -240,6 +254,29 @@ def minimize(
     if not info.converged:  # with on_failure="raise" the C++ solver has already raised
         warnings.warn(f"diffsoft.minimize did not converge: {info.message}", RuntimeWarning, stacklevel=2)
     return (x_star, info) if return_info else x_star
+
+
+def default_backward_rtol(dtype):
+    """The adjoint solve's default relative residual in ``dtype``: 1e-10 in float64; in float32 1e-5, since its
+    round-off bounds the residual to about the Hessian's condition number times float32's epsilon (1.2e-7)."""
+    return 1e-10 if dtype == torch.float64 else 1e-5
+
+
+def _warn_of_captured_tensors(fn, x0, tensors):
+    """A RuntimeWarning when the energy depends on a tensor that requires grad but is not among its params (one
+    its closure captured): the implicit backward gives it no gradient, and a loss that reaches it by another way
+    too would get a gradient wrong by that part. One evaluation, on detached inputs: what still requires grad
+    came from elsewhere."""
+    try:
+        with own_graphs():
+            e = fn(x0.detach(), *[t.detach() for t in tensors])
+    except Exception:  # noqa: BLE001 - the solve's own first evaluation says what is wrong with the energy
+        return
+    if isinstance(e, torch.Tensor) and e.requires_grad:
+        warnings.warn("diffsoft.minimize: the energy depends on a tensor that requires grad and is not among its "
+                      "params (one its closure captured): the implicit backward gives it no gradient. Pass it as a "
+                      "param (minimize(energy, x0, ..., t)), or detach it if it needs none", RuntimeWarning,
+                      stacklevel=3)
 
 
 def _options(**kw):

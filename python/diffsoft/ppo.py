@@ -207,6 +207,18 @@ def ppo_update(model, optimizer, batch, cfg, generator):
     return stats
 
 
+def learn(model, optimizer, roll, cfg, generator):
+    """PPO's update on a rollout of :func:`collect` (:func:`ppo_update` on its advantages and returns), then the
+    observation normaliser's statistics: they change between rollouts only, so that the update sees the policy
+    that collected the rollout (its first ratios are 1). Returns :func:`ppo_update`'s."""
+    adv, ret = gae(roll["reward"], roll["value"], roll["last_value"], cfg.gamma, cfg.lam)
+    batch = {"obs": roll["obs"].flatten(0, 1), "u": roll["u"].flatten(0, 1), "logp": roll["logp"].flatten(),
+             "adv": adv.flatten(), "ret": ret.flatten()}
+    stats = ppo_update(model, optimizer, batch, cfg, generator)
+    model.norm.update(batch["obs"])
+    return stats
+
+
 def train_ppo(cfg, progress=True):
     """Runs PPO until ``cfg.steps`` creature-steps are simulated (evaluation excluded).
 
@@ -238,11 +250,7 @@ def train_ppo(cfg, progress=True):
             record["eval_sim_steps"] = u * per_update
         t, cpu = time.perf_counter(), time.process_time()
         roll = collect(task, model, cfg, generator)
-        model.norm.update(roll["obs"].flatten(0, 1))
-        adv, ret = gae(roll["reward"], roll["value"], roll["last_value"], cfg.gamma, cfg.lam)
-        batch = {"obs": roll["obs"].flatten(0, 1), "u": roll["u"].flatten(0, 1), "logp": roll["logp"].flatten(),
-                 "adv": adv.flatten(), "ret": ret.flatten()}
-        ppo_update(model, optimizer, batch, cfg, generator)
+        learn(model, optimizer, roll, cfg, generator)
         seconds += time.perf_counter() - t
         cpu_seconds += time.process_time() - cpu
         record.update(sim_steps=(u + 1) * per_update, distance=roll["distance"], seconds=seconds,

@@ -165,7 +165,7 @@ class Simulator:
 
     def __init__(self, body, dt=1 / 30, gravity=9.8, ground=0.0, contact_stiffness=None, friction=None,
                  friction_eps=0.01, rtol=None, atol=None, max_iter=100, cg_rtol=0.5, cg_max_iter=None,
-                 backward_rtol=1e-10, backward_max_iter=None, on_failure="warn", fused=True, solver="auto",
+                 backward_rtol=None, backward_max_iter=None, on_failure="warn", fused=True, solver="auto",
                  keep_factors=False, reuse_factor=None, backend="auto", colliders=(), terms=()):
         if not isinstance(body, SoftBody):
             raise TypeError(f"body must be a diffsoft.SoftBody, got {type(body).__name__}")

@@ -40,7 +40,7 @@ import torch
 
 from ._compat import own_graphs
 from ._extension import ConvergenceError, SolveInfo
-from ._minimize import _options, check_backward_mode, refuse_transforms, unsolved_message
+from ._minimize import _options, check_backward_mode, default_backward_rtol, refuse_transforms, unsolved_message
 from .energies import step_terms, term_rows
 from .step import unpack
 from .term_blocks import gradient_and_hessian
@@ -88,7 +88,7 @@ def linear_solver_for(solver, unknowns):
 
 
 def solve_step(params, top, linear_solver, rtol=None, atol=0.0, max_iter=100, cg_rtol=0.5, cg_max_iter=None,
-               backward_rtol=1e-10, backward_max_iter=None, on_failure="warn", keep_factor=False, check_every=None):
+               backward_rtol=None, backward_max_iter=None, on_failure="warn", keep_factor=False, check_every=None):
     """Solves one step problem: ``y* = argmin_y E(y; params)``, differentiable with respect to every tensor of
     ``params`` that requires grad.
 
@@ -101,7 +101,8 @@ def solve_step(params, top, linear_solver, rtol=None, atol=0.0, max_iter=100, cg
         max_iter: Newton iterations.
         cg_rtol, cg_max_iter: the forcing term's cap and the iteration cap of the truncated CG (block-Jacobi
             CG only; default cap: the unknowns per creature).
-        backward_rtol, backward_max_iter: the adjoint solve's relative residual, and CG's iteration cap
+        backward_rtol, backward_max_iter: the adjoint solve's relative residual (None: 1e-10 in float64, 1e-5
+            in float32), and CG's iteration cap
             (default: 10 x the unknowns per creature).
         on_failure: ``"warn"`` or ``"raise"`` (:class:`diffsoft.ConvergenceError` with ``.info``), forward
             and backward alike.
@@ -127,6 +128,8 @@ def solve_step(params, top, linear_solver, rtol=None, atol=0.0, max_iter=100, cg
     if check_every is not None and (isinstance(check_every, bool) or not isinstance(check_every, int)
                                     or check_every < 1):
         raise ValueError(f"check_every must be None or an integer >= 1, got {check_every!r}")
+    if backward_rtol is None:
+        backward_rtol = default_backward_rtol(params.x_hat.dtype)
     # The same checks, and errors naming the option, as diffsoft.minimize's.
     _options(batched=True, rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol, cg_max_iter=cg_max_iter,
              backward_rtol=backward_rtol, backward_max_iter=backward_max_iter, ls_c1=Options.ls_c1,

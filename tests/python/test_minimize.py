@@ -1,11 +1,13 @@
 """The implicit layer diffsoft.minimize: solutions, implicit gradients and errors."""
 import threading
+import warnings
 
 import pytest
 import torch
 from torch.autograd import gradcheck
 
 import diffsoft
+from diffsoft._minimize import default_backward_rtol
 
 from conftest import F64
 
@@ -498,3 +500,54 @@ def test_a_simulators_factorizations_reuse_the_memory_of_freed_ones():
         made += info.factorizations
     cache = sim.topology.factor_cache
     assert cache.analyses == 1 and made >= 3 and cache.reused == made - 1
+
+
+def test_the_adjoint_residual_is_measured_not_cg_s_running_estimate():
+    # In float32 CG's recurrence drives its residual far below what float32 resolves (it once reported 1e-11,
+    # converged, for a true residual of 6e-4): the record is the true ||H lambda - dL/dx*|| / ||dL/dx*||.
+    n = 60
+    g = torch.Generator().manual_seed(0)
+    q, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=F64))
+    a = (q * torch.logspace(0, 2.5, n, dtype=F64)) @ q.T  # condition number 3e2
+    b = torch.randn(n, generator=g, dtype=F64)
+    for dtype, rtol in ((torch.float32, 1e-6), (torch.float32, None), (F64, None)):
+        a_, b_ = a.to(dtype), b.to(dtype).requires_grad_(True)
+        x, info = diffsoft.minimize(quadratic, torch.zeros(n, dtype=dtype), a_, b_, backward_rtol=rtol,
+                                    backward_max_iter=10 * n, return_info=True)
+        assert info.converged
+        w = torch.randn(n, generator=g, dtype=F64)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            (x * w.to(dtype)).sum().backward()
+        lam = b_.grad.double()  # d/db of w.x* = H^-1 w: the adjoint itself
+        true = ((a @ lam - w).norm() / w.norm()).item()
+        assert info.backward_residual == pytest.approx(true, rel=0.5, abs=1e-9)
+        wanted = rtol or default_backward_rtol(dtype)
+        assert info.backward_converged == (info.backward_residual <= wanted)
+        if not info.backward_converged:
+            assert any("in float32, round-off bounds the residual" in str(c.message) for c in caught)
+    assert default_backward_rtol(torch.float32) == 1e-5
+
+
+def test_a_tensor_requiring_grad_that_the_energy_captures_is_named_in_a_warning():
+    t = torch.tensor([1.0, 2.0], dtype=F64, requires_grad=True)
+    with pytest.warns(RuntimeWarning, match="depends on a tensor that requires grad and is not among its params"):
+        diffsoft.minimize(lambda x: quartic(x, 1.0, t), torch.zeros(2, dtype=F64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        diffsoft.minimize(quartic, torch.zeros(2, dtype=F64), 1.0, t)  # passed: no word
+        diffsoft.minimize(lambda x: quartic(x, 1.0, t.detach()), torch.zeros(2, dtype=F64))
+        with torch.no_grad():  # nothing is differentiated: no word either
+            diffsoft.minimize(lambda x: quartic(x, 1.0, t), torch.zeros(2, dtype=F64))
+
+
+def test_flags_must_be_booleans_and_inference_tensors_are_params_like_any():
+    for name in ("batched", "keep_factor", "reuse_factor", "return_info"):
+        with pytest.raises(TypeError, match=f"{name} must be True or False, got 'no'"):
+            diffsoft.minimize(quartic, torch.zeros(2, dtype=F64), 1.0, torch.ones(2, dtype=F64), **{name: "no"})
+    with torch.inference_mode():
+        b = torch.tensor([1.0, 2.0], dtype=F64)
+    k = torch.tensor(2.0, dtype=F64, requires_grad=True)
+    x = diffsoft.minimize(quartic, torch.zeros(2, dtype=F64), k, b)
+    x.sum().backward()
+    torch.testing.assert_close(k.grad, -(x / (k + 3 * x * x)).sum().detach())  # d x*/dk = -x / (k + 3 x^2)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from diffsoft import creatures
-from diffsoft.policy import (POLICY_KEYS, FramePolicy, center_of_mass_x, frame_vertices, load_algovivo_policy,
-                             observe, run_policy, save_algovivo_policy)
+from diffsoft.policy import (POLICY_KEYS, FramePolicy, Mirror, center_of_mass_x, frame_vertices,
+                             load_algovivo_policy, observe, run_policy, save_algovivo_policy)
 from diffsoft.task import LocomotionTask
 from diffsoft.training import TrainConfig
 
@@ -231,3 +231,78 @@ def test_a_policy_of_another_dtype_and_a_dtype_by_name_are_refused_by_name(tmp_p
         load_algovivo_policy(path, "float64")  # torch said "Invalid device string"
     assert load_algovivo_policy(path, F64)(x[None], v[None]).dtype == F64
 
+
+
+def test_a_mirrored_policy_walks_the_mirror_image_of_its_gait():
+    # The worm is its own mirror image, elements included: toward -x a mirrored policy must walk exactly the
+    # mirror image of its walk toward +x, from rest, through contact and friction.
+    sim = creatures.worm(dtype=F64)
+    mirror = Mirror.of(sim)
+    assert mirror.axis == 0 and sorted(mirror.vertices) == list(range(sim.body.num_vertices))
+    torch.manual_seed(0)
+    policy = FramePolicy.for_simulator(sim, steered=True, mirror=True, hidden=16)
+    with torch.no_grad():
+        policy.fc2.weight.mul_(20)  # a policy that moves the worm (tanh near its bounds)
+        xs, _ = run_policy(sim, policy, 12, batch=2, heading=torch.tensor([0.0, math.pi], dtype=F64))
+    x = xs[-1]
+    mirrored, _, _ = mirror.state(x[:1], x[:1], torch.zeros(1, dtype=F64))
+    mid = 2 * sim.rest_state[0][:, 0].mean()  # the rest pose's mid-plane, x = mid / 2
+    mirrored[..., 0] += mid
+    assert (x[0] - sim.rest_state[0]).abs().max() > 0.05  # it moved
+    torch.testing.assert_close(x[1], mirrored[0], rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("make", [creatures.biped, creatures.tetrapod])
+def test_a_mirrored_policy_is_symmetric_by_construction(make, tmp_path):
+    sim = make(dtype=F64)
+    torch.manual_seed(0)
+    policy = FramePolicy.for_simulator(sim, steered=True, mirror=True)
+    mirror, d = policy.mirror, sim.body.dim
+    # the tetrapod's legs share their inner edges: two muscles on one edge, mapped to each other
+    assert all(mirror.muscles[mirror.muscles[j]] == j for j in range(sim.body.num_muscles))
+    x = sim.rest_state[0][None] + 0.01 * torch.randn(3, sim.body.num_vertices, d, dtype=F64)
+    v = torch.randn_like(x)
+    heading = torch.tensor([0.0, math.pi, 0.0] if d == 2 else [0.4, -1.1, 0.0], dtype=F64)
+    da = policy(x, v, heading)
+    # on the mirrored state, toward the mirrored heading, the mirror image of what it does
+    torch.testing.assert_close(policy(*mirror.state(x, v, heading)), da[:, list(mirror.muscles)], rtol=0,
+                               atol=1e-15)
+    # what the network alone does is not symmetric: the mirror is what makes it so
+    plain = FramePolicy.for_simulator(sim, steered=True)
+    plain.load_state_dict(policy.state_dict())
+    assert (plain(*mirror.state(x, v, heading)) - plain(x, v, heading)[:, list(mirror.muscles)]).abs().max() > 1e-3
+    # the file keeps the mirror
+    save_algovivo_policy(policy, str(tmp_path / "mirrored.json"))
+    back = load_algovivo_policy(str(tmp_path / "mirrored.json"), F64)
+    assert back.mirror == mirror
+    torch.testing.assert_close(back(x, v, heading), da, rtol=0, atol=0)
+    data = json.loads((tmp_path / "mirrored.json").read_text())
+    data["mirror"]["vertices"] = data["mirror"]["vertices"][1:]
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="bad.json: mirror must be a mirror of a .* body"):
+        load_algovivo_policy(str(tmp_path / "bad.json"))
+    data["mirror"] = {"axis": 0, "vertices": "all"}
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="bad.json: key 'mirror' must be"):
+        load_algovivo_policy(str(tmp_path / "bad.json"))
+
+
+def test_mirrors_are_refused_where_they_do_not_hold():
+    algovivo = creatures.make_creature("examples/data/algovivo/biped/mesh.json", F64)
+    with pytest.raises(ValueError, match="not its own mirror image across its mid-plane normal to x: vertex"):
+        Mirror.of(algovivo)
+    sim = creatures.biped(dtype=F64)
+    with pytest.raises(ValueError, match="a mirrored policy must be steered"):
+        FramePolicy.for_simulator(sim, steered=False, mirror=True)
+    with pytest.raises(TypeError, match="mirror must be a diffsoft.policy.Mirror"):
+        FramePolicy.for_simulator(sim, steered=True, mirror="x")
+    with pytest.raises(ValueError, match="mirror must be a mirror of a 3D body"):
+        FramePolicy.for_simulator(creatures.tetrapod(dtype=F64), mirror=Mirror.of(sim))
+    # a muscle whose mirror image is missing
+    body = sim.body
+    moved = body.muscles.clone()
+    moved[0] = torch.tensor([moved[0, 0], moved[1, 1]])
+    odd = creatures.biped(dtype=F64)
+    odd.body.muscles = moved
+    with pytest.raises(ValueError, match="muscle 0 .* has no mirror image"):
+        Mirror.of(odd)

@@ -52,6 +52,23 @@ def test_ppo_update_raises_the_probability_of_advantaged_actions():
     assert after > before
 
 
+def test_an_update_sees_the_policy_that_collected_its_rollout():
+    # The observation normaliser's statistics once changed between collecting a rollout and the update on it,
+    # so that the policy in PPO's ratio was another one before any step: at the defaults 96% of the first
+    # update's samples lay outside the clip range. One minibatch, no step: the ratio must be 1 (KL 0).
+    cfg = PPOConfig(horizon=8, envs=4, steps=32, epochs=1, minibatch=32, lr=1e-2, dtype="float64")
+    task = LocomotionTask(ppo.make_creature(cfg.creature, torch.float64), cfg.horizon)
+    torch.manual_seed(0)
+    model = ppo.GaussianFramePolicy(task, cfg)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):  # the first rollout meets the prior statistics, the next ones those it updated
+        roll = ppo.collect(task, model, cfg, g)
+        mean = model.norm.mean.clone()
+        _, _, kl = ppo.learn(model, torch.optim.SGD(model.parameters(), lr=0.0), roll, cfg, g)
+        assert abs(kl) < 1e-12
+        assert not torch.equal(model.norm.mean, mean)  # updated after the update
+
+
 def test_train_ppo_smoke():
     cfg = PPOConfig(horizon=3, envs=2, steps=12, epochs=2, minibatch=4, eval_every=1, dtype="float64")
     model, history = ppo.train_ppo(cfg, progress=False)

@@ -313,8 +313,9 @@ def test_keep_best_returns_the_policy_that_walked_furthest(tmp_path):
     assert ckpt["best"]["iteration"] == min(i, 3) and ckpt["best"]["distance"] == max(evals[:4])
     # resumed with fewer iterations than it ran (nothing left to train), the result is still the best policy
     assert i < 4  # (else the last policy is the best, and this would not tell)
-    again, _ = training.train(_tiny(tmp_path / "best", keep_best=True, **dict(kw, iterations=i)), resume=True,
-                              progress=False)
+    with pytest.warns(RuntimeWarning, match="nothing is trained"):
+        again, _ = training.train(_tiny(tmp_path / "best", keep_best=True, **dict(kw, iterations=i)), resume=True,
+                                  progress=False)
     for p, q in zip(best.parameters(), again.parameters()):
         assert torch.equal(p, q)
 
@@ -560,3 +561,16 @@ def test_resuming_past_the_iterations_says_nothing_is_trained(tmp_path):
     assert len(history) == 2
     for p, q in zip(first.parameters(), again.parameters()):
         assert torch.equal(p, q)
+
+
+def test_a_mirrored_policy_trains_resumes_and_is_a_setting(tmp_path):
+    policy, _ = training.train(_tiny(tmp_path, steer=True, mirror=True, iterations=2), progress=False)
+    assert policy.mirror is not None
+    assert json.loads((tmp_path / "policy.json").read_text())["mirror"]["axis"] == 0
+    resumed, history = training.train(_tiny(tmp_path, steer=True, mirror=True, iterations=3), resume=True,
+                                      progress=False)
+    assert len(history) == 3 and resumed.mirror == policy.mirror
+    with pytest.raises(ValueError, match="mirror"):
+        training.train(_tiny(tmp_path, steer=True, iterations=4), resume=True, progress=False)
+    with pytest.raises(ValueError, match="a mirrored policy must be steered"):
+        training.train(_tiny(tmp_path / "plain", mirror=True), progress=False)

@@ -110,28 +110,51 @@ CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& 
   // M^-1 b: a descent direction for -g = b since M is positive definite.
   torch::Tensor fallback = torch::zeros_like(done);
   const torch::Tensor first = p;
-  while (out.iterations < max_iter && !done.all().item<bool>()) {
-    torch::Tensor ap = apply_a(p);
-    ++out.iterations;
-    torch::Tensor pap = row_dot(p, ap);
-    // Non-positive curvature, relative to the scale of H: the angle between p and Ap is 90 degrees or more.
-    torch::Tensor bad = (pap <= eps * row_norm(p) * row_norm(ap)) & done.logical_not();
-    if (bad.any().item<bool>()) {
-      out.negative_curvature = true;
-      if (truncate && out.iterations == 1) fallback = fallback | bad;
-      if (truncate) done = done | bad;
+  auto iterate = [&] {  // CG from the current x, r, z, p, rz and done
+    while (out.iterations < max_iter && !done.all().item<bool>()) {
+      torch::Tensor ap = apply_a(p);
+      ++out.iterations;
+      torch::Tensor pap = row_dot(p, ap);
+      // Non-positive curvature, relative to the scale of H: the angle between p and Ap is 90 degrees or more.
+      torch::Tensor bad = (pap <= eps * row_norm(p) * row_norm(ap)) & done.logical_not();
+      if (bad.any().item<bool>()) {
+        out.negative_curvature = true;
+        if (truncate && out.iterations == 1) fallback = fallback | bad;
+        if (truncate) done = done | bad;
+      }
+      torch::Tensor active = done.logical_not();
+      torch::Tensor alpha = masked_ratio(active, rz, pap).unsqueeze(1);
+      x = x + alpha * p;
+      r = r - alpha * ap;
+      z = apply_m(r);
+      torch::Tensor rz_new = row_dot(r, z);
+      r_norm = row_norm(r);
+      done = done | (r_norm <= rtol);
+      torch::Tensor beta = masked_ratio(done.logical_not() & (rz != 0), rz_new, rz);
+      p = z + beta.unsqueeze(1) * p;
+      rz = rz_new;
     }
-    torch::Tensor active = done.logical_not();
-    torch::Tensor alpha = masked_ratio(active, rz, pap).unsqueeze(1);
-    x = x + alpha * p;
-    r = r - alpha * ap;
-    z = apply_m(r);
-    torch::Tensor rz_new = row_dot(r, z);
-    r_norm = row_norm(r);
-    done = done | (r_norm <= rtol);
-    torch::Tensor beta = masked_ratio(done.logical_not() & (rz != 0), rz_new, rz);
-    p = z + beta.unsqueeze(1) * p;
-    rz = rz_new;
+  };
+  iterate();
+  if (!truncate) {
+    // The recurrence's residual drifts from the true one, b - A x, by round-off: in float32 it falls far below
+    // what float32 resolves while the true residual stalls. A solve to a tolerance (the adjoint's; Newton's are
+    // truncated) ends on the true residual, one more product, and restarts from its x (at most twice) where
+    // that is above the tolerance and the last run at least halved it.
+    const torch::Tensor unit_b = b / scale;
+    torch::Tensor last = torch::full_like(r_norm, std::numeric_limits<double>::infinity());
+    for (int restart = 0;; ++restart) {
+      r = unit_b - apply_a(x);
+      r_norm = row_norm(r);
+      torch::Tensor again = (r_norm > rtol) & (r_norm < 0.5 * last) & torch::isfinite(r_norm);
+      if (restart == 2 || out.iterations >= max_iter || out.negative_curvature || !again.any().item<bool>()) break;
+      last = r_norm;
+      done = again.logical_not();
+      z = apply_m(r);
+      p = torch::where(done.unsqueeze(1), torch::zeros_like(z), z);
+      rz = row_dot(r, z);
+      iterate();
+    }
   }
   if (truncate) x = torch::where(fallback.unsqueeze(1), first, x);
   out.x = x * scale;

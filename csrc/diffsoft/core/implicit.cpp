@@ -175,6 +175,10 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
       } else {
         msg << cg.iterations << " CG iterations (backward_max_iter = " << max_iter << ")";
       }
+      if (dl_dx.scalar_type() == torch::kFloat32) {
+        msg << "; in float32, round-off bounds the residual near H's condition number times 1.2e-7: solve in "
+               "float64, or loosen backward_rtol";
+      }
     } else {
       msg << "converged";
     }
