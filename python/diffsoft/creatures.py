@@ -363,6 +363,9 @@ def make_creature(creature, dtype=torch.float32, device="cpu"):
     with ``"format": "diffsoft.creature"`` is diffsoft's format, any other algovivo's), on ``device`` (built
     on the CPU, then moved with :meth:`~diffsoft.simulator.Simulator.to`)."""
     device = check_device(device)
+    if not isinstance(creature, (str, os.PathLike)):  # (an int would be taken for an open file's descriptor)
+        raise TypeError(f"creature must be one of {sorted(CREATURES)} or a creature JSON file's path, got "
+                        f"{type(creature).__name__} {creature!r}")
     if creature in CREATURES:
         sim = CREATURES[creature](dtype=dtype)
     elif not os.path.isfile(creature):

@@ -31,8 +31,26 @@ from gymnasium.vector import AutoresetMode  # noqa: E402  (after the check that 
 def _task(creature, horizon, min_a, max_abs_da, dtype, device):
     """The task on ``creature``: a name that :func:`~diffsoft.creatures.make_creature` knows, a creature JSON
     file, or a :class:`~diffsoft.simulator.Simulator`."""
+    if not isinstance(creature, Simulator):
+        dtype = _dtype(dtype)
     sim = creature if isinstance(creature, Simulator) else make_creature(creature, dtype, device)
+    if isinstance(sim.dt, torch.Tensor) and sim.dt.numel() > 1:
+        raise ValueError(f"the environments need a Simulator with one dt for every creature (a frame rate), got "
+                         f"sim.dt of shape {tuple(sim.dt.shape)}")
     return LocomotionTask(sim, horizon, min_a, max_abs_da)
+
+
+def _dtype(dtype):
+    """torch.float32 or torch.float64, also by name or as numpy's; a ValueError for anything else."""
+    if dtype in (torch.float32, torch.float64):
+        return dtype
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name not in ("float32", "float64"):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64 (or 'float32', 'float64'), got {dtype!r}")
+    return getattr(torch, name)
 
 
 def _spaces(task):
@@ -54,10 +72,24 @@ def _actions(task, actions, shape):
     if a.shape != shape:
         raise ValueError(f"action must have shape {shape} (the activation changes of {task.num_actions} muscles), "
                          f"got {a.shape}")
+    if a.dtype == np.bool_ or not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+        raise ValueError(f"action must be real numbers (the activation changes), got dtype {a.dtype}")
     if not np.isfinite(a).all():
         raise ValueError("action has non-finite (NaN or infinite) entries")
     body = task.sim.body
     return torch.as_tensor(a, dtype=body.dtype, device=body.device)
+
+
+def _check_options(options, known):
+    """A ValueError for reset options that are not a dict, or that hold keys other than ``known``."""
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise ValueError(f"reset options must be a dict, got {type(options).__name__}")
+    unknown = sorted(map(str, set(options) - set(known)))
+    if unknown:
+        raise ValueError(f"reset options {unknown} are not known here; this environment takes "
+                         f"{list(known) or 'none'}")
 
 
 def _numpy(t):
@@ -97,6 +129,7 @@ class LocomotionEnv(gym.Env):
         """The creature at rest at its start: ``(observation, {})`` (the task's reset is deterministic; ``seed``
         seeds ``self.np_random`` as Gymnasium's contract asks)."""
         super().reset(seed=seed)
+        _check_options(options, ())
         self._state = self.task.reset(1)
         return self._observation(), {}
 
@@ -115,6 +148,11 @@ class LocomotionEnv(gym.Env):
         if self.render_mode is None or self._state is None:
             return None
         return _render(self.task, self._state, 0)
+
+    def close(self):
+        """Ends the episode: ``step()`` then needs ``reset()`` again."""
+        self._state = None
+        super().close()
 
     def _observation(self):
         return _numpy(self.task.observe(self._state))[0]
@@ -149,14 +187,16 @@ class LocomotionVectorEnv(gym.vector.VectorEnv):
     def reset(self, *, seed=None, options=None):
         """Every creature at rest at its start, or those of ``options["reset_mask"]``: ``(observations, {})``."""
         super().reset(seed=seed)
+        _check_options(options, ("reset_mask",))
         mask = (options or {}).get("reset_mask")
+        if mask is not None and not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_
+                                     and mask.shape == (self.num_envs,)):
+            raise ValueError(f"options['reset_mask'] must be a numpy bool array of shape ({self.num_envs},), "
+                             f"got {mask!r}")
         if mask is None or self._state is None:
             self._state = self.task.reset(self.num_envs)
             self._autoreset[:] = False
         else:
-            if not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.shape == (self.num_envs,)):
-                raise ValueError(f"options['reset_mask'] must be a numpy bool array of shape ({self.num_envs},), "
-                                 f"got {mask!r}")
             self._state = self.task.reset_where(self._state, torch.as_tensor(mask))
             self._autoreset[mask] = False
         return self._observation(), {}
@@ -187,6 +227,10 @@ class LocomotionVectorEnv(gym.vector.VectorEnv):
         if self.render_mode is None or self._state is None:
             return None
         return tuple(_render(self.task, self._state, i) for i in range(self.num_envs))
+
+    def close_extras(self, **kwargs):
+        """Ends the episodes: ``step()`` then needs ``reset()`` again."""
+        self._state = None
 
     def _observation(self):
         return _numpy(self.task.observe(self._state))

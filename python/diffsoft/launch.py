@@ -36,7 +36,11 @@ def main(argv=None):
     """Runs torchrun with ``argv`` (default: this process's arguments)."""
     _mend_std_from_str()
     from torch.distributed import run
-    run.main(sys.argv[1:] if argv is None else argv)
+    args = run.parse_args(sys.argv[1:] if argv is None else argv)
+    n = str(args.nproc_per_node)
+    if n.lstrip("-").isdigit() and int(n) < 1:  # (torch's launcher fails on a bare assertion)
+        raise SystemExit(f"diffsoft.launch: --nproc_per_node must be at least 1, got {n}")
+    run.run(args)
 
 
 if __name__ == "__main__":

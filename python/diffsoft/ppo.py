@@ -28,11 +28,17 @@ from .policy import FramePolicy, distance_covered
 from .task import LocomotionTask
 
 
+LOG_STD_RANGE = (-20.0, 2.0)
+"""Where the Gaussian policy's log standard deviation is kept: below, float32's exp underflows to a standard
+deviation of 0; above, the actions are noise."""
+
+
 @dataclasses.dataclass
 class PPOConfig:
     """creature, min_a (None: the creature's), max_abs_da, hidden: as in :class:`~diffsoft.training.TrainConfig`;
     horizon: the episode length (every episode starts at rest) and the evaluation's steps; envs: creatures
-    simulated together; steps: the budget in simulated creature-steps; epochs, minibatch: passes and minibatch size per update; lr; gamma, lam:
+    simulated together; steps: the budget in simulated creature-steps (whole updates of envs x horizon, at least
+    one: rounded down); epochs, minibatch: passes and minibatch size per update; lr; gamma, lam:
     discount and GAE parameter; clip_ratio; value_coef; entropy_coef; max_grad_norm; init_log_std;
     reward_scale: rewards are multiplied by it (progress per step is ~1e-3); eval_every: evaluate the mean
     action every that many updates; dtype; device: where the creatures, the simulator and the networks live
@@ -67,7 +73,13 @@ class PPOConfig:
             horizon=">0", envs=">0", steps=">0", hidden=">0", value_hidden=">0", min_a="min_a", max_abs_da=">0",
             epochs=">0", minibatch=">0", lr=">0", gamma="[0,1]", lam="[0,1]", clip_ratio=">0", value_coef=">=0",
             entropy_coef=">=0", max_grad_norm=">0", reward_scale=">0", eval_every=">0",
-            dtype=("float32", "float64"), seed=">=0"))
+            dtype=("float32", "float64"), seed="seed"))
+        if not LOG_STD_RANGE[0] <= self.init_log_std <= LOG_STD_RANGE[1]:
+            raise ValueError(f"init_log_std must be in [{LOG_STD_RANGE[0]}, {LOG_STD_RANGE[1]}] (the Gaussian's "
+                             f"log standard deviation, kept there in training), got {self.init_log_std!r}")
+        if self.envs * self.horizon < 2:
+            raise ValueError(f"envs * horizon must be at least 2 (the advantages are normalised by their standard "
+                             f"deviation), got envs={self.envs}, horizon={self.horizon}")
         check_device(self.device)
 
 
@@ -121,7 +133,8 @@ class GaussianFramePolicy(nn.Module):
         z = self.norm(obs)
         p = self.mean_policy
         mu = torch.tanh(p.fc2(torch.relu(p.fc1(z))))
-        return torch.distributions.Normal(mu, self.log_std.exp().expand_as(mu)), self.value(z).squeeze(-1)
+        std = self.log_std.clamp(*LOG_STD_RANGE).exp()  # (a large learning rate may push it past either end)
+        return torch.distributions.Normal(mu, std.expand_as(mu)), self.value(z).squeeze(-1)
 
 
 def mean_action(model):
@@ -140,8 +153,8 @@ def evaluate(task, model):
 def collect(task, model, cfg, generator):
     """One batch of ``cfg.envs`` episodes of the task (``horizon`` steps from rest). Returns a dict of
     ``(T, E, ...)`` tensors: obs, u (sampled actions), logp, value, reward (the task's, times
-    ``cfg.reward_scale``); and the last value (0: episodes end at the horizon, a time limit, so the last value
-    bootstraps the return) and the mean episode distance."""
+    ``cfg.reward_scale``); and the last value ``V(s_T)``, which bootstraps the return (episodes end at the
+    horizon, a time limit, not a terminal state), and the mean episode distance."""
     state = task.reset(cfg.envs)
     buf = {k: [] for k in ("obs", "u", "logp", "value", "reward")}
     with torch.no_grad():

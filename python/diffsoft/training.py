@@ -214,7 +214,7 @@ class TrainConfig:
         check_fields(self, dict(
             batch=">0", window=">0", episode=">0", lr_decay_iterations=">0", critic_hidden=">0",
             critic_iterations=">0", critic_minibatches=">0", hidden=">0", checkpoint_every=">0", eval_every=">0",
-            eval_horizon=">0", iterations=">=0", seed=">=0", dtype=("float32", "float64"), lr=">0", lr_end=">0",
+            eval_horizon=">0", iterations=">=0", seed="seed", dtype=("float32", "float64"), lr=">0", lr_end=">0",
             clip=">0", critic_lr=">0", reward_scale=">0", max_abs_da=">0", upright_weight=">=0",
             action_noise=">=0", action_noise_end=">=0", noise_decay_iterations=">=0", saturation_penalty=">=0",
             gamma="[0,1]", lam="[0,1]", target_alpha="[0,1]", terminate_height="[0,1)",
@@ -387,11 +387,30 @@ def _flat_adam_state(state):
 def distributed_world():
     """``(rank, world_size)``; joins the gloo process group when launched by torchrun."""
     import torch.distributed as dist
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+    size = os.environ.get("WORLD_SIZE", "1")
+    if not (size.strip().isdigit() and int(size) >= 1):
+        raise ValueError(f"the environment variable WORLD_SIZE must be a number of processes >= 1 (torchrun sets "
+                         f"it), got {size!r}")
+    if int(size) > 1 and not dist.is_initialized():
         dist.init_process_group("gloo")
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def _resumes(found, ckpt_path, world):
+    """Whether the run resumes: ``found`` (this process sees the checkpoint), the same in every process, whose
+    collective calls differ between a resumed run and a new one (one process resuming and another starting
+    would wait for each other for good): a ValueError in every process where they differ."""
+    if world > 1:
+        import torch.distributed as dist
+        seen = torch.tensor([int(found)])
+        dist.all_reduce(seen)
+        if 0 < int(seen) < world:
+            raise ValueError(f"{ckpt_path}: {int(seen)} of the {world} processes find the checkpoint, the others "
+                             f"not: --resume needs out_dir on a filesystem that every process reads (or the "
+                             f"checkpoint copied to each machine's out_dir)")
+    return found
 
 
 def _all_reduce_mean(tensors, world):
@@ -803,7 +822,7 @@ def train(cfg, resume=False, progress=True, log=print):
     pool = Pool.at_rest(sim, b, cfg.episode, cfg.terrain > 0)
     ckpt_path = os.path.join(cfg.out_dir, "checkpoint.pt")
     history, start, train_seconds, best = [], 0, 0.0, _Best()
-    if resume and os.path.exists(ckpt_path):
+    if _resumes(resume and os.path.exists(ckpt_path), ckpt_path, world):
         ckpt = _load_checkpoint(ckpt_path, cfg, sim)
         ckpt["critic_optimizer"] = _flat_adam_state(ckpt["critic_optimizer"])
         for name, m in learners.items():

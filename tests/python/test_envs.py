@@ -208,3 +208,38 @@ def test_bad_arguments_name_themselves():
     with pytest.raises(ValueError, match="creature must be one of"):
         LocomotionEnv("no_such_creature")
 
+
+
+def test_mistakes_between_calls_are_named(tmp_path):
+    # dtypes by name, as PPOConfig takes them; anything else is refused by name
+    assert LocomotionEnv("worm", horizon=HORIZON, dtype="float64").task.sim.body.dtype == torch.float64
+    assert LocomotionEnv("worm", horizon=HORIZON, dtype=np.float64).task.sim.body.dtype == torch.float64
+    with pytest.raises(ValueError, match="dtype must be torch.float32 or torch.float64"):
+        LocomotionEnv("worm", dtype=torch.float16)
+    # an int is not a file descriptor to read (and close) but a mistake
+    with open(tmp_path / "mine.txt", "w") as mine:
+        with pytest.raises(TypeError, match="creature must be one of .* got int"):
+            LocomotionEnv(mine.fileno())
+        mine.write("still open")
+    sim = creatures.worm()
+    sim.dt = torch.tensor([1 / 30, 1 / 60])
+    with pytest.raises(ValueError, match=r"one dt for every creature .* sim.dt of shape \(2,\)"):
+        LocomotionVectorEnv(sim, num_envs=2)
+    env = LocomotionEnv("worm", horizon=HORIZON)
+    with pytest.raises(ValueError, match=r"reset options \['bogus'\] are not known here"):
+        env.reset(options={"bogus": 1})
+    env.reset()
+    m = env.action_space.shape[0]
+    for bad in (np.zeros(m, dtype=bool), np.array(["0"] * m), np.zeros(m, dtype=complex)):
+        with pytest.raises(ValueError, match="action must be real numbers"):
+            env.step(bad)
+    env.close()
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step(np.zeros(m, dtype=np.float32))
+    vec = LocomotionVectorEnv("worm", num_envs=2, horizon=HORIZON)
+    with pytest.raises(ValueError, match=r"options\['reset_mask'\] must be a numpy bool array"):
+        vec.reset(options={"reset_mask": "garbage"})  # before the first reset too
+    vec.reset()
+    vec.close()
+    with pytest.raises(RuntimeError, match="reset"):
+        vec.step(np.zeros((2, m), dtype=np.float32))

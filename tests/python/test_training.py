@@ -574,3 +574,57 @@ def test_a_mirrored_policy_trains_resumes_and_is_a_setting(tmp_path):
         training.train(_tiny(tmp_path, steer=True, iterations=4), resume=True, progress=False)
     with pytest.raises(ValueError, match="a mirrored policy must be steered"):
         training.train(_tiny(tmp_path / "plain", mirror=True), progress=False)
+
+
+def _resume_in_process(rank, port, found, out):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        training._resumes(found[rank], "run/checkpoint.pt", 2)
+        out.put((rank, "resumed" if found[rank] else "started"))
+    except ValueError as e:
+        out.put((rank, str(e)))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("found", [(True, False), (True, True)])
+def test_processes_that_disagree_on_resuming_say_so_instead_of_waiting_for_each_other(found):
+    # One machine's out_dir holding the checkpoint, another's not: the process that resumed and the one that
+    # started called different collectives and waited for each other for good.
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_resume_in_process, args=(r, port, found, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    if found == (True, True):
+        assert results == {0: "resumed", 1: "resumed"}
+    else:
+        for r in range(2):
+            assert "1 of the 2 processes find the checkpoint" in results[r]
+
+
+def test_seeds_beyond_torchs_range_and_ppo_settings_out_of_range_are_named(monkeypatch):
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*64\)"):
+        TrainConfig(seed=2 ** 64).check()
+    from diffsoft.ppo import PPOConfig
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*64\)"):
+        PPOConfig(seed=2 ** 64).check()
+    with pytest.raises(ValueError, match=r"init_log_std must be in \[-20.0, 2.0\]"):
+        PPOConfig(init_log_std=-104.0).check()
+    with pytest.raises(ValueError, match="envs \\* horizon must be at least 2"):
+        PPOConfig(envs=1, horizon=1).check()
+    monkeypatch.setenv("WORLD_SIZE", "abc")
+    with pytest.raises(ValueError, match="WORLD_SIZE must be a number of processes >= 1"):
+        training.distributed_world()
+    from diffsoft import launch
+    with pytest.raises(SystemExit, match="--nproc_per_node must be at least 1, got 0"):
+        launch.main(["--standalone", "--nproc_per_node", "0", "examples/locomotion.py"])
