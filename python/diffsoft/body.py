@@ -73,6 +73,7 @@ class Copies:
         return c
 
     def forget(self, key):
+        """No longer a copy to watch: ``key`` was assigned anew."""
         self._records.pop(key, None)
 
     def stale(self, current):

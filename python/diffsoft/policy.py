@@ -120,6 +120,7 @@ class Mirror:
         return x[:, index] * sign, v[:, index] * sign, mirrored
 
     def to_dict(self):
+        """The mirror as JSON values (policy files)."""
         return {"axis": self.axis, "vertices": list(self.vertices), "muscles": list(self.muscles)}
 
 
