@@ -70,6 +70,8 @@ def _from_algovivo(data, path, dtype):
     pos = _array(data, "pos", float, (None, 2), path)
     n = len(pos)
     triangles = _array(data, "triangles", int, (None, 3), path)
+    if not len(triangles):
+        raise ValueError(f"{path}: key 'triangles' is empty: a creature needs at least one triangle")
     rsi = _array(data, "rsi", float, None, path)
     if rsi.ndim == 2 and rsi.shape[1:] == (4,):
         rsi = rsi.reshape(-1, 2, 2)
@@ -410,6 +412,8 @@ def _array(data, key, kind, shape, path):
     if kind is int:
         if (a != np.round(a)).any():
             raise ValueError(f"{path}: key '{key}' must hold integer vertex indices")
+        if (np.abs(a) >= 2 ** 53).any():  # (read through float64, which holds every integer below it exactly)
+            raise ValueError(f"{path}: key '{key}' has a vertex index beyond 2**53, which no mesh has")
         return a.astype(np.int64)
     return a
 

@@ -151,6 +151,9 @@ def test_biped_stands_and_a_gait_moves_it():
     ('{"pos": [[0, 0], [1, 0], [0, 1]], "triangles": [[0, 1, 2]], "rsi": [[[1, 0], [0, 1]]], "muscles": [[0, 1]], "l0": [1, 2]}', r"key 'l0' must have shape \(1,\)"),
     ('{"pos": [[0, 0], [1, "a"], [0, 1]], "triangles": [[0, 1, 2]], "rsi": [[[1, 0], [0, 1]]]}', "key 'pos' must be a"),
     ('{"pos": [[0, 0], [1, 0], [0, 1]], "triangles": [[0, 1, 2]], "rsi": [[[0, 0], [0, 0]]]}', "singular"),
+    ('{"pos": [[0, 0], [1, 0], [0, 1]], "triangles": [[0, 1, 9007199254740993]], "rsi": [[[1, 0], [0, 1]]]}',
+     r"key 'triangles' has a vertex index beyond 2\*\*53"),
+    ('{"pos": [[0, 0], [1, 0], [0, 1]], "triangles": [], "rsi": []}', "key 'triangles' is empty"),
 ])
 def test_malformed_algovivo_file_names_the_key(tmp_path, content, match):
     path = tmp_path / "bad.json"
