@@ -225,8 +225,9 @@ class FramePolicy(nn.Module):
                                 f"{type(mirror).__name__}")
             mirror.check(num_vertices, num_muscles, dim)
             if not self.steered:
-                raise ValueError("a mirrored policy must be steered (steered=True): the mirror turns its heading "
-                                 "(in 2D forward into backward), which it must read")
+                raise ValueError("a mirrored policy must be steered (steered=True; in training TrainConfig.steer, "
+                                 "--steer true): the mirror turns its heading (in 2D forward into backward), "
+                                 "which it must read")
         self.mirror = mirror
         self.fc1 = nn.Linear(2 * dim * num_vertices + (dim if self.steered else 0), hidden)
         self.fc2 = nn.Linear(hidden, num_muscles)
