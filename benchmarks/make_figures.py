@@ -31,14 +31,21 @@ RESULTS = os.path.join(HERE, "results", "sample_efficiency")
 README = os.path.join(HERE, "README.md")
 PLOTS = ("biped_defaults", "algovivo_biped_defaults", "biped_noise_decay", "algovivo_biped_noise_decay")
 """The runs whose plots benchmarks/README.md shows (``TrainConfig``'s defaults, and the eighth run)."""
-HEADLINE = (("procedural biped", "biped_defaults"), ("algovivo's biped", "algovivo_biped_defaults"))
-"""The headline's runs: the differentiable trainer with ``TrainConfig``'s defaults, against ``diffsoft.ppo``'s three
-seeds, then its six, then Stable-Baselines3's tuned PPO (the best PPO)."""
-OTHERS = (("worm", "worm_defaults"), ("quadruped", "quadruped_defaults"),
-          ("3D tetrapod (5e4 Pa, `min_a` 0.5)", "tetrapod_defaults_8160023"), ("3D tetrapod", "tetrapod_defaults"))
-"""The other creatures' runs (issue 32, item 6): the defaults against ``diffsoft.ppo``'s three seeds, rows under
-the headline's (the tetrapod's build before its stiffer body, then the tetrapod)."""
-PEERS = {"ppo": "diffsoft.ppo", "sb3": "SB3 (tuned)"}
+CORRECTED = "`diffsoft.ppo`"
+BEFORE = "`diffsoft.ppo` before `2a9a89a`"
+SB3 = "SB3 (tuned)"
+HEADLINE = (("procedural biped", "biped_defaults", "ppo", CORRECTED),
+            ("algovivo's biped", "algovivo_biped_defaults", "ppo", CORRECTED),
+            ("procedural biped", "biped_defaults", "sb3", SB3),
+            ("algovivo's biped", "algovivo_biped_defaults", "sb3", SB3),
+            ("worm", "worm_defaults", "ppo", CORRECTED),
+            ("quadruped", "quadruped_defaults", "ppo", CORRECTED),
+            ("3D tetrapod (5e4 Pa, `min_a` 0.5)", "tetrapod_defaults_8160023", "ppo", BEFORE),
+            ("3D tetrapod", "tetrapod_defaults", "ppo", BEFORE))
+"""The headline's rows: (creature, run, the PPO it is against, that PPO's name). The differentiable trainer
+with ``TrainConfig``'s defaults against ``diffsoft.ppo`` (as corrected at ``2a9a89a``: before it, its
+observation statistics changed between a rollout and the update on it; the tetrapods' PPO runs are from before)
+and Stable-Baselines3's tuned PPO, on every creature (issue 32, item 6)."""
 MARKERS = ("<!-- headline: written by benchmarks/make_figures.py from results/sample_efficiency -->\n",
            "<!-- end of headline -->\n")
 
@@ -50,7 +57,7 @@ def with_more_ppo_seeds(summary, path):
     return dict(summary, sources=summary["sources"] + more["sources"], runs=runs)
 
 
-def headline_rows(creature, summary, peer="ppo"):
+def headline_rows(creature, summary, peer="ppo", peer_name=CORRECTED):
     """One row of the headline: the PPO ``peer``'s (a method of ``summary``) mean final distance over its
     seeds, the creature-steps and the training seconds (wall-clock, evaluations excluded) each method needs to
     reach it (medians over seeds), their ratios, and both methods' final distances (medians)."""
@@ -78,23 +85,16 @@ def headline_rows(creature, summary, peer="ppo"):
              for m in hits}
     seconds = {m: "never" if secs[m] is None else f"{secs[m]:.0f}" for m in hits}
     ppo_seeds = sorted(runs["ppo"], key=int)
-    return (f"| {creature} | {PEERS[peer]}, {ppo_seeds[0]}-{ppo_seeds[-1]} | {target:.2f} | {cells['differentiable']} | "
+    return (f"| {creature} | {peer_name}, {ppo_seeds[0]}-{ppo_seeds[-1]} | {target:.2f} | {cells['differentiable']} | "
             f"{cells['ppo']} | {ratio(steps, reached)} | {seconds['differentiable']} / {seconds['ppo']} | "
             f"{ratio(secs, reached_secs)} | {_median(finals['differentiable']):.2f} / {_median(finals['ppo']):.2f} |")
 
 
 def headline(results):
     rows, sources = [], []
-    for more, peer in ((False, "ppo"), (True, "ppo"), (False, "sb3")):
-        for creature, name in HEADLINE:
-            summary = _load(os.path.join(results, name, "summary.json"))
-            if more:
-                summary = with_more_ppo_seeds(summary, os.path.join(results, name, "ppo_seeds_3-5.json"))
-            rows.append(headline_rows(creature, summary, peer))
-            sources += [s for s in summary["sources"] if s not in sources]
-    for creature, name in OTHERS:
+    for creature, name, peer, peer_name in HEADLINE:
         summary = _load(os.path.join(results, name, "summary.json"))
-        rows.append(headline_rows(creature, summary, "ppo"))
+        rows.append(headline_rows(creature, summary, peer, peer_name))
         sources += [s for s in summary["sources"] if s not in sources]
     return "\n".join([
         "| creature | PPO, its seeds | PPO's final distance (mean over its seeds) | creature-steps to reach it: "
