@@ -477,7 +477,7 @@ MISUSE_TARGETS = (
         ("ground", lambda v, d: v is None or (_real_or_scalar_tensor(v) and _within_sqrt_max(v, d))),
         ("max_iter", lambda v, d: _whole(v) and v >= 0), ("rtol", lambda v, d: v is None or _unit_open(v)),
         ("atol", lambda v, d: v is None or _nonneg(v)), ("cg_rtol", lambda v, d: _unit_open(v)),
-        ("backward_rtol", lambda v, d: _unit_open(v)),
+        ("backward_rtol", lambda v, d: v is None or _unit_open(v)),
         ("dt", lambda v, d: _real_or_scalar_tensor(v) and v > 0 and v * v >= torch.finfo(d).tiny
                and _within_sqrt_max(v, d)))]
     + [("Simulator.step", "activation", _step_activation,
@@ -485,7 +485,8 @@ MISUSE_TARGETS = (
     + [("minimize", name, (lambda dtype, v, name=name: _minimize(dtype, **{name: v})), ok) for name, ok in (
         ("rtol", lambda v, d: v is None or _unit_open(v)), ("atol", lambda v, d: _nonneg(v)),
         ("max_iter", lambda v, d: _whole(v) and v >= 0), ("cg_rtol", lambda v, d: _unit_open(v)),
-        ("backward_rtol", lambda v, d: _unit_open(v)), ("ls_c1", lambda v, d: _real(v) and 0 < v < 0.5),
+        ("backward_rtol", lambda v, d: v is None or _unit_open(v)),
+        ("ls_c1", lambda v, d: _real(v) and 0 < v < 0.5),
         ("ls_shrink", lambda v, d: _unit_open(v)), ("ls_max_iter", lambda v, d: _count(v)),
         ("cg_max_iter", lambda v, d: v is None or _count(v)))]
     + [("mesh.rectangle", name, (lambda dtype, v, name=name: list(rectangle(**{name: v}, dtype=dtype))), ok)
@@ -498,10 +499,10 @@ MISUSE_TARGETS = (
         ("lr", lambda v, d: _positive(v)), ("gamma", lambda v, d: _real(v) and 0 <= v <= 1),
         ("lam", lambda v, d: _real(v) and 0 <= v <= 1), ("clip_ratio", lambda v, d: _positive(v)),
         ("entropy_coef", lambda v, d: _nonneg(v)), ("value_coef", lambda v, d: _nonneg(v)),
-        ("max_grad_norm", lambda v, d: _positive(v)), ("init_log_std", lambda v, d: _real(v)),
+        ("max_grad_norm", lambda v, d: _positive(v)), ("init_log_std", lambda v, d: _real(v) and -20 <= v <= 2),
         ("min_a", lambda v, d: v is None or _min_a(v)), ("horizon", lambda v, d: _count(v)),
         ("envs", lambda v, d: _count(v)), ("minibatch", lambda v, d: _count(v)), ("epochs", lambda v, d: _count(v)),
-        ("steps", lambda v, d: _count(v)), ("seed", lambda v, d: _whole(v) and v >= 0),
+        ("steps", lambda v, d: _count(v)), ("seed", lambda v, d: _whole(v) and 0 <= v < 2 ** 64),
         ("dtype", lambda v, d: v in ("float32", "float64") and isinstance(v, str)))]
     + [("TrainConfig", name, (lambda dtype, v, name=name: _config(TrainConfig, **{name: v})), ok) for name, ok in (
         ("lr", lambda v, d: _positive(v)), ("gamma", lambda v, d: _real(v) and 0 <= v <= 1),
