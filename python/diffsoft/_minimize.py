@@ -227,7 +227,9 @@ def minimize(
     if not torch.is_inference_mode_enabled():
         # Inference tensors (made under inference_mode) keep no version, which the backward checks: copies do.
         tensors = [t.clone() if t.is_inference() else t for t in tensors]
-        if _analytic is None and torch.is_grad_enabled():
+        # (diffsoft's own energies, such as the step's with fused=False, take every tensor as a param)
+        origin = getattr(energy, "__module__", None) or ""
+        if _analytic is None and torch.is_grad_enabled() and not origin.startswith("diffsoft."):
             _warn_of_captured_tensors(fn, x0, tensors)
     info = SolveInfo()
     # Newton's products by double backward build graphs of the solver's own, which the caller's saved-tensor hooks

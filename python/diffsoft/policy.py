@@ -70,7 +70,7 @@ class Mirror:
         ``tolerance`` of the body's size); a ValueError naming the vertex or muscle without an image."""
         b = sim.body
         x = b.rest_positions.detach().to(torch.float64).cpu()
-        axis = 0 if b.dim == 2 else 2
+        axis = cls.axis_of(b.dim)
         image = x.clone()
         image[:, axis] = x[:, axis].max() + x[:, axis].min() - x[:, axis]
         gap, vertices = torch.cdist(image, x).min(1)
@@ -98,15 +98,20 @@ class Mirror:
                 muscles[j] = k
         return cls(axis, tuple(vertices.tolist()), tuple(muscles))
 
+    @staticmethod
+    def axis_of(dim):
+        """The axis a ``dim``-D body is mirrored along: 2D x (front and back), 3D z (left and right)."""
+        return 0 if dim == 2 else 2
+
     def check(self, num_vertices, num_muscles, dim, where="mirror"):
         """A ValueError naming ``where`` unless this is a mirror of a ``dim``-D body of these sizes."""
-        ok = (self.axis == (0 if dim == 2 else 2) and sorted(self.vertices) == list(range(num_vertices))
+        ok = (self.axis == self.axis_of(dim) and sorted(self.vertices) == list(range(num_vertices))
               and sorted(self.muscles) == list(range(num_muscles))
               and all(self.vertices[self.vertices[i]] == i for i in range(num_vertices))
               and all(self.muscles[self.muscles[j]] == j for j in range(num_muscles)))
         if not ok:
             raise ValueError(f"{where} must be a mirror of a {dim}D body of {num_vertices} vertices and {num_muscles} "
-                             f"muscles: axis {0 if dim == 2 else 2}, and vertices and muscles permutations that are "
+                             f"muscles: axis {self.axis_of(dim)}, and vertices and muscles permutations that are "
                              f"their own inverses (Mirror.of(sim))")
 
     def state(self, x, v, heading):
