@@ -20,7 +20,6 @@ import torch
 from diffsoft import training
 from diffsoft._compat import load_checkpoint
 from diffsoft.creatures import fingerprint_changes, make_creature
-from diffsoft.policy import FramePolicy, reads_heading
 from diffsoft.threads import set_num_threads
 
 VARIANTS = {
@@ -33,7 +32,7 @@ VARIANTS = {
 
 
 def run(ckpt, variant, windows):
-    cfg = training.TrainConfig(**ckpt["config"])
+    cfg = training.TrainConfig.recorded(ckpt["config"])
     dtype = variant.get("dtype", getattr(torch, cfg.dtype))
     # the creature as trained (its dtype's rounding is part of its content), then as the variant replays it
     changed = fingerprint_changes(ckpt.get("creature", {}), make_creature(cfg.creature, getattr(torch, cfg.dtype)))
@@ -45,8 +44,7 @@ def run(ckpt, variant, windows):
         sim.solver_options["max_iter"] = variant["max_iter"]
     if "atol_scale" in variant:
         sim.solver_options["atol"] *= variant["atol_scale"]
-    policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da,
-                                       steered=reads_heading(sim.body.dim, cfg.steer))
+    policy = training.new_policy(cfg, sim)
     policy.load_state_dict(ckpt["policy"])
     policy.to(dtype)
     x, v, a = (ckpt["pool"][k].to(dtype) for k in ("x", "v", "a"))

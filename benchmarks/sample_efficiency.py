@@ -48,7 +48,7 @@ from diffsoft import ppo, training
 from diffsoft._checks import setting_kind
 from diffsoft._compat import load_checkpoint
 from diffsoft.creatures import CREATURES, make_creature
-from diffsoft.policy import FramePolicy, Gait, distance_walked, gait
+from diffsoft.policy import Gait, distance_walked, gait
 from diffsoft.task import LocomotionTask
 from diffsoft.threads import set_num_threads
 
@@ -160,7 +160,7 @@ def diff_settings(pairs):
         name, _, value = pair.partition("=")
         if name not in {f.name for f in dataclasses.fields(defaults)} or not value:
             raise ValueError(f"--diff-set takes TrainConfig's NAME=VALUE, got {pair!r}")
-        kind = setting_kind(getattr(defaults, name))
+        kind = setting_kind(training.TrainConfig, name)
         out[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
     return out
 
@@ -347,12 +347,12 @@ def speed(args, rounds):
     as the mean of its Gaussian policy. Returns ``{method: [seconds per creature-step, ...]}`` (wall) and the
     same in process CPU time."""
     ckpt = load_checkpoint(args.speed)
-    cfg = training.TrainConfig(**dict(ckpt["config"], out_dir=args.out))
+    cfg = training.TrainConfig.recorded(dict(ckpt["config"], out_dir=args.out))
     if cfg.steer:
         raise SystemExit(f"--speed {args.speed}: a steered run (steer=True); PPO here walks along +x only")
     sim = make_creature(cfg.creature, getattr(torch, cfg.dtype))
     sim.solver_options["backward_rtol"] = cfg.backward_rtol
-    policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da)
+    policy = training.new_policy(cfg, sim)
     critic = training.Critic(policy.fc1.in_features, sim.body.num_muscles, cfg.critic_hidden)
     target_critic = training.Critic(policy.fc1.in_features, sim.body.num_muscles, cfg.critic_hidden)
     policy.load_state_dict(ckpt["policy"])

@@ -2,6 +2,7 @@
 import dataclasses
 import math
 import numbers
+import typing
 
 MIN_ACTIVATION = 1e-6
 """The least activation a muscle may have (the step refuses less; a muscle at ``a`` targets ``a`` times its rest
@@ -28,10 +29,12 @@ def is_integer(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def setting_kind(default):
-    """The type a settings field takes: its default's, or float for a default of None (an optional number
-    whose value comes from elsewhere: the creature's ``min_a``)."""
-    return float if default is None else type(default)
+def setting_kind(cls, name):
+    """The type the settings dataclass ``cls``'s field ``name`` takes: its annotation's, ``Optional[T]``'s T
+    for a field whose default None takes its value from elsewhere (the creature's ``min_a``)."""
+    kind = typing.get_type_hints(cls)[name]
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    return args[0] if args else kind
 
 
 def check_fields(config, ranges):
@@ -39,14 +42,14 @@ def check_fields(config, ranges):
     fault: every field has its default's kind (a float field takes any finite real number, an int field any
     integer, numpy's included), and the fields in ``ranges`` lie in theirs: ``">0"``, ``">=0"``, ``"(0,1)"``,
     ``"[0,1]"``, or a tuple of the values allowed. A field whose default is None takes None (its value comes
-    from elsewhere: the creature's ``min_a``) or a float. Numpy numbers become Python's (configs are written as
+    from elsewhere: the creature's ``min_a``) or its annotation's kind. Numpy numbers become Python's (configs are written as
     JSON)."""
     defaults = type(config)()
     for f in dataclasses.fields(config):
         value, default = getattr(config, f.name), getattr(defaults, f.name)
         if default is None and value is None:
             continue
-        kind = setting_kind(default)
+        kind = setting_kind(type(config), f.name)
         ok = {float: is_finite_real, int: is_integer}.get(kind, lambda v: isinstance(v, kind))(value)
         if not ok:
             what = "a finite float" if kind is float else f"an {kind.__name__}" if kind is int else f"a {kind.__name__}"

@@ -129,7 +129,7 @@ def main(argv=None):
     defaults, descriptions = TrainConfig(), field_help(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         value = getattr(defaults, f.name)
-        kind = setting_kind(value)
+        kind = setting_kind(TrainConfig, f.name)
         default = ("default: the creature's" if value is None else f"default {value!r}") + (
             f", {QUICK[f.name]!r} with --quick" if f.name in QUICK else "")
         text = re.sub(r":\w+:`~?([\w.]+)`", r"\1", descriptions[f.name]).replace("``", "")  # Sphinx roles, literals

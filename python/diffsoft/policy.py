@@ -138,6 +138,20 @@ def reads_heading(dim, steer=False):
     return bool(steer) or dim == 3
 
 
+def mirrors(sim, steer=False):
+    """Whether a frame policy for ``sim``'s body is mirrored unless told otherwise (:class:`~diffsoft.training.TrainConfig`'s
+    ``mirror`` None): where it reads a heading (:func:`reads_heading`: in 3D, or steered) and the body is its own
+    mirror image (:meth:`Mirror.of` finds one). A mirrored policy cannot drift toward one side: the tetrapod's
+    unsteered gaits held their course on 5 seeds of 5 mirrored, 3 of 5 not (docs/training.md)."""
+    if not reads_heading(sim.body.dim, steer):
+        return False
+    try:
+        Mirror.of(sim)
+    except ValueError:  # not its own mirror image
+        return False
+    return True
+
+
 def frame_vertices(sim):
     """``(center_vertex_id, forward_vertex_id)`` for a body facing +x: the vertex nearest the rest pose's
     centroid, and the vertex nearest the point at the body's front (max x) level with that center."""

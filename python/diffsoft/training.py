@@ -68,7 +68,7 @@ from ._io import finite_or_null
 from ._optional import require
 from .creatures import check_device, fingerprint, fingerprint_changes, make_creature
 from .policy import (FramePolicy, Posture, center_of_mass, center_of_mass_x, distance_walked, distances_along,
-                     heading_direction, observe, reads_heading, save_algovivo_policy)
+                     heading_direction, mirrors, observe, reads_heading, save_algovivo_policy)
 from .terrain import grid, on_terrain, random_heights
 
 
@@ -143,7 +143,9 @@ class TrainConfig:
             :data:`EVAL_HEADINGS` of the distance walked along each.
         mirror: The policy is mirrored (:class:`~diffsoft.policy.Mirror`): symmetric by construction, for a body
             that is its own mirror image, so that a gait learnt toward one side (2D: forward or backward; 3D:
-            toward +z or -z) is one toward the other too; it must read a heading (in 2D: with ``steer``).
+            toward +z or -z) is one toward the other too; it must read a heading (in 2D: with ``steer``). None:
+            mirrored wherever it can be (:func:`~diffsoft.policy.mirrors`: a symmetric body in 3D, or steered in
+            2D), which the run records.
         eval_every: Iterations between evaluations of :func:`~diffsoft.policy.distance_walked`
             (deterministic, from rest).
         eval_horizon: Steps of each evaluation.
@@ -194,7 +196,7 @@ class TrainConfig:
     randomize: float = 0.0
     terrain: float = 0.0
     steer: bool = False
-    mirror: bool = False
+    mirror: Optional[bool] = None
     eval_every: int = 10
     eval_horizon: int = 100
     keep_best: bool = False
@@ -208,6 +210,13 @@ class TrainConfig:
 
     # Fields that may change between a run and its resumption.
     RESUMABLE = ("iterations", "out_dir", "checkpoint_every", "eval_every", "on_failure", "device", "keep_best")
+
+    @classmethod
+    def recorded(cls, config):
+        """The settings a checkpoint's ``config`` records, where a field it lacks (added since) takes the value
+        that does what the trainer did before it (:data:`_BEFORE`), or else its default."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{**_BEFORE, **{k: v for k, v in config.items() if k in names}})
 
     def check(self):
         """Every field's type and range, each error naming the field: called before anything is built."""
@@ -682,14 +691,26 @@ def _save_checkpoint(path, cfg, sim, learners, pool_state, iteration, history, t
 _CHECKPOINT_KEYS = ("config", "iteration", "policy", "critic", "target_critic", "optimizer", "critic_optimizer", "pool",
                     "history", "train_seconds")
 _POOL_KEYS = ("x", "v", "a", "age")
-_BEFORE = {"terminate_height": 0.0}
+_BEFORE = {"terminate_height": 0.0, "mirror": False}
 """The TrainConfig fields added with a default that changes what the trainer did, and the value that does what
 it did before them: what a checkpoint written before a field existed was trained with."""
+
+
+def for_creature(cfg, sim):
+    """``cfg`` with the fields that default to the creature's (None) taken from its simulator ``sim``:
+    ``min_a`` (its body's) and ``mirror`` (:func:`~diffsoft.policy.mirrors`), as a run records them."""
+    if cfg.min_a is None:
+        cfg = dataclasses.replace(cfg, min_a=sim.body.min_a)
+    if cfg.mirror is None:
+        cfg = dataclasses.replace(cfg, mirror=mirrors(sim, cfg.steer))
+    cfg.check()
+    return cfg
 
 
 def new_policy(cfg, sim):
     """The policy that :func:`train` starts from for ``cfg`` and its creature ``sim``, drawn from torch's
     generator."""
+    cfg = for_creature(cfg, sim)
     return FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=cfg.min_a, max_abs_da=cfg.max_abs_da,
                                      steered=reads_heading(sim.body.dim, cfg.steer), mirror=cfg.mirror)
 
@@ -724,10 +745,8 @@ def _load_checkpoint(path, cfg, sim):
         raise ValueError(f"{path} lacks key {(missing or ['config'])[0]!r}: an incomplete or hand-edited checkpoint "
                          f"(diffsoft writes {', '.join(_CHECKPOINT_KEYS)}); delete it to start over, or resume from "
                          f"a copy of the run")
-    # a field that the checkpoint's config lacks (added since) had its default there, or the value that does
-    # what the trainer did before it (_BEFORE)
     wanted = dataclasses.asdict(cfg)
-    stored = {k: ckpt["config"].get(k, _BEFORE.get(k, getattr(TrainConfig, k))) for k in wanted}
+    stored = dataclasses.asdict(TrainConfig.recorded(ckpt["config"]))
     # A checkpoint that records its creature's content may resume under another name or path for it.
     may_change = TrainConfig.RESUMABLE + (("creature",) if "creature" in ckpt else ())
     differ = [k for k, v in wanted.items() if k not in may_change and stored[k] != v]
@@ -805,9 +824,7 @@ def train(cfg, resume=False, progress=True, log=print):
         raise ValueError(f"batch ({cfg.batch}) must be divisible by the number of processes ({world})")
     dtype = getattr(torch, cfg.dtype)
     sim = make_creature(cfg.creature, dtype, cfg.device)
-    if cfg.min_a is None:  # the creature's, recorded (a checkpoint compares it, whichever way it was given)
-        cfg = dataclasses.replace(cfg, min_a=sim.body.min_a)
-        cfg.check()
+    cfg = for_creature(cfg, sim)  # recorded: a checkpoint compares them, whichever way they were given
     sim.solver_options["backward_rtol"] = cfg.backward_rtol
     torch.manual_seed(cfg.seed)
     policy = new_policy(cfg, sim)

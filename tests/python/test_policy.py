@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from diffsoft import creatures
-from diffsoft.policy import (POLICY_KEYS, FramePolicy, Mirror, center_of_mass_x, frame_vertices,
+from diffsoft.policy import (POLICY_KEYS, FramePolicy, Mirror, center_of_mass_x, frame_vertices, mirrors,
                              load_algovivo_policy, observe, run_policy, save_algovivo_policy)
 from diffsoft.task import LocomotionTask
 from diffsoft.training import TrainConfig
@@ -306,3 +306,11 @@ def test_mirrors_are_refused_where_they_do_not_hold():
     odd.body.muscles = moved
     with pytest.raises(ValueError, match="muscle 0 .* has no mirror image"):
         Mirror.of(odd)
+
+
+def test_policies_are_mirrored_wherever_they_can_be_unless_told():
+    # mirrors(): a symmetric body whose policy reads a heading (3D, or 2D steered); TrainConfig.mirror None
+    biped, tetrapod = creatures.biped(dtype=F64), creatures.tetrapod(dtype=F64)
+    algovivo = creatures.make_creature("examples/data/algovivo/biped/mesh.json", F64)
+    assert [mirrors(biped), mirrors(biped, steer=True), mirrors(algovivo, steer=True)] == [False, True, False]
+    assert mirrors(tetrapod) and mirrors(creatures.caterpillar(dtype=F64))

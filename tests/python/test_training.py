@@ -571,9 +571,29 @@ def test_a_mirrored_policy_trains_resumes_and_is_a_setting(tmp_path):
                                       progress=False)
     assert len(history) == 3 and resumed.mirror == policy.mirror
     with pytest.raises(ValueError, match="mirror"):
-        training.train(_tiny(tmp_path, steer=True, iterations=4), resume=True, progress=False)
+        training.train(_tiny(tmp_path, steer=True, mirror=False, iterations=4), resume=True, progress=False)
     with pytest.raises(ValueError, match="a mirrored policy must be steered"):
         training.train(_tiny(tmp_path / "plain", mirror=True), progress=False)
+
+
+def test_the_default_mirror_is_the_creatures_and_recorded(tmp_path):
+    # mirror None: mirrored where it can be (a symmetric body, steered in 2D), recorded as what it resolved to
+    for steer, mirrored in ((False, False), (True, True)):
+        out = tmp_path / str(steer)
+        policy, _ = training.train(_tiny(out, steer=steer, iterations=1), progress=False)
+        assert (policy.mirror is not None) == mirrored
+        assert torch.load(out / "checkpoint.pt")["config"]["mirror"] is mirrored
+    # the same run as mirror=True, to the bit
+    same, _ = training.train(_tiny(tmp_path / "given", steer=True, mirror=True, iterations=1), progress=False)
+    assert all(torch.equal(p, q) for p, q in zip(policy.parameters(), same.parameters()))
+    # a checkpoint written before the field existed was not mirrored: resuming it by default says so
+    path = tmp_path / "True" / "checkpoint.pt"
+    ckpt = torch.load(path)
+    del ckpt["config"]["mirror"]
+    torch.save(ckpt, path)
+    with pytest.raises(ValueError, match="other settings \\(mirror=False\\)"):
+        training.train(_tiny(tmp_path / "True", steer=True, iterations=2), resume=True, progress=False)
+    training.train(_tiny(tmp_path / "True", steer=True, mirror=False, iterations=2), resume=True, progress=False)
 
 
 def _resume_in_process(rank, port, found, out):
