@@ -145,7 +145,7 @@ def run_differentiable(args, seed):
     sim = make_creature(cfg.creature)
     final = distance_walked(sim, policy, cfg.eval_horizon)
     history.append({"eval_distance": final, "eval_sim_steps": history[-1]["sim_steps"]})
-    return {"config": dataclasses.asdict(dataclasses.replace(cfg, min_a=policy.min_a)),  # the creature's, if None
+    return {"config": dataclasses.asdict(training.for_creature(cfg, sim)),  # min_a and mirror as the run took them
             "history": history, "wall_seconds": wall, "gait": gait(sim, policy).summary(),
             "train_seconds": history[-2]["seconds"], "sim_steps": history[-2]["sim_steps"],
             "machine": {"start": start, "end": machine(args.threads)}}
