@@ -40,12 +40,13 @@ HEADLINE = (("procedural biped", "biped_defaults", "ppo", CORRECTED),
             ("algovivo's biped", "algovivo_biped_defaults", "sb3", SB3),
             ("worm", "worm_defaults", "ppo", CORRECTED),
             ("quadruped", "quadruped_defaults", "ppo", CORRECTED),
-            ("3D tetrapod (5e4 Pa, `min_a` 0.5)", "tetrapod_defaults_8160023", "ppo", BEFORE),
-            ("3D tetrapod", "tetrapod_defaults", "ppo", BEFORE))
+            ("3D tetrapod (5e4 Pa, `min_a` 0.5), not mirrored", "tetrapod_defaults_8160023", "ppo", BEFORE),
+            ("3D tetrapod, not mirrored", "tetrapod_defaults", "ppo", BEFORE))
 """The headline's rows: (creature, run, the PPO it is against, that PPO's name). The differentiable trainer
 with ``TrainConfig``'s defaults against ``diffsoft.ppo`` (as corrected at ``2a9a89a``: before it, its
 observation statistics changed between a rollout and the update on it; the tetrapods' PPO runs are from before)
-and Stable-Baselines3's tuned PPO, on every creature (issue 32, item 6)."""
+and Stable-Baselines3's tuned PPO, on every creature (issue 32, item 6). The tetrapods' differentiable runs are
+from before its policy was mirrored by default (``ac92ae2``)."""
 MARKERS = ("<!-- headline: written by benchmarks/make_figures.py from results/sample_efficiency -->\n",
            "<!-- end of headline -->\n")
 
