@@ -180,8 +180,6 @@ def minimize(
         raise ValueError(f'on_failure must be "warn" or "raise", got {on_failure!r}')
     if is_finite_real(atol) and atol > torch.finfo(x0.dtype).max:
         raise ValueError(f"atol must be a finite number >= 0 in x0's dtype {x0.dtype}, got {atol!r}")
-    if backward_rtol is None:
-        backward_rtol = default_backward_rtol(x0.dtype)
     options = _options(
         batched=batched, rtol=rtol, atol=atol, max_iter=max_iter, cg_rtol=cg_rtol, cg_max_iter=cg_max_iter,
         backward_rtol=backward_rtol, backward_max_iter=backward_max_iter, ls_c1=ls_c1, ls_shrink=ls_shrink,
@@ -259,8 +257,10 @@ def minimize(
 
 
 def default_backward_rtol(dtype):
-    """The adjoint solve's default relative residual in ``dtype``: 1e-10 in float64; in float32 1e-5, since its
-    round-off bounds the residual to about the Hessian's condition number times float32's epsilon (1.2e-7)."""
+    """The adjoint solve's default relative residual in ``dtype``, the C++ core's (``default_backward_rtol`` in
+    ``core/solver.h``) for the torch backend, which solves in Python: 1e-10 in float64; in float32 1e-5, since
+    its round-off bounds the residual to about the Hessian's condition number times float32's epsilon
+    (1.2e-7)."""
     return 1e-10 if dtype == torch.float64 else 1e-5
 
 
@@ -294,13 +294,13 @@ def _options(**kw):
         if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1):
             raise ValueError(f"{name} must be None or an integer >= 1, got {v!r}")
         kw[name] = 0 if v is None else v  # 0: the C++ default (the size, or a measured probe_batch)
-    bounds = {"rtol": (0, 1), "cg_rtol": (0, 1), "backward_rtol": (0, 1), "ls_c1": (0, 0.5), "ls_shrink": (0, 1)}
-    if kw["rtol"] is None:
-        kw["rtol"] = 0.0  # the C++ side picks the dtype's default
-    elif not is_finite_real(kw["rtol"]) or not 0 < kw["rtol"] < 1:
-        raise ValueError(f"rtol must be None or in (0, 1), got {kw['rtol']!r}")
-    for name, (lo, hi) in bounds.items():
-        if name != "rtol" and (not is_finite_real(kw[name]) or not lo < kw[name] < hi):
+    for name in ("rtol", "backward_rtol"):
+        if kw[name] is None:
+            kw[name] = 0.0  # the C++ side picks the dtype's default
+        elif not is_finite_real(kw[name]) or not 0 < kw[name] < 1:
+            raise ValueError(f"{name} must be None or in (0, 1), got {kw[name]!r}")
+    for name, (lo, hi) in {"cg_rtol": (0, 1), "ls_c1": (0, 0.5), "ls_shrink": (0, 1)}.items():
+        if not is_finite_real(kw[name]) or not lo < kw[name] < hi:
             raise ValueError(f"{name} must be in ({lo}, {hi}), got {kw[name]!r}")
     if not is_finite_real(kw["atol"]) or kw["atol"] < 0:
         raise ValueError(f"atol must be a finite number >= 0, got {kw['atol']!r}")

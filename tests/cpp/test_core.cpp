@@ -172,6 +172,37 @@ TEST_F(Core, ImplicitBackwardOfAQuadraticIsTheLinearSolve) {
   EXPECT_TRUE(torch::allclose(g, at::linalg_solve(a, w, /*left=*/true), 1e-9, 1e-11));
 }
 
+TEST_F(Core, TheAdjointToleranceDefaultsToWhatTheDtypeResolves) {
+  // float32 round-off bounds the adjoint's relative residual near cond(H) x 1.2e-7: a default of float64's
+  // 1e-10 would report every float32 backward as failed. backward_rtol 0 (the default) is the dtype's.
+  const int64_t n = 10;
+  Tensor a = spd(n);
+  Tensor b = torch::randn({n}, f64);
+  Tensor w = torch::randn({n}, f64);
+  diffsoft::SolverOptions opt;
+  EXPECT_EQ(opt.backward_rtol, 0.0);
+  EXPECT_EQ(diffsoft::default_backward_rtol(torch::kFloat64), 1e-10);
+  EXPECT_EQ(diffsoft::default_backward_rtol(torch::kFloat32), 1e-5);
+  for (auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    for (double rtol : {0.0, 1e-10}) {
+      opt.backward_rtol = rtol;
+      auto info = std::make_shared<diffsoft::SolveInfo>();
+      Tensor bb = b.to(dtype).requires_grad_();
+      Tensor x = diffsoft::implicit_minimize(quadratic, torch::zeros({n}, dtype), {a.to(dtype), bb}, opt, info);
+      auto g = torch::autograd::grad({x.dot(w.to(dtype))}, {bb})[0];
+      const double wanted = rtol > 0 ? rtol : diffsoft::default_backward_rtol(dtype);
+      EXPECT_LE(info->backward_residual, std::max(wanted, 1e-6));
+      // float32 cannot resolve 1e-10: asked for it, the backward says so; by default it converges.
+      const bool reachable = dtype == torch::kFloat64 || rtol == 0.0;
+      EXPECT_EQ(info->backward_converged, reachable) << info->backward_message;
+      if (!reachable) EXPECT_NE(info->backward_message.find("1e-10"), std::string::npos) << info->backward_message;
+      EXPECT_TRUE(torch::allclose(g.to(torch::kFloat64), at::linalg_solve(a, w, /*left=*/true), 1e-4, 1e-6));
+    }
+  }
+  opt.backward_rtol = -1.0;
+  EXPECT_THROW(diffsoft::check_options(opt), std::invalid_argument);
+}
+
 TEST_F(Core, BadInputThrowsInvalidArgument) {
   diffsoft::SolveInfo info;
   diffsoft::SolverOptions opt;

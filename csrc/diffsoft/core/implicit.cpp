@@ -146,7 +146,8 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
     }
     const int64_t max_iter = opt.backward_max_iter > 0 ? opt.backward_max_iter : 10 * n;
     torch::Tensor direct_rows;
-    CGResult cg = solve_rows(point, dl_dx, torch::full({batch}, opt.backward_rtol, dl_dx.options()), max_iter,
+    const double rtol = opt.backward_rtol > 0 ? opt.backward_rtol : default_backward_rtol(dl_dx.scalar_type());
+    CGResult cg = solve_rows(point, dl_dx, torch::full({batch}, rtol, dl_dx.options()), max_iter,
                              /*truncate=*/false, &direct_rows);
 
     SolveInfo& info = *pb->info;
@@ -169,7 +170,7 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
              "is unreliable";
     } else if (!cg.converged) {
       msg << "the adjoint solve's relative residual is " << info.backward_residual
-          << " > backward_rtol = " << opt.backward_rtol << " after ";
+          << " > backward_rtol = " << rtol << " after ";
       if (info.backward_direct) {
         msg << "a sparse factorization with iterative refinement (H too ill-conditioned for this tolerance)";
       } else {

@@ -71,6 +71,8 @@ LinearOperator by_factor(const LinearOperator& factor, const LinearOperator& own
 
 }  // namespace
 
+double default_backward_rtol(torch::ScalarType t) { return t == torch::kFloat64 ? 1e-10 : 1e-5; }
+
 void check_options(const SolverOptions& o) {
   auto require = [](bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument("invalid solver option: " + what);
@@ -79,8 +81,8 @@ void check_options(const SolverOptions& o) {
   require(std::isfinite(o.rtol) && o.rtol >= 0 && o.rtol < 1, "rtol must be in [0, 1)");
   require(o.max_iter >= 0, "max_iter must be >= 0");
   require(o.cg_rtol > 0 && o.cg_rtol < 1, "cg_rtol must be in (0, 1)");
-  require(std::isfinite(o.backward_rtol) && o.backward_rtol > 0 && o.backward_rtol < 1,
-          "backward_rtol must be in (0, 1)");
+  require(std::isfinite(o.backward_rtol) && o.backward_rtol >= 0 && o.backward_rtol < 1,
+          "backward_rtol must be in [0, 1) (0: by dtype)");
   require(o.ls_c1 > 0 && o.ls_c1 < 0.5, "ls_c1 must be in (0, 0.5)");
   require(o.ls_shrink > 0 && o.ls_shrink < 1, "ls_shrink must be in (0, 1)");
   require(o.ls_max_iter >= 1, "ls_max_iter must be >= 1");

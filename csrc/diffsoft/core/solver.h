@@ -78,7 +78,8 @@ struct SolverOptions {
   double cg_rtol = 0.5;
   int64_t cg_max_iter = 0;  // <= 0: the number of unknowns per problem
   // Adjoint solve H lambda = dL/dx* in the backward: relative residual and iteration cap.
-  double backward_rtol = 1e-10;
+  // backward_rtol <= 0 means "by dtype" (default_backward_rtol): 1e-10 for float64, 1e-5 for float32.
+  double backward_rtol = 0.0;
   int64_t backward_max_iter = 0;  // <= 0: 10 x the number of unknowns per problem
   // Backtracking (Armijo) line search: accept E(x + a p) <= E(x) + c1 a g.p, else a *= shrink.
   double ls_c1 = 1e-4;
@@ -222,6 +223,10 @@ AnalyticDerivatives derivatives_at(const EnergyFn& energy, const AnalyticEnergy*
                                    const std::vector<torch::Tensor>& params, bool batched);
 
 void check_options(const SolverOptions& options);
+
+// The adjoint solve's relative residual where SolverOptions.backward_rtol is 0: 1e-10 in float64; 1e-5 in
+// float32, whose round-off bounds the residual near the Hessian's condition number times 1.2e-7.
+double default_backward_rtol(torch::ScalarType dtype);
 
 // Solves H x = b on rows to relative residuals rtol ((B,), as conjugate_gradient): by the point's factorization
 // where it has one and H is positive definite there, by CG (preconditioned if the point offers it) on the
