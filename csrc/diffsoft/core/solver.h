@@ -78,7 +78,7 @@ struct SolverOptions {
   double cg_rtol = 0.5;
   int64_t cg_max_iter = 0;  // <= 0: the number of unknowns per problem
   // Adjoint solve H lambda = dL/dx* in the backward: relative residual and iteration cap.
-  // backward_rtol <= 0 means "by dtype" (default_backward_rtol): 1e-10 for float64, 1e-5 for float32.
+  // backward_rtol 0 means "by dtype" (default_backward_rtol): 1e-10 for float64, 1e-5 for float32.
   double backward_rtol = 0.0;
   int64_t backward_max_iter = 0;  // <= 0: 10 x the number of unknowns per problem
   // Backtracking (Armijo) line search: accept E(x + a p) <= E(x) + c1 a g.p, else a *= shrink.
