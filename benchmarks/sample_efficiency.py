@@ -177,8 +177,9 @@ def run_ppo(args, seed, budget, **overrides):
     wall = time.perf_counter() - t
     task = LocomotionTask(make_creature(cfg.creature, getattr(torch, cfg.dtype), cfg.device), cfg.horizon,
                           cfg.min_a, cfg.max_abs_da)
-    return {"config": dataclasses.asdict(dataclasses.replace(cfg, min_a=task.min_a)), "history": history,
-            "wall_seconds": wall, "gait": Gait.of(task.sim, task.rollout(ppo.mean_action(model), 1000)).summary(),
+    recorded = dataclasses.replace(cfg, min_a=task.min_a, mirror=model.mirrored)  # as the run took them
+    return {"config": dataclasses.asdict(recorded), "history": history,
+            "wall_seconds": wall, "gait": Gait.of(task.sim, ppo.rollout(task, model, 1000)).summary(),
             "train_seconds": history[-1]["seconds"], "sim_steps": history[-1]["sim_steps"],
             "machine": {"start": start, "end": machine(args.threads)}}
 
@@ -366,7 +367,7 @@ def speed(args, rounds):
                             "heading": torch.zeros(x.shape[0], dtype=x.dtype), **ckpt["pool"]})
     pcfg = ppo.PPOConfig(creature=cfg.creature, horizon=args.horizon, envs=args.ppo_envs, lr=args.ppo_lr,
                          epochs=args.ppo_epochs, minibatch=args.ppo_minibatch, entropy_coef=args.ppo_entropy,
-                         clip_ratio=args.ppo_clip)
+                         clip_ratio=args.ppo_clip, mirror=cfg.mirror)
     task = LocomotionTask(sim, pcfg.horizon, pcfg.min_a, pcfg.max_abs_da)
     model = ppo.GaussianFramePolicy(task, pcfg)
     model.mean_policy.load_state_dict(ckpt["policy"])

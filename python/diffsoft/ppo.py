@@ -10,7 +10,9 @@ creatures continue across its windows.
 The policy is Gaussian, ``u ~ N(mu(obs), diag(sigma^2))``, with ``mu`` the same MLP as
 :class:`~diffsoft.policy.FramePolicy` (``fc1 -> ReLU -> fc2 -> tanh``) on normalised observations (running
 mean and variance) and a state-independent learned ``log sigma``; the environment clamps ``u`` as it clamps
-the deterministic policy's output. PPO's clipped surrogate objective with generalised advantage estimation
+the deterministic policy's output. Where the trainer's policy is mirrored (:func:`~diffsoft.policy.mirrors`: the
+tetrapod), so is PPO's: its mean and ``log sigma`` are symmetric as :class:`~diffsoft.policy.FramePolicy`'s mirrored
+output is, so that both methods learn within the same family of policies. PPO's clipped surrogate objective with generalised advantage estimation
 (GAE), a separate value MLP, advantage normalisation, and gradient-norm clipping (Schulman et al. 2017).
 """
 import dataclasses
@@ -24,7 +26,7 @@ from torch import nn
 from ._checks import check_fields
 from ._optional import require
 from .creatures import check_device, make_creature
-from .policy import FramePolicy, distance_covered
+from .policy import FramePolicy, distance_covered, mirrors, observe
 from .task import LocomotionTask
 
 
@@ -41,8 +43,9 @@ class PPOConfig:
     one: rounded down); epochs, minibatch: passes and minibatch size per update; lr; gamma, lam:
     discount and GAE parameter; clip_ratio; value_coef; entropy_coef; max_grad_norm; init_log_std;
     reward_scale: rewards are multiplied by it (progress per step is ~1e-3); eval_every: evaluate the mean
-    action every that many updates; dtype; device: where the creatures, the simulator and the networks live
-    (random numbers are drawn on the CPU and moved); seed."""
+    action every that many updates; mirror: the actor is mirrored (:class:`~diffsoft.policy.Mirror`), None:
+    wherever the trainer's is (:func:`~diffsoft.policy.mirrors`: a symmetric 3D body); dtype; device: where the
+    creatures, the simulator and the networks live (random numbers are drawn on the CPU and moved); seed."""
     creature: str = "biped"
     horizon: int = 100
     envs: int = 32
@@ -63,6 +66,7 @@ class PPOConfig:
     init_log_std: float = -1.5
     reward_scale: float = 100.0
     eval_every: int = 2
+    mirror: Optional[bool] = None
     dtype: str = "float32"
     device: str = "cpu"
     seed: int = 0
@@ -111,55 +115,93 @@ class RunningNorm(nn.Module):
 
 class GaussianFramePolicy(nn.Module):
     """The actor (a :class:`~diffsoft.policy.FramePolicy`-shaped mean on normalised observations, and a
-    learned log standard deviation) and the critic (an MLP on the same normalised observations)."""
+    learned log standard deviation) and the critic (an MLP on the same normalised observations).
+
+    Its input (:meth:`inputs`) is the task's observation and, for a mirrored actor, the mirrored state's after
+    it: the mean is then, as :meth:`FramePolicy.changes <diffsoft.policy.FramePolicy.changes>` makes it, the
+    average of the network's output on the state and, mirrored back, on the mirrored state; ``log sigma`` the
+    average of itself and its mirror image. The critic reads the observation alone."""
 
     def __init__(self, task, cfg):
         super().__init__()
         sim = task.sim
+        mirror = mirrors(sim) if cfg.mirror is None else cfg.mirror
+        if mirror and not task.steered:
+            raise ValueError("mirror=True: a mirrored actor reads a heading (its mirror image turns it), and PPO's "
+                             "reads one in 3D only")
         self.mean_policy = FramePolicy.for_simulator(sim, hidden=cfg.hidden, min_a=task.min_a,
                                                      max_abs_da=task.max_abs_da,
                                                      center_vertex_id=task.center_vertex_id,
                                                      forward_vertex_id=task.forward_vertex_id,
-                                                     steered=task.steered)
-        n_obs = self.mean_policy.fc1.in_features
-        self.norm = RunningNorm(n_obs)
+                                                     steered=task.steered, mirror=mirror)
+        self.num_observations = task.num_observations
+        self.norm = RunningNorm(self.num_observations)
         self.log_std = nn.Parameter(torch.full((sim.body.num_muscles,), cfg.init_log_std, dtype=sim.body.dtype))
-        self.value = nn.Sequential(nn.Linear(n_obs, cfg.value_hidden), nn.Tanh(),
+        self.value = nn.Sequential(nn.Linear(self.num_observations, cfg.value_hidden), nn.Tanh(),
                                    nn.Linear(cfg.value_hidden, cfg.value_hidden), nn.Tanh(),
                                    nn.Linear(cfg.value_hidden, 1)).to(sim.body.dtype)
 
-    def distribution(self, obs):
-        """``N(mu, sigma)`` over activation changes and the value, from raw observations ``(K, n_obs)``."""
-        z = self.norm(obs)
+    @property
+    def mirrored(self):
+        return self.mean_policy.mirror is not None
+
+    def inputs(self, task, state):
+        """The model's input for the task's ``state``: its observation ``(B, n_obs)``, followed for a mirrored
+        actor by the mirrored state's observation (``(B, 2 n_obs)``)."""
+        obs = task.observe(state)
+        if not self.mirrored:
+            return obs
+        heading = state.x.new_zeros(state.x.shape[0])  # the task's command: +x
+        x, v, heading = self.mean_policy.mirror.state(state.x, state.v, heading)
+        return torch.cat([obs, observe(x, v, task.center_vertex_id, task.forward_vertex_id, heading)], 1)
+
+    def distribution(self, inputs):
+        """``N(mu, sigma)`` over activation changes and the value, from :meth:`inputs` ``(K, ...)``."""
+        n = self.num_observations
+        z = self.norm(inputs[:, :n])
         p = self.mean_policy
-        mu = torch.tanh(p.fc2(torch.relu(p.fc1(z))))
-        std = self.log_std.clamp(*LOG_STD_RANGE).exp()  # (a large learning rate may push it past either end)
+        mu, log_std = p.head(z), self.log_std
+        if self.mirrored:
+            image = torch.tensor(p.mirror.muscles, device=mu.device)
+            mu = 0.5 * (mu + p.head(self.norm(inputs[:, n:]))[:, image])
+            log_std = 0.5 * (log_std + log_std[image])
+        std = log_std.clamp(*LOG_STD_RANGE).exp()  # (a large learning rate may push it past either end)
         return torch.distributions.Normal(mu, std.expand_as(mu)), self.value(z).squeeze(-1)
+
+    def update_norm(self, inputs):
+        """The observation normaliser's statistics updated with :meth:`inputs` ``(K, ...)`` (a mirrored
+        actor's mirrored observations too: it normalises both)."""
+        self.norm.update(inputs.reshape(-1, self.num_observations))
 
 
 def mean_action(model):
-    """The model's deterministic policy as a function of the observation: its mean activation change (for
-    :meth:`~diffsoft.task.LocomotionTask.rollout`)."""
-    return lambda obs: model.distribution(obs)[0].mean
+    """The model's deterministic policy as a function of its input (:meth:`GaussianFramePolicy.inputs`): its mean
+    activation change."""
+    return lambda inputs: model.distribution(inputs)[0].mean
+
+
+def rollout(task, model, steps):
+    """Positions ``(steps + 1, N, d)`` of one creature running the model's mean action from rest
+    (:meth:`~diffsoft.task.LocomotionTask.rollout`)."""
+    return task.rollout(mean_action(model), steps, observe=lambda state: model.inputs(task, state))
 
 
 def evaluate(task, model):
     """Distance along +x of one creature running the mean action from rest for the task's horizon (as
     :func:`~diffsoft.policy.distance_walked`)."""
-    xs = task.rollout(mean_action(model), task.horizon)
-    return distance_covered(task.sim, xs).item()
+    return distance_covered(task.sim, rollout(task, model, task.horizon)).item()
 
 
 def collect(task, model, cfg, generator):
     """One batch of ``cfg.envs`` episodes of the task (``horizon`` steps from rest). Returns a dict of
-    ``(T, E, ...)`` tensors: obs, u (sampled actions), logp, value, reward (the task's, times
+    ``(T, E, ...)`` tensors: obs (the model's :meth:`~GaussianFramePolicy.inputs`), u (sampled actions), logp, value, reward (the task's, times
     ``cfg.reward_scale``); and the last value ``V(s_T)``, which bootstraps the return (episodes end at the
     horizon, a time limit, not a terminal state), and the mean episode distance."""
     state = task.reset(cfg.envs)
     buf = {k: [] for k in ("obs", "u", "logp", "value", "reward")}
     with torch.no_grad():
         while not task.truncated(state).all():
-            obs = task.observe(state)
+            obs = model.inputs(task, state)
             dist, value = model.distribution(obs)
             u = dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator,
                                                       dtype=obs.dtype).to(obs.device)
@@ -169,7 +211,7 @@ def collect(task, model, cfg, generator):
             buf["logp"].append(dist.log_prob(u).sum(-1))
             buf["value"].append(value)
             buf["reward"].append(cfg.reward_scale * progress)
-        _, last_value = model.distribution(task.observe(state))
+        _, last_value = model.distribution(model.inputs(task, state))
     out = {k: torch.stack(t) for k, t in buf.items()}
     out["last_value"] = last_value
     out["distance"] = task.distance(state).mean().item()
@@ -228,7 +270,7 @@ def learn(model, optimizer, roll, cfg, generator):
     batch = {"obs": roll["obs"].flatten(0, 1), "u": roll["u"].flatten(0, 1), "logp": roll["logp"].flatten(),
              "adv": adv.flatten(), "ret": ret.flatten()}
     stats = ppo_update(model, optimizer, batch, cfg, generator)
-    model.norm.update(batch["obs"])
+    model.update_norm(batch["obs"])
     return stats
 
 

@@ -106,17 +106,19 @@ class LocomotionTask:
         """Whether each creature's episode has reached the time limit ``horizon``: ``(B,)`` bool."""
         return state.steps >= self.horizon
 
-    def rollout(self, act, steps):
+    def rollout(self, act, steps, observe=None):
         """One creature from reset for ``steps`` steps (past the horizon too), each action ``act(observation)``
-        (``(1, 2 N d)`` to ``(1, M)``: a trained policy's deterministic one), without gradients. Returns its
-        positions ``(steps + 1, N, d)`` (for :meth:`~diffsoft.policy.Gait.of`)."""
+        (``(1, 2 N d)`` to ``(1, M)``: a trained policy's deterministic one), without gradients; ``observe``: what
+        ``act`` reads, from the state (default :meth:`observe`). Returns its positions ``(steps + 1, N, d)`` (for
+        :meth:`~diffsoft.policy.Gait.of`)."""
         if not (is_integer(steps) and steps >= 1):
             raise ValueError(f"steps must be a positive integer, got {steps!r}")
+        observe = self.observe if observe is None else observe
         state = self.reset(1)
         xs = [state.x[0]]
         with torch.no_grad():
             for _ in range(steps):
-                state, _ = self.step(state, act(self.observe(state)))
+                state, _ = self.step(state, act(observe(state)))
                 xs.append(state.x[0])
         return torch.stack(xs)
 

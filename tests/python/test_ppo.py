@@ -7,7 +7,7 @@ import torch
 from diffsoft import creatures, ppo
 from diffsoft.policy import Gait, center_of_mass_x
 from diffsoft.ppo import PPOConfig
-from diffsoft.task import LocomotionTask
+from diffsoft.task import LocomotionState, LocomotionTask
 
 
 def test_gae_matches_the_recursion_written_out():
@@ -89,9 +89,53 @@ def test_a_3d_ppo_actor_reads_the_heading_as_the_trainers_policy_does():
     model, history = ppo.train_ppo(cfg, progress=False)
     task = LocomotionTask(creatures.make_creature("tetrapod", torch.float64), horizon=2)
     assert model.mean_policy.steered and model.mean_policy.fc1.in_features == task.num_observations
+    assert model.mirrored  # as the trainer's policy is (policy.mirrors)
     assert all(math.isfinite(r["eval_distance"]) for r in history if "eval_distance" in r)
 
 
 def test_ppo_device_is_checked():
     with pytest.raises(ValueError, match="device must be a torch device"):
         ppo.train_ppo(PPOConfig(device="gpu0"), progress=False)
+
+
+def test_a_mirrored_actor_does_on_the_mirrored_state_the_mirror_image_of_what_it_does_on_the_state():
+    # PPO's tetrapod actor is mirrored as the differentiable trainer's policy is, so that both learn within the
+    # same family of policies: its mean is FramePolicy's mirrored output (on normalised observations), its
+    # standard deviation symmetric, and on the mirrored state it acts as the mirror image.
+    cfg = PPOConfig(creature="tetrapod", dtype="float64")
+    task = LocomotionTask(creatures.make_creature("tetrapod", torch.float64), horizon=4)
+    torch.manual_seed(0)
+    model = ppo.GaussianFramePolicy(task, cfg)
+    with torch.no_grad():
+        model.log_std.copy_(torch.linspace(-2, -1, task.num_actions, dtype=torch.float64))
+    state = task.reset(2)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        state, _ = task.step(state, torch.rand(2, task.num_actions, generator=g, dtype=torch.float64) * 2 - 1)
+    mirror = model.mean_policy.mirror
+    x, v, _ = mirror.state(state.x, state.v, state.x.new_zeros(2))
+    image = LocomotionState(x, v, state.a, state.steps, state.start)
+    with torch.no_grad():
+        dist, _ = model.distribution(model.inputs(task, state))
+        mirrored, _ = model.distribution(model.inputs(task, image))
+        heading = state.x.new_zeros(2)
+        trainer = model.mean_policy.changes(state.x, state.v, heading)  # normaliser at its prior: identity
+    muscles = list(mirror.muscles)
+    torch.testing.assert_close(mirrored.mean, dist.mean[:, muscles], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(dist.stddev[:, muscles], dist.stddev, rtol=1e-12, atol=0)
+    torch.testing.assert_close(dist.mean, trainer, rtol=1e-6, atol=1e-7)
+    assert not torch.allclose(dist.mean, dist.mean[:, muscles])  # a state that is not its own mirror image
+    # The normaliser takes both observations: its statistics are those of a symmetric data set.
+    model.update_norm(model.inputs(task, state))
+    assert model.norm.count.item() == pytest.approx(4, abs=1e-3)
+
+
+def test_ppo_mirror_is_resolved_or_refused_by_name():
+    biped = LocomotionTask(creatures.make_creature("biped", torch.float64), horizon=4)
+    assert not ppo.GaussianFramePolicy(biped, PPOConfig(dtype="float64")).mirrored
+    with pytest.raises(ValueError, match="mirror=True"):
+        ppo.GaussianFramePolicy(biped, PPOConfig(mirror=True, dtype="float64"))
+    tetrapod = LocomotionTask(creatures.make_creature("tetrapod", torch.float64), horizon=4)
+    assert not ppo.GaussianFramePolicy(tetrapod, PPOConfig(mirror=False, dtype="float64")).mirrored
+    with pytest.raises(ValueError, match="mirror must be a bool"):
+        PPOConfig(mirror="yes").check()
