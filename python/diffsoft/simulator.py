@@ -188,7 +188,7 @@ class Simulator:
                                    keep_factor=keep_factors, reuse_factor=reuse_factor)
         self._refresh_default_atol()
         self._topology = None
-        self._rows_checked = None  # the topology whose terms' rows were checked (Term.check_rows)
+        self._terms_checked = None  # the topology whose terms were checked (Term.check)
 
     @property
     def colliders(self):
@@ -295,7 +295,7 @@ class Simulator:
         self.__dict__.update(state)
         self._checked, self._copies = {}, Copies()
         self.__dict__.setdefault("_frame", None)
-        self.__dict__.setdefault("_rows_checked", None)
+        self.__dict__.setdefault("_terms_checked", None)
 
     @property
     def body(self):
@@ -533,10 +533,10 @@ class Simulator:
         batched = self._check_state(x0, v0)
         params, top = self.step_problem(x0, v0, self._check_activation(activation, x0))
         refuse_transforms("Simulator.step", params)
-        if top.terms and self._rows_checked is not top:  # once per topology: its terms are fixed
+        if top.terms and self._terms_checked is not top:  # once per topology: its terms are fixed
             for term in top.terms:
-                term.check_rows(params)
-            self._rows_checked = top
+                term.check(params)
+            self._terms_checked = top
         params, shift = self._recentred(params, top)
         backend = self._backend_for(x0)
         try:

@@ -118,24 +118,45 @@ class Term:
                              f"{num_vertices} vertices")
         return self._rows.to(device)
 
-    def check_rows(self, p):
-        """A ValueError where one row's energy reads another row's positions, which the step cannot see (it
-        assembles the Hessian from per-row blocks: such a term's steps and gradients come out quietly wrong).
-        Checked at the step's start ``p.x0`` (:class:`~diffsoft.step.StepParams`) by two gradients of the rows'
-        energies under different random weights: with separate rows, row j's gradient is its weight times its
-        own energy's gradient, under either weight."""
+    def check(self, p):
+        """A ValueError naming the term where its energy is one the step would quietly get wrong, checked at the
+        step's start ``p.x0`` (:class:`~diffsoft.step.StepParams`):
+
+        * one row's energy reads another row's positions, which the step cannot see (it assembles the Hessian
+          from per-row blocks). Found by two gradients of the rows' energies under different random weights:
+          with separate rows, row j's gradient is its weight times its own energy's gradient, under either weight;
+        * its second derivative is lost (an op that does not differentiate twice: a ``torch.autograd.Function``
+          whose backward reads detached tensors), so its Hessian blocks would be 0: its gradient has no graph to
+          the positions, yet changes with them."""
         rows = self.stencil(p.x0.shape[-2], p.x0.device)
-        x = p.x0.detach()[..., rows, :]
+        x0 = p.x0.detach()[..., rows, :]
+        h, params = per_problem(p.h).detach(), [t.detach() for t in self.params]
         with torch.enable_grad(), own_graphs():
-            x.requires_grad_()
-            e = self.energy(x, p.x0.detach()[..., rows, :], per_problem(p.h).detach(),
-                            *[t.detach() for t in self.params])
+            x = x0.clone().requires_grad_()
+            e = self.energy(x, x0, h, *params)
             g = torch.Generator().manual_seed(0)
             weights = [(1 + torch.rand(e.shape, generator=g, dtype=torch.float64)).to(e) for _ in range(2)]
-            grads = [torch.autograd.grad(e, x, w, retain_graph=True, allow_unused=True)[0] for w in weights]
-        if grads[0] is None:
-            return
-        per_row = [gr / w[..., None, None] for gr, w in zip(grads, weights)]
+            grads = [torch.autograd.grad(e, x, w, retain_graph=True, allow_unused=True, create_graph=True)[0]
+                     for w in weights]
+            if grads[0] is None:  # the positions do not enter it
+                return
+            second = grads[0].requires_grad and torch.autograd.grad(
+                grads[0], x, torch.ones_like(grads[0]), allow_unused=True)[0] is not None
+            if not second and self.blocks is None:
+                moved = (x0 + 0.01 * x0.abs().max().clamp_min(1) * torch.linspace(
+                    -1, 1, x0.numel(), dtype=x0.dtype, device=x0.device).view_as(x0)).requires_grad_()
+                there = torch.autograd.grad(self.energy(moved, x0, h, *params), moved, weights[0],
+                                            allow_unused=True)[0]
+                there = torch.zeros_like(x0) if there is None else there
+                change = float((there - grads[0]).norm())
+                if not change <= 1e3 * torch.finfo(x0.dtype).eps * float(grads[0].norm() + there.norm()):
+                    raise ValueError(f"Term {self.name!r}: its second derivative is lost: its gradient changes with "
+                                     f"the positions, yet has no autograd graph to them (its Hessian blocks would be 0, "
+                                     f"the step and its gradients quietly wrong). An op in its energy does "
+                                     f"not differentiate twice (a torch.autograd.Function whose backward reads "
+                                     f"detached tensors, .numpy() or runs under torch.no_grad()): give it a "
+                                     f"differentiable backward, or give the term its blocks")
+        per_row = [gr.detach() / w[..., None, None] for gr, w in zip(grads, weights)]
         scale = max(float(per_row[0].abs().max()), torch.finfo(x.dtype).tiny)
         if float((per_row[0] - per_row[1]).abs().max()) > 1e3 * torch.finfo(x.dtype).eps * scale:
             raise ValueError(f"Term {self.name!r}: one row's energy reads another row's positions; each row's energy "

@@ -63,6 +63,39 @@ def test_an_energy_that_does_not_depend_on_x_is_refused(energy):
         diffsoft.minimize(energy, torch.zeros(3, dtype=F64), k)
 
 
+class _QuarticOnce(torch.autograd.Function):
+    """sum x^4 whose backward is computed from a detached x: right once, its second derivative lost."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return (x ** 4).sum()
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 4 * x.detach() ** 3
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_lost_second_derivative_is_named(batched):
+    # Its Hessian-vector products were 0: Newton crept by steepest descent to max_iter, and the backward called
+    # the Hessian "not positive definite" and returned NaN.
+    c = torch.tensor([1.0, 2.0, 3.0], dtype=F64, requires_grad=True)
+    energy = ((lambda x, c: torch.stack([_QuarticOnce.apply(r) for r in x]) - x @ c) if batched
+              else (lambda x, c: _QuarticOnce.apply(x) - (c * x).sum()))
+    x0 = torch.ones(2, 3, dtype=F64) if batched else torch.ones(3, dtype=F64)
+    with pytest.raises(ValueError, match="second derivative is lost.*torch.autograd.Function"):
+        diffsoft.minimize(energy, x0, c, batched=batched)
+
+
+def test_an_energy_linear_in_x_is_not_taken_for_a_lost_second_derivative():
+    # Its Hessian is 0 for good (and it has no minimum): Newton reports what it reached, no error about x's graph.
+    c = torch.tensor([1.0, 2.0, 3.0], dtype=F64, requires_grad=True)
+    with pytest.warns(RuntimeWarning, match="did not converge"):
+        diffsoft.minimize(lambda x, c: (c * x).sum(), torch.zeros(3, dtype=F64), c, max_iter=3)
+
+
 def _quartic(x, k):
     return (0.5 * k * x * x + 0.25 * x ** 4 - x).sum()
 

@@ -72,6 +72,11 @@ def _term_step(rows, k):
     return sim.step(*sim.rest_state)
 
 
+def _step_with(term):
+    sim = _sim(terms=[term])
+    return sim.step(*sim.rest_state)
+
+
 def _json_file(tmp, data, name="f.json"):
     path = tmp / name
     path.write_text(data if isinstance(data, str) else json.dumps(data))
@@ -145,6 +150,20 @@ class _NanGradientAbove(torch.autograd.Function):
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
         return g * torch.where(x > 0.5, torch.full_like(x, float("nan")), 2 * (x - 1))
+
+
+class _QuarticOnce(torch.autograd.Function):
+    """``x^4`` whose backward reads a detached ``x``: its second derivative is lost."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 4
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 4 * x.detach() ** 3
 
 
 def _saddle_backward():
@@ -309,6 +328,9 @@ TRIGGERS = [
      lambda tmp: diffsoft.minimize(lambda x: (x > 0).sum(), X3)),
     ("ValueError: the energy does not depend on x: its value has no autograd graph to x ...",
      lambda tmp: diffsoft.minimize(lambda x, k: k * 2, X3, torch.ones((), dtype=F64))),
+    ("ValueError: the energy's second derivative is lost: its gradient changes with x (...), yet "
+     "it has no autograd graph to x, so every Hessian-vector product is 0 ...",
+     lambda tmp: diffsoft.minimize(lambda x: (_QuarticOnce.apply(x) - x).sum(), torch.ones(3, dtype=F64))),
     ("TypeError: sparsity must be an (E, k) int64 tensor of vertex indices",
      lambda tmp: diffsoft.minimize(_quadratic, torch.zeros(3, 2, dtype=F64), 2.0, sparsity=[[0, 1]])),
     ("ValueError: energy or its gradient is not finite at x0 (energy = e, problem(s) ...)",
@@ -400,6 +422,11 @@ TRIGGERS = [
     ("TypeError: terms[k] must be a diffsoft.terms.Term, got T", lambda tmp: _sim(terms=[_quadratic])),
     ("ValueError: Term 'NAME': rows has vertex index i, but the body has N vertices",
      lambda tmp: _term_step(rows=[[99]], k=torch.tensor(1.0, dtype=F64))),
+    ("ValueError: Term 'NAME': one row's energy reads another row's positions; each row's energy may read only its own row of x ...",
+     lambda tmp: _step_with(terms.Term(lambda x, x0, h: (x[..., 0, :].mean(-2) ** 2).sum(-1)[..., None].expand(
+         *x.shape[:-2]) / x.shape[-3], rows=[[0], [3]]))),
+    ("ValueError: Term 'NAME': its second derivative is lost: its gradient changes with the positions, yet has no autograd graph to them ...",
+     lambda tmp: _step_with(terms.Term(lambda x, x0, h: _QuarticOnce.apply(x - x0).sum((-2, -1)), rows=[[0], [3]]))),
     ("TypeError: terms[k].params[j] has dtype A but the body has B",
      lambda tmp: _term_step(rows=[[0]], k=torch.tensor(1.0))),
     ("ValueError: nx must be a positive integer", lambda tmp: mesh.rectangle(nx=0)),

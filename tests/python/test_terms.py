@@ -145,6 +145,41 @@ def test_bad_terms_are_refused_by_name():
         sim.step(*sim.rest_state)
 
 
+class _SquareOnce(torch.autograd.Function):
+    """x^2 whose backward reads a detached x: its gradient is right, its second derivative lost."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * g * x.detach()
+
+
+@pytest.mark.parametrize("options", [dict(backend="cpp"), dict(backend="torch"), dict(fused=False)])
+def test_a_term_whose_second_derivative_is_lost_is_refused_by_name(options):
+    # Its Hessian blocks were 0: steps by the rest of the Hessian, and quietly wrong gradients.
+    k = torch.tensor(200.0, dtype=F64, requires_grad=True)
+
+    def pull(x, x0, h, k):
+        return 0.5 * k * _SquareOnce.apply(x[..., 0, :] - x0[..., 0, :] - 0.1).sum(-1)
+    sim = small_sim(terms=[Term(pull, rows=[[0], [3]], params=(k,), name="pull")], **options)
+    with pytest.raises(ValueError, match="Term 'pull': its second derivative is lost"):
+        sim.step(*sim.rest_state)
+
+    # A term linear in the positions has no second derivative to lose: a constant force is stepped.
+    def push(x, x0, h, f):
+        return -(f * x[..., 0, :]).sum(-1)
+    f = torch.tensor([1.0, 0.5], dtype=F64, requires_grad=True)
+    sim.terms = [Term(push, rows=[[0], [3]], params=(f,), name="push")]
+    x1, _ = sim.step(*sim.rest_state)
+    x1.sum().backward()
+    assert torch.isfinite(f.grad).all() and f.grad.abs().sum() > 0
+
+
 @pytest.mark.parametrize("options", [dict(backend="cpp"), dict(backend="torch"), dict(fused=False)])
 def test_a_term_whose_rows_read_each_other_is_refused_by_name(options):
     # The step assembles a term's Hessian from per-row blocks: a row's energy that reads another row (here,
@@ -162,5 +197,5 @@ def test_a_term_whose_rows_read_each_other_is_refused_by_name(options):
         return 0.5 * k * (x.mean(-2) - 0.1).square().sum(-1)
     sim.terms = [Term(pair, rows=[[0, 3]], params=(k,))]
     x1, _ = sim.step(*sim.rest_state)
-    assert sim._rows_checked is sim.topology
+    assert sim._terms_checked is sim.topology
     torch.testing.assert_close(sim.step(*sim.rest_state)[0], x1, rtol=0, atol=0)

@@ -1,6 +1,8 @@
 // Gradients and Hessian-vector products of a scalar energy by torch double backward (matrix-free).
 #include "diffsoft/core/solver.h"
 
+#include <algorithm>
+#include <cmath>
 #include <sstream>
 
 namespace diffsoft {
@@ -16,7 +18,8 @@ std::string shape_str(const torch::Tensor& t) {
 }  // namespace
 
 SecondOrderPoint::SecondOrderPoint(const EnergyFn& energy, const torch::Tensor& x_rows, at::IntArrayRef shape,
-                                   const std::vector<torch::Tensor>& params, bool batched) {
+                                   const std::vector<torch::Tensor>& params, bool batched)
+    : energy_fn_(energy), shape_(shape.vec()), params_(params) {
   torch::AutoGradMode grad_mode(true);
   x_ = x_rows.detach().requires_grad_(true);
   torch::Tensor e = energy(x_.view(shape), params);
@@ -44,16 +47,49 @@ SecondOrderPoint::SecondOrderPoint(const EnergyFn& energy, const torch::Tensor& 
   grad_ = grad_graph_.detach();
 }
 
+torch::Tensor SecondOrderPoint::zero_hessian(const torch::Tensor& v) const {
+  if (!linear_checked_) {
+    // The gradient at a point moved by 1% of x's scale: a linear energy's is the same to rounding.
+    torch::NoGradGuard no_grad;
+    const double scale = std::max(1.0, x_.abs().max().item<double>());
+    torch::Tensor moved = x_.detach() + 0.01 * scale * torch::linspace(-1.0, 1.0, x_.numel(), x_.options())
+                                                             .view_as(x_);
+    torch::Tensor g;
+    {
+      torch::AutoGradMode grad_mode(true);
+      torch::Tensor y = moved.requires_grad_(true);
+      torch::Tensor e = energy_fn_(y.view(shape_), params_);
+      auto gs = torch::autograd::grad({e.sum()}, {y}, {}, /*retain_graph=*/false, /*create_graph=*/false,
+                                      /*allow_unused=*/true);
+      g = gs[0].defined() ? gs[0].detach() : torch::zeros_like(y);
+    }
+    const double eps = x_.scalar_type() == torch::kFloat64 ? 1e-12 : 1e-5;
+    const double change = (g - grad_).norm().item<double>();
+    const double size = grad_.norm().item<double>() + g.norm().item<double>();
+    if (!std::isfinite(change) || change > eps * size) {
+      std::ostringstream msg;
+      msg << "the energy's second derivative is lost: its gradient changes with x (by " << change
+          << " over a move of " << 0.01 * scale << "), yet it has no autograd graph to x, so every Hessian-vector "
+          << "product is 0 and Newton's steps and the implicit gradient would be wrong. An op in the energy does "
+             "not differentiate twice: a torch.autograd.Function whose backward is computed from detached "
+             "tensors, .numpy() or under torch.no_grad(). Write its backward with differentiable torch ops";
+      throw std::invalid_argument(msg.str());
+    }
+    linear_checked_ = true;
+  }
+  return torch::zeros_like(v);  // E linear in x: H = 0
+}
+
 torch::Tensor SecondOrderPoint::hvp(const torch::Tensor& v) const {
-  if (!grad_graph_.requires_grad()) return torch::zeros_like(v);  // E linear in x: H = 0
+  if (!grad_graph_.requires_grad()) return zero_hessian(v);
   torch::AutoGradMode grad_mode(true);
   auto hv = torch::autograd::grad({grad_graph_}, {x_}, {v}, /*retain_graph=*/true, /*create_graph=*/false,
                                   /*allow_unused=*/true)[0];
-  return hv.defined() ? hv : torch::zeros_like(v);
+  return hv.defined() ? hv : zero_hessian(v);
 }
 
 torch::Tensor SecondOrderPoint::hvps(const torch::Tensor& v, const BatchedVjp& batched_vjp) const {
-  if (!grad_graph_.requires_grad()) return torch::zeros_like(v);
+  if (!grad_graph_.requires_grad()) return zero_hessian(v);
   torch::AutoGradMode grad_mode(true);
   return batched_vjp(grad_graph_, x_, v);
 }

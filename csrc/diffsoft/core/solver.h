@@ -150,6 +150,14 @@ class SecondOrderPoint {
   std::vector<torch::Tensor> mixed_vjp(const torch::Tensor& w, const std::vector<torch::Tensor>& wrt) const;
 
  private:
+  // H v where the gradient has no graph to x: 0 for an energy linear in x; a std::invalid_argument naming the
+  // lost second derivative where the gradient changes with x all the same (checked once per point).
+  torch::Tensor zero_hessian(const torch::Tensor& v) const;
+
+  EnergyFn energy_fn_;
+  std::vector<int64_t> shape_;
+  std::vector<torch::Tensor> params_;
+  mutable bool linear_checked_ = false;
   torch::Tensor x_, grad_graph_, energy_, grad_;
 };
 
