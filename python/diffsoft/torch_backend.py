@@ -240,6 +240,17 @@ def _newton(p, top, o, info):
     reason = torch.where(finite_start, 0, 1).to(torch.int8)
     failed = ~finite_start
     done = failed | (g_norm <= threshold)
+    still = done & ~failed
+    if bool(still.any()):  # a stationary start: a saddle there would be returned as a minimum
+        moved = _leave_saddles(y, e, scale, g, hess, still, p, top, o, energy)
+        if moved is not None:
+            y, e, scale = moved
+            g, hess = gradient_and_hessian(y, p, top)
+            g = g.reshape(b, n)
+            g_norm = _row_norm(g)
+            g0_norm = g_norm
+            threshold = torch.clamp_min(g_norm * o.rtol, o.atol)
+            done = failed | (g_norm <= threshold)
     step = torch.ones(b, dtype=dtype, device=device)
     rejections = torch.zeros(b, dtype=torch.long, device=device)
     counts = torch.zeros(2, dtype=torch.long, device=device)  # line-search trials, gradient fallbacks
@@ -253,13 +264,19 @@ def _newton(p, top, o, info):
             break
         iterations += 1
         active = ~done
+        # The forcing term of the C++ Newton: min(cg_rtol, sqrt(|g| / |g0|)).
+        eta = torch.clamp_max(torch.sqrt(g_norm / torch.where(active, g0_norm, torch.ones_like(g0_norm))), o.cg_rtol)
         if o.linear_solver == "cholesky":
             direction, pd = _cholesky_direction(hess, top, g, b, n, workspace)
             factorizations += 1
+            indefinite = active & ~pd
+            if bool(indefinite.any()):  # as the C++ Newton, by truncated CG where H is not positive definite
+                cg = _cg(_hessian_product(hess, b, f, d), -g, eta, o.cg_max_iter or n,
+                         _block_jacobi(hess, top, b, f, d), indefinite, truncate=True, check_every=o.check_every)
+                direction = torch.where(indefinite[:, None], cg.x, direction)
+                pd = pd | indefinite
+                cg_iterations += cg.iterations
         else:
-            # The forcing term of the C++ Newton: min(cg_rtol, sqrt(|g| / |g0|)).
-            eta = torch.clamp_max(torch.sqrt(g_norm / torch.where(active, g0_norm, torch.ones_like(g0_norm))),
-                                  o.cg_rtol)
             cg = _cg(_hessian_product(hess, b, f, d), -g, eta, o.cg_max_iter or n, _block_jacobi(hess, top, b, f, d),
                      active, truncate=True, check_every=o.check_every)
             direction, pd = cg.x, torch.ones_like(active)
@@ -304,6 +321,68 @@ def _newton(p, top, o, info):
     _record_forward(info, o, iterations, factorizations, cg_iterations, counts, e, g_norm, g0_norm, threshold,
                     reason, failed, fail_iteration, b)
     return y, kept
+
+
+def _leave_saddles(y, e, scale, g, hess, still, p, top, o, energy):
+    """The C++ Newton's step off a stationary start (``newton.cpp``): for the creatures ``still`` (B,) whose
+    Hessian is not positive definite there (a saddle or a maximum), a step along a direction of negative
+    curvature (:func:`_negative_curvature`) that lowers the energy. Returns ``(y, e, scale)`` after it, or None
+    where no creature moved."""
+    b, f, d = y.shape
+    n = f * d
+    if o.linear_solver == "cholesky":  # the factorization says where H is positive definite
+        _, status = torch.linalg.cholesky_ex(_assemble(hess, top, b, n))
+        still = still & (status != 0)
+    if not bool(still.any()):
+        return None
+    direction = _negative_curvature(_hessian_product(hess, b, f, d), still, g, min(o.cg_max_iter or n, n))
+    has = _row_norm(direction) > 0
+    if not bool(has.any()):
+        return None
+    direction = torch.where(((g * direction).sum(1) > 0)[:, None], -direction, direction)
+    length = _row_norm(y.reshape(b, n)).clamp_min(1.0) / torch.where(has, _row_norm(direction), torch.ones_like(e))
+    direction = (direction * length[:, None]).view(b, f, d)
+    e_noise = 16 * torch.finfo(y.dtype).eps
+    step, accepted = torch.ones_like(e), ~has
+    for _ in range(o.ls_max_iter):
+        if bool(accepted.all()):
+            break
+        trial = y + step[:, None, None] * direction
+        e_trial, s_trial = energy(trial)
+        ok = ~accepted & torch.isfinite(e_trial) & (e_trial < e - e_noise * scale)
+        y = torch.where(ok[:, None, None], trial, y)
+        e, scale = torch.where(ok, e_trial, e), torch.where(ok, s_trial, scale)
+        accepted = accepted | ok
+        step = torch.where(accepted, step, step * o.ls_shrink)
+    return (y, e, scale) if bool((accepted & has).any()) else None
+
+
+def _negative_curvature(apply, rows, like, max_iter):
+    """The C++ Newton's ``negative_curvature`` (``newton.cpp``): per row of ``rows`` (B,), the first CG search
+    direction on a fixed right-hand side with negative curvature beyond round-off; zero rows where none is met
+    before CG converges or within ``max_iter`` products."""
+    n = like.shape[1]
+    eps = 1e-10 if like.dtype == torch.float64 else 1e-4
+    b = (torch.cos(torch.arange(n, dtype=like.dtype, device=like.device) * 2.4 + 0.3) + 1.5)[None]
+    r = b.expand_as(like) * rows[:, None].to(like.dtype)
+    p, rr = r.clone(), (r * r).sum(1)
+    b_norm = rr.sqrt()
+    found, done = torch.zeros_like(like), ~rows
+    for _ in range(max_iter):
+        if bool(done.all()):
+            break
+        ap = apply(p)
+        pap = (p * ap).sum(1)
+        neg = (pap < -eps * _row_norm(p) * _row_norm(ap)) & ~done
+        found = torch.where(neg[:, None], p, found)
+        done = done | neg | (pap <= 0)
+        alpha = torch.where(done, torch.zeros_like(pap), rr / torch.where(done, torch.ones_like(pap), pap))
+        r = r - alpha[:, None] * ap
+        rr_next = (r * r).sum(1)
+        done = done | (rr_next.sqrt() <= eps * b_norm)
+        p = r + (rr_next / torch.where(rr > 0, rr, torch.ones_like(rr)))[:, None] * p
+        rr = rr_next
+    return found
 
 
 def _energy_and_scale(y, p, top):

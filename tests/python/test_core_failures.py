@@ -96,6 +96,30 @@ def test_an_energy_linear_in_x_is_not_taken_for_a_lost_second_derivative():
         diffsoft.minimize(lambda x, c: (c * x).sum(), torch.zeros(3, dtype=F64), c, max_iter=3)
 
 
+def test_a_stationary_start_at_a_saddle_or_maximum_is_left_for_a_minimum():
+    # Newton stops where the gradient is 0: a start on a symmetry plane, a maximum or saddle there, was returned
+    # as converged. Along its negative curvature the energy falls, and Newton goes on from there to a minimum.
+    x, info = diffsoft.minimize(lambda x: ((x * x - 1) ** 2).sum(), torch.zeros(4, dtype=F64), return_info=True,
+                                on_failure="raise")
+    assert torch.allclose(x.abs(), torch.ones(4, dtype=F64), rtol=0, atol=1e-7) and info.iterations >= 1
+    x, info = diffsoft.minimize(lambda x: x[0] ** 2 + (x[1] ** 2 - 1) ** 2, torch.zeros(2, dtype=F64),
+                                return_info=True, on_failure="raise")
+    assert torch.allclose(x.abs(), torch.tensor([0.0, 1.0], dtype=F64), rtol=0, atol=1e-7)
+    # batched: the problem at a maximum leaves it, the one at its minimum stays
+    x = diffsoft.minimize(lambda x: torch.stack([((x[0] ** 2 - 1) ** 2).sum(), (x[1] ** 2).sum()]),
+                          torch.zeros(2, 3, dtype=F64), batched=True, on_failure="raise")
+    assert torch.allclose(x[0].abs(), torch.ones(3, dtype=F64), rtol=0, atol=1e-7) and not x[1].any()
+    # a degenerate minimum (zero curvature, no negative) stays where it is
+    x, info = diffsoft.minimize(lambda x: (x ** 4).sum(), torch.zeros(3, dtype=F64), return_info=True)
+    assert info.converged and info.iterations == 0 and not x.any()
+    # and the implicit gradient at the minimum found is its own: x* = sqrt(c), dx*/dc = 1 / (2 sqrt(c))
+    c = torch.tensor([1.0, 4.0, 9.0], dtype=F64, requires_grad=True)
+    x = diffsoft.minimize(lambda x, c: ((x * x - c) ** 2).sum(), torch.zeros(3, dtype=F64), c, on_failure="raise")
+    (g,) = torch.autograd.grad(x.sum(), c)
+    torch.testing.assert_close(x.detach(), c.detach().sqrt(), rtol=0, atol=1e-7)
+    torch.testing.assert_close(g, 0.5 / c.detach().sqrt(), rtol=1e-6, atol=0)
+
+
 def _quartic(x, k):
     return (0.5 * k * x * x + 0.25 * x ** 4 - x).sum()
 

@@ -166,9 +166,10 @@ class _QuarticOnce(torch.autograd.Function):
         return g * 4 * x.detach() ** 3
 
 
-def _saddle_backward():
+def _degenerate_backward():
+    # x* = 0, where H = diag(0, 2) (a saddle at the start is left along its negative curvature)
     k = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
-    x = diffsoft.minimize(lambda x, k: k * (x[0] ** 2 - x[1] ** 2), torch.zeros(2, dtype=torch.float64), k)
+    x = diffsoft.minimize(lambda x, k: k * x[0] ** 4 + x[1] ** 2, torch.zeros(2, dtype=torch.float64), k)
     x.sum().backward()
 
 
@@ -292,7 +293,7 @@ TRIGGERS = [
     ("... the gradient is not finite at Newton iteration i",
      lambda tmp: diffsoft.minimize(_NanGradientAbove.apply, torch.zeros(3, dtype=F64))),
     ("UserWarning: diffsoft: adjoint solve failed: the Hessian at x* is not positive definite ...",
-     lambda tmp: _saddle_backward()),
+     lambda tmp: _degenerate_backward()),
     ("... the adjoint solve's relative residual is r > backward_rtol = t after N CG iterations "
      "(backward_max_iter = M)", lambda tmp: _loose_backward()),
     ("RuntimeError: diffsoft's implicit backward (diffsoft.minimize, Simulator.step) is first order only: "

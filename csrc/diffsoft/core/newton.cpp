@@ -69,6 +69,40 @@ LinearOperator by_factor(const LinearOperator& factor, const LinearOperator& own
   };
 }
 
+// Directions of negative curvature of H on the rows marked in `rows` (B,), (B, n) like `like`: plain CG on a
+// fixed right-hand side with every component, whose search directions span the Krylov spaces in which Lanczos
+// finds H's extreme eigenvalues first; a row's first direction p with p^T H p < 0 (beyond round-off, relative to
+// |p| |H p|) is one. Zero rows where none is met before CG converges or within max_iter products: H is then
+// positive (semi)definite on the space CG explored (which can miss a small negative eigenvalue among large ones).
+torch::Tensor negative_curvature(const LinearOperator& hvp, const torch::Tensor& rows, const torch::Tensor& like,
+                                 int64_t max_iter, int64_t& products) {
+  const int64_t n = like.size(1);
+  const double eps = like.scalar_type() == torch::kFloat64 ? 1e-10 : 1e-4;
+  // Deterministic (the same iterates on every run), every component non-zero.
+  torch::Tensor b = torch::cos(torch::arange(n, like.options()) * 2.4 + 0.3).add(1.5).unsqueeze(0);
+  torch::Tensor r = b.expand_as(like) * rows.unsqueeze(1).to(like.scalar_type());
+  torch::Tensor p = r.clone();
+  torch::Tensor rr = row_dot(r, r);
+  const torch::Tensor b_norm = rr.sqrt();
+  torch::Tensor found = torch::zeros_like(like);
+  torch::Tensor done = rows.logical_not();
+  for (int64_t k = 0; k < max_iter && !done.all().item<bool>(); ++k) {
+    torch::Tensor ap = hvp(p);
+    ++products;
+    torch::Tensor pap = row_dot(p, ap);
+    torch::Tensor neg = (pap < -eps * row_norm(p) * row_norm(ap)) & done.logical_not();
+    found = torch::where(neg.unsqueeze(1), p, found);
+    done = done | neg | (pap <= 0);  // zero curvature: CG cannot go on (H singular along p)
+    torch::Tensor alpha = torch::where(done, torch::zeros_like(pap), rr / torch::where(done, torch::ones_like(pap), pap));
+    r = r - alpha.unsqueeze(1) * ap;
+    torch::Tensor rr_next = row_dot(r, r);
+    done = done | (rr_next.sqrt() <= eps * b_norm);
+    p = r + (rr_next / torch::where(rr > 0, rr, torch::ones_like(rr))).unsqueeze(1) * p;
+    rr = rr_next;
+  }
+  return found;
+}
+
 }  // namespace
 
 double default_backward_rtol(torch::ScalarType t) { return t == torch::kFloat64 ? 1e-10 : 1e-5; }
@@ -128,6 +162,8 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
   // opt.reuse_factor: the last factorization's solve, and how many CG iterations on it are worth a try.
   LinearOperator stale;
   int64_t reuse_iter = 0;
+  bool probed = false;  // for negative curvature at a stationary start
+  int64_t probe_factorizations = 0;
   for (int64_t it = 0;; ++it) {
     AnalyticDerivatives point = derivatives_at(energy, analytic, x, shape, consts, opt.batched);
     const torch::Tensor& g = point.grad;
@@ -145,6 +181,49 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       g0_norm = g_norm;
       threshold = torch::clamp_min(g0_norm * rtol, opt.atol);
       info.grad_norm_initial = g0_norm.max().item<double>();
+    }
+    if (it == 0 && !probed) {
+      // A start that is already stationary stops Newton at once, and a saddle or maximum there (zeros on a
+      // symmetry plane, a straight chain under compression) would be returned as a minimum. Where H has
+      // negative curvature there, a step along it that lowers the energy, and Newton starts again from it.
+      probed = true;
+      torch::Tensor still = g_norm <= threshold;
+      if (still.any().item<bool>() && point.solve) {  // a factorization says where H is positive definite
+        torch::Tensor z = point.solve(torch::where(still.unsqueeze(1), torch::ones_like(g), torch::zeros_like(g)));
+        probe_factorizations = point.factorizations ? point.factorizations() : 0;
+        info.factorizations += probe_factorizations;
+        still = still & torch::isfinite(z).all(1).logical_not();
+      }
+      if (still.any().item<bool>()) {
+        int64_t products = 0;
+        torch::Tensor d = negative_curvature(point.hvp, still, g, std::min(cg_max_iter, n), products);
+        info.hvp_count += products;
+        torch::Tensor d_norm = row_norm(d);
+        torch::Tensor has = d_norm > 0;
+        if (has.any().item<bool>()) {
+          // Downhill (the gradient is ~0, not 0), first tried as long as x (or 1), then halved as Newton's is.
+          d = torch::where((row_dot(g, d) > 0).unsqueeze(1), -d, d);
+          d = d * (torch::clamp_min(row_norm(x), 1.0) / torch::where(has, d_norm, torch::ones_like(d_norm))).unsqueeze(1);
+          torch::Tensor step = torch::ones_like(e);
+          torch::Tensor accepted = per_problem ? has.logical_not() : torch::zeros_like(e, torch::kBool);
+          torch::Tensor x_next = x.clone();
+          for (int64_t ls = 0; ls < opt.ls_max_iter && !accepted.all().item<bool>(); ++ls) {
+            torch::Tensor trial = x + (per_problem ? step : step.expand({batch})).unsqueeze(1) * d;
+            torch::Tensor e_trial = eval(trial);
+            ++info.line_search_steps;
+            torch::Tensor ok = torch::isfinite(e_trial) & (e_trial < e - e_noise * e_scale) & accepted.logical_not();
+            x_next = torch::where((per_problem ? ok : ok.expand({batch})).unsqueeze(1), trial, x_next);
+            accepted = accepted | ok;
+            step = torch::where(accepted, step, step * opt.ls_shrink);
+          }
+          if (!torch::equal(x_next, x)) {
+            x = x_next;
+            probe_factorizations = 0;  // counted: that point is left
+            it = -1;  // Newton from the new start: its gradient sets the tolerance
+            continue;
+          }
+        }
+      }
     }
     info.energy = e.sum().item<double>();
     info.iterations = it;
@@ -198,7 +277,8 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     } else {
       cg = solve(rhs);
     }
-    if (point.factorizations) info.factorizations += point.factorizations();
+    // (less the probe's at a stationary start: the same point's factorization, counted there)
+    if (point.factorizations) info.factorizations += point.factorizations() - (it == 0 ? probe_factorizations : 0);
     if (point.probes) info.hvp_count += point.probes();
     if (last_solve && stale) *last_solve = stale;
     // A row whose CG direction is numerically useless (no descent) falls back to steepest descent.
