@@ -34,10 +34,16 @@ def _task(creature, horizon, min_a, max_abs_da, dtype, device):
     if not isinstance(creature, Simulator):
         dtype = _dtype(dtype)
     sim = creature if isinstance(creature, Simulator) else make_creature(creature, dtype, device)
+    _frame_rate(sim)
+    return LocomotionTask(sim, horizon, min_a, max_abs_da)
+
+
+def _frame_rate(sim):
+    """Frames per second of real time, one per step of ``sim.dt``; a ValueError where it has one per creature."""
     if isinstance(sim.dt, torch.Tensor) and sim.dt.numel() > 1:
         raise ValueError(f"the environments need a Simulator with one dt for every creature (a frame rate), got "
                          f"sim.dt of shape {tuple(sim.dt.shape)}")
-    return LocomotionTask(sim, horizon, min_a, max_abs_da)
+    return 1.0 / float(sim.dt)
 
 
 def _dtype(dtype):
@@ -61,9 +67,10 @@ def _spaces(task):
     return observation, action
 
 
-def _metadata(task, metadata):
-    """The class's metadata and the frame rate of real time: one frame per step of ``dt``."""
-    return {**metadata, "render_fps": 1.0 / float(task.sim.dt)}
+def _metadata(env):
+    """The class's metadata and the frame rate of real time: one frame per step of ``dt``, as it is now (made
+    again at each reset and render, so that a ``dt`` set after the environment was made is the one rendered)."""
+    return {**type(env).metadata, "render_fps": _frame_rate(env.task.sim)}
 
 
 def _actions(task, actions, shape):
@@ -120,7 +127,7 @@ class LocomotionEnv(gym.Env):
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
         self.task = _task(creature, horizon, min_a, max_abs_da, dtype, device)
-        self.metadata = _metadata(self.task, self.metadata)
+        self.metadata = _metadata(self)
         self.observation_space, self.action_space = _spaces(self.task)
         self.render_mode = render_mode
         self._state = None
@@ -130,6 +137,7 @@ class LocomotionEnv(gym.Env):
         seeds ``self.np_random`` as Gymnasium's contract asks)."""
         super().reset(seed=seed)
         _check_options(options, ())
+        self.metadata = _metadata(self)
         self._state = self.task.reset(1)
         return self._observation(), {}
 
@@ -147,6 +155,7 @@ class LocomotionEnv(gym.Env):
         """An RGB frame (``(H, W, 3)`` uint8) of the creature with ``render_mode="rgb_array"``; else None."""
         if self.render_mode is None or self._state is None:
             return None
+        self.metadata = _metadata(self)
         return _render(self.task, self._state, 0)
 
     def close(self):
@@ -175,7 +184,7 @@ class LocomotionVectorEnv(gym.vector.VectorEnv):
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
         self.task = _task(creature, horizon, min_a, max_abs_da, dtype, device)
-        self.metadata = _metadata(self.task, self.metadata)
+        self.metadata = _metadata(self)
         self.num_envs = int(num_envs)
         self.single_observation_space, self.single_action_space = _spaces(self.task)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
@@ -188,6 +197,7 @@ class LocomotionVectorEnv(gym.vector.VectorEnv):
         """Every creature at rest at its start, or those of ``options["reset_mask"]``: ``(observations, {})``."""
         super().reset(seed=seed)
         _check_options(options, ("reset_mask",))
+        self.metadata = _metadata(self)
         mask = (options or {}).get("reset_mask")
         if mask is not None and not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_
                                      and mask.shape == (self.num_envs,)):
@@ -226,6 +236,7 @@ class LocomotionVectorEnv(gym.vector.VectorEnv):
         """One RGB frame per creature with ``render_mode="rgb_array"``; else None."""
         if self.render_mode is None or self._state is None:
             return None
+        self.metadata = _metadata(self)
         return tuple(_render(self.task, self._state, i) for i in range(self.num_envs))
 
     def close_extras(self, **kwargs):

@@ -40,7 +40,8 @@ class LocomotionTask:
         sim: the :class:`~diffsoft.simulator.Simulator` of one creature (its dtype and device are the task's).
         horizon: the episode length in steps.
         min_a, max_abs_da: activations stay in ``[min_a, 1]`` and change by at most ``max_abs_da`` per step;
-            ``min_a`` None: the body's (:attr:`~diffsoft.body.SoftBody.min_a`, its muscles' contraction range).
+            ``min_a`` None: the body's (:attr:`~diffsoft.body.SoftBody.min_a`, its muscles' contraction range), as
+            it is at each step.
         center_vertex_id, forward_vertex_id: the body frame of the observation (default
             :func:`~diffsoft.policy.frame_vertices`).
     """
@@ -49,12 +50,18 @@ class LocomotionTask:
         if not (is_integer(horizon) and horizon >= 1):
             raise ValueError(f"horizon must be a positive integer (the episode length in steps), got {horizon!r}")
         center_vertex_id, forward_vertex_id = frame_of(sim, center_vertex_id, forward_vertex_id)
-        min_a = sim.body.min_a if min_a is None else min_a
-        check_frame_and_limits(sim.body.num_vertices, center_vertex_id, forward_vertex_id, min_a, max_abs_da)
+        check_frame_and_limits(sim.body.num_vertices, center_vertex_id, forward_vertex_id,
+                               sim.body.min_a if min_a is None else min_a, max_abs_da)
         self.sim, self.horizon = sim, int(horizon)
-        self.min_a, self.max_abs_da = float(min_a), float(max_abs_da)
+        self._min_a, self.max_abs_da = None if min_a is None else float(min_a), float(max_abs_da)
         self.center_vertex_id, self.forward_vertex_id = int(center_vertex_id), int(forward_vertex_id)
         self.steered = reads_heading(sim.body.dim)
+
+    @property
+    def min_a(self):
+        """The least activation: the one given, or the body's as it is now (a body whose ``min_a`` is set after
+        the task was made is stepped with the new one)."""
+        return self.sim.body.min_a if self._min_a is None else self._min_a
 
     @property
     def num_observations(self):

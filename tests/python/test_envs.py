@@ -243,3 +243,23 @@ def test_mistakes_between_calls_are_named(tmp_path):
     vec.close()
     with pytest.raises(RuntimeError, match="reset"):
         vec.step(np.zeros((2, m), dtype=np.float32))
+
+
+def test_the_creature_changed_after_the_environment_was_made_is_the_one_stepped():
+    # The environments read the body's min_a and the simulator's dt when they were made: a min_a or dt set
+    # afterwards was ignored (the activations kept the old floor, the frame rate the old dt).
+    env = LocomotionEnv("worm", horizon=HORIZON, dtype="float64")
+    sim = env.task.sim
+    sim.body.min_a = 0.8
+    env.reset()
+    m = env.action_space.shape[0]
+    for _ in range(3):  # contract as hard as allowed: the activations stop at the new floor
+        env.step(-np.ones(m))
+    assert float(env._state.a.min()) == pytest.approx(0.8)
+    sim.dt = 1 / 50
+    env.reset()
+    assert env.metadata["render_fps"] == pytest.approx(50)
+    vec = LocomotionVectorEnv("worm", num_envs=2, horizon=HORIZON)
+    vec.task.sim.dt = torch.tensor([1 / 30, 1 / 60])
+    with pytest.raises(ValueError, match=r"one dt for every creature .* sim.dt of shape \(2,\)"):
+        vec.reset()
