@@ -34,6 +34,7 @@ PLOTS = ("biped_defaults", "algovivo_biped_defaults", "biped_noise_decay", "algo
 CORRECTED = "`diffsoft.ppo`"
 BEFORE = "`diffsoft.ppo` before `2a9a89a`"
 SB3 = "SB3 (tuned)"
+MIRRORED = "`diffsoft.ppo`, mirrored"
 HEADLINE = (("procedural biped", "biped_defaults", "ppo", CORRECTED),
             ("algovivo's biped", "algovivo_biped_defaults", "ppo", CORRECTED),
             ("procedural biped", "biped_defaults", "sb3", SB3),
@@ -41,12 +42,14 @@ HEADLINE = (("procedural biped", "biped_defaults", "ppo", CORRECTED),
             ("worm", "worm_defaults", "ppo", CORRECTED),
             ("quadruped", "quadruped_defaults", "ppo", CORRECTED),
             ("3D tetrapod (5e4 Pa, `min_a` 0.5), not mirrored", "tetrapod_defaults_8160023", "ppo", BEFORE),
-            ("3D tetrapod, not mirrored", "tetrapod_defaults", "ppo", BEFORE))
+            ("3D tetrapod, not mirrored", "tetrapod_defaults_b4555a4", "ppo", BEFORE),
+            ("3D tetrapod", "tetrapod_defaults", "ppo", MIRRORED))
 """The headline's rows: (creature, run, the PPO it is against, that PPO's name). The differentiable trainer
 with ``TrainConfig``'s defaults against ``diffsoft.ppo`` (as corrected at ``2a9a89a``: before it, its
 observation statistics changed between a rollout and the update on it; the tetrapods' PPO runs are from before)
-and Stable-Baselines3's tuned PPO, on every creature (issue 32, item 6). The tetrapods' differentiable runs are
-from before its policy was mirrored by default (``ac92ae2``)."""
+and Stable-Baselines3's tuned PPO, on every creature (issue 32, item 6). The tetrapod's rows marked not mirrored
+are from before its policy was mirrored by default (``ac92ae2``); in its last row both methods' policies are
+mirrored (``diffsoft.ppo``'s actor since ``0bd08ca``)."""
 MARKERS = ("<!-- headline: written by benchmarks/make_figures.py from results/sample_efficiency -->\n",
            "<!-- end of headline -->\n")
 

@@ -143,6 +143,7 @@ class GaussianFramePolicy(nn.Module):
 
     @property
     def mirrored(self):
+        """Whether the actor is mirrored (:class:`~diffsoft.policy.Mirror`)."""
         return self.mean_policy.mirror is not None
 
     def inputs(self, task, state):
