@@ -412,3 +412,42 @@ TEST(ProbedEnergy, BatchedProbesGiveTheSameFactorAndFallBackWhereDeclined) {
   EXPECT_THROW(diffsoft::probed_energy(springs, {}, {20, 2}, false, pattern, nullptr, looped, -1),
                std::invalid_argument);
 }
+
+TEST_F(Core, AStationaryStartAtAMaximumIsLeftForAMinimum) {
+  // sum (x^2 - 1)^2 from 0: the gradient is 0 there and H = -4 I. Newton once stopped at once and returned the
+  // maximum; it now steps along the negative curvature and goes on to a minimum, |x| = 1.
+  const EnergyFn well = [](const Tensor& x, const std::vector<Tensor>&) { return (x * x - 1).square().sum(); };
+  diffsoft::SolverOptions opt;
+  diffsoft::SolveInfo info;
+  Tensor x = diffsoft::newton_minimize(well, torch::zeros({5}, f64), {}, opt, info);
+  EXPECT_TRUE(info.converged) << info.message;
+  EXPECT_GE(info.iterations, 1);
+  EXPECT_TRUE(torch::allclose(x.abs(), torch::ones({5}, f64), 0.0, 1e-7)) << x;
+  // A degenerate minimum (zero curvature, none negative) is where Newton stays.
+  const EnergyFn flat = [](const Tensor& x, const std::vector<Tensor>&) { return x.pow(4).sum(); };
+  x = diffsoft::newton_minimize(flat, torch::zeros({3}, f64), {}, opt, info);
+  EXPECT_TRUE(info.converged);
+  EXPECT_EQ(info.iterations, 0);
+  EXPECT_EQ(x.abs().max().item<double>(), 0.0);
+}
+
+TEST_F(Core, ALostSecondDerivativeIsNamed) {
+  // A gradient without a graph to x that changes with x: Hessian-vector products would all be 0.
+  const EnergyFn lost = [](const Tensor& x, const std::vector<Tensor>&) {
+    Tensor y = x.detach();
+    return (x * (y * y * y)).sum();  // the gradient y^3 is right to first order, its derivative lost
+  };
+  diffsoft::SolverOptions opt;
+  diffsoft::SolveInfo info;
+  try {
+    diffsoft::newton_minimize(lost, torch::ones({3}, f64), {}, opt, info);
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("second derivative is lost"), std::string::npos) << e.what();
+  }
+  // An energy linear in x has H = 0 for good: not an error (it has no minimum, so Newton fails to converge).
+  const EnergyFn linear = [](const Tensor& x, const std::vector<Tensor>&) { return x.sum(); };
+  opt.max_iter = 2;
+  diffsoft::newton_minimize(linear, torch::zeros({3}, f64), {}, opt, info);
+  EXPECT_FALSE(info.converged);
+}
