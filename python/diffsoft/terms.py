@@ -22,6 +22,7 @@ time step, ``()`` or ``(B, 1)``)::
                rows=[[3, 9]], params=(k,))
 """
 import copy
+import math
 
 import torch
 
@@ -143,13 +144,19 @@ class Term:
             second = grads[0].requires_grad and torch.autograd.grad(
                 grads[0], x, torch.ones_like(grads[0]), allow_unused=True)[0] is not None
             if not second and self.blocks is None:
-                moved = (x0 + 0.01 * x0.abs().max().clamp_min(1) * torch.linspace(
-                    -1, 1, x0.numel(), dtype=x0.dtype, device=x0.device).view_as(x0)).requires_grad_()
-                there = torch.autograd.grad(self.energy(moved, x0, h, *params), moved, weights[0],
-                                            allow_unused=True)[0]
-                there = torch.zeros_like(x0) if there is None else there
-                change = float((there - grads[0]).norm())
-                if not change <= 1e3 * torch.finfo(x0.dtype).eps * float(grads[0].norm() + there.norm()):
+                # 0 for a term linear in the positions, a jump (or 0) across a piecewise-linear one's kink, and
+                # growing with the move, at least in proportion, where a second derivative was lost
+                direction = 0.01 * x0.abs().max().clamp_min(1) * torch.linspace(
+                    -1, 1, x0.numel(), dtype=x0.dtype, device=x0.device).view_as(x0)
+
+                def change(t):
+                    moved = (x0 + t * direction).requires_grad_()
+                    there = torch.autograd.grad(self.energy(moved, x0, h, *params), moved, weights[0],
+                                                allow_unused=True)[0]
+                    return float(((0 if there is None else there) - grads[0].detach()).norm())
+                full, half = change(1.0), change(0.5)
+                tol = 1e3 * torch.finfo(x0.dtype).eps * float(grads[0].norm())
+                if not math.isfinite(full) or (full > tol and half > tol and full > 1.5 * half):
                     raise ValueError(f"Term {self.name!r}: its second derivative is lost: its gradient changes with "
                                      f"the positions, yet has no autograd graph to them (its Hessian blocks would be 0, "
                                      f"the step and its gradients quietly wrong). An op in its energy does "

@@ -170,6 +170,12 @@ def test_a_term_whose_second_derivative_is_lost_is_refused_by_name(options):
     with pytest.raises(ValueError, match="Term 'pull': its second derivative is lost"):
         sim.step(*sim.rest_state)
 
+    # A piecewise-linear term, its kink by a vertex, has none either: its gradient jumps, and it is stepped.
+    def shelf(x, x0, h, f):
+        y = x[..., 0, 1]
+        return torch.where(y > x0[..., 0, 1] + 1e-3, f[1] * y, f[0] * y)
+    sim.terms = [Term(shelf, rows=[[0], [3]], params=(torch.tensor([1.0, 2.0], dtype=F64),), name="shelf")]
+    sim.step(*sim.rest_state)
     # A term linear in the positions has no second derivative to lose: a constant force is stepped.
     def push(x, x0, h, f):
         return -(f * x[..., 0, :]).sum(-1)

@@ -49,26 +49,25 @@ SecondOrderPoint::SecondOrderPoint(const EnergyFn& energy, const torch::Tensor& 
 
 torch::Tensor SecondOrderPoint::zero_hessian(const torch::Tensor& v) const {
   if (!linear_checked_) {
-    // The gradient at a point moved by 1% of x's scale: a linear energy's is the same to rounding.
-    torch::NoGradGuard no_grad;
+    // The gradient's change over moves of 1% and 0.5% of x's scale: 0 for an energy linear in x; growing with the
+    // move, at least in proportion, where a second derivative was lost; a jump, or 0, across the kink of a
+    // piecewise-linear one (twice the move: the same change, or none).
     const double scale = std::max(1.0, x_.abs().max().item<double>());
-    torch::Tensor moved = x_.detach() + 0.01 * scale * torch::linspace(-1.0, 1.0, x_.numel(), x_.options())
-                                                             .view_as(x_);
-    torch::Tensor g;
-    {
+    const torch::Tensor direction = 0.01 * scale * torch::linspace(-1.0, 1.0, x_.numel(), x_.options()).view_as(x_);
+    auto change = [&](double t) {
       torch::AutoGradMode grad_mode(true);
-      torch::Tensor y = moved.requires_grad_(true);
+      torch::Tensor y = (x_.detach() + t * direction).requires_grad_(true);
       torch::Tensor e = energy_fn_(y.view(shape_), params_);
       auto gs = torch::autograd::grad({e.sum()}, {y}, {}, /*retain_graph=*/false, /*create_graph=*/false,
                                       /*allow_unused=*/true);
-      g = gs[0].defined() ? gs[0].detach() : torch::zeros_like(y);
-    }
-    const double eps = x_.scalar_type() == torch::kFloat64 ? 1e-12 : 1e-5;
-    const double change = (g - grad_).norm().item<double>();
-    const double size = grad_.norm().item<double>() + g.norm().item<double>();
-    if (!std::isfinite(change) || change > eps * size) {
+      torch::Tensor g = gs[0].defined() ? gs[0].detach() : torch::zeros_like(y);
+      return (g - grad_).norm().item<double>();
+    };
+    const double full = change(1.0), half = change(0.5);
+    const double tol = (x_.scalar_type() == torch::kFloat64 ? 1e-12 : 1e-5) * grad_.norm().item<double>();
+    if (!std::isfinite(full) || (full > tol && half > tol && full > 1.5 * half)) {
       std::ostringstream msg;
-      msg << "the energy's second derivative is lost: its gradient changes with x (by " << change
+      msg << "the energy's second derivative is lost: its gradient changes with x (by " << full
           << " over a move of " << 0.01 * scale << "), yet it has no autograd graph to x, so every Hessian-vector "
           << "product is 0 and Newton's steps and the implicit gradient would be wrong. An op in the energy does "
              "not differentiate twice: a torch.autograd.Function whose backward is computed from detached "
@@ -77,7 +76,7 @@ torch::Tensor SecondOrderPoint::zero_hessian(const torch::Tensor& v) const {
     }
     linear_checked_ = true;
   }
-  return torch::zeros_like(v);  // E linear in x: H = 0
+  return torch::zeros_like(v);  // E linear (or piecewise linear) in x: H = 0
 }
 
 torch::Tensor SecondOrderPoint::hvp(const torch::Tensor& v) const {

@@ -150,8 +150,9 @@ class SecondOrderPoint {
   std::vector<torch::Tensor> mixed_vjp(const torch::Tensor& w, const std::vector<torch::Tensor>& wrt) const;
 
  private:
-  // H v where the gradient has no graph to x: 0 for an energy linear in x; a std::invalid_argument naming the
-  // lost second derivative where the gradient changes with x all the same (checked once per point).
+  // H v where the gradient has no graph to x: 0 for an energy linear (or piecewise linear) in x; a
+  // std::invalid_argument naming the lost second derivative where the gradient changes with x all the same, at
+  // least in proportion to the move (checked once per point).
   torch::Tensor zero_hessian(const torch::Tensor& v) const;
 
   EnergyFn energy_fn_;
