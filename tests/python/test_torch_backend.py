@@ -267,9 +267,9 @@ def test_backend_option_is_checked():
 
 
 def _bump(x, x0, h, k):
-    """A pull on vertex 0 along y that is a maximum at the start and a minimum 1 away."""
+    """A pull on vertex 0 along y that is a maximum at the start and a minimum 0.05 away."""
     y = (x - x0)[..., 0, 1]
-    return -0.5 * k * y ** 2 + 0.25 * k * y ** 4
+    return k * (-0.5 * y ** 2 + 100 * y ** 4)
 
 
 def _bump_sim(k, **options):
@@ -277,9 +277,8 @@ def _bump_sim(k, **options):
     :func:`_bump` makes the Hessian indefinite."""
     v, t = rectangle(0.4, 0.2, 2, 1, dtype=F64)
     body = SoftBody(v, t, material="neo_hookean", density=100.0, youngs_modulus=2e3, poisson_ratio=0.3)
-    # (the torch backend's line search, one trial per iteration, takes more of them off an indefinite Hessian)
     return Simulator(body, dt=0.02, gravity=0.0, ground=None, terms=[Term(_bump, rows=[[0]], params=(k,))],
-                     **{**TIGHT, "max_iter": 300, **options})
+                     **{**TIGHT, **options})
 
 
 def test_a_step_that_starts_at_a_saddle_leaves_it_alike_on_every_path():
@@ -287,13 +286,13 @@ def test_a_step_that_starts_at_a_saddle_leaves_it_alike_on_every_path():
     # negative curvature and goes on to the same minimum, with the same gradients.
     outs = []
     for options in (dict(backend="cpp"), dict(backend="torch"), dict(fused=False)):
-        k = torch.tensor(1e6, dtype=F64, requires_grad=True)
+        k = torch.tensor(1e5, dtype=F64, requires_grad=True)
         sim = _bump_sim(k, **options)
         x, v = sim.rest_state
         x1, _ = sim.step(x, v)
         (dk,) = torch.autograd.grad(x1[0, 1], k)
         outs.append((x1.detach(), dk))
-        assert (x1 - x)[0, 1].abs() > 0.9, options
+        assert (x1 - x)[0, 1].abs() > 0.04, options
     for x1, dk in outs[1:]:
         torch.testing.assert_close(x1, outs[0][0], rtol=0, atol=1e-8)
         torch.testing.assert_close(dk, outs[0][1], rtol=1e-6, atol=0)
@@ -302,5 +301,5 @@ def test_a_step_that_starts_at_a_saddle_leaves_it_alike_on_every_path():
     def moved(k):
         sim = _bump_sim(torch.tensor(k, dtype=F64))
         return sim.step(*sim.rest_state)[0][0, 1]
-    eps = 1e2
-    torch.testing.assert_close(outs[0][1], (moved(1e6 + eps) - moved(1e6 - eps)) / (2 * eps), rtol=1e-5, atol=0)
+    eps = 10.0
+    torch.testing.assert_close(outs[0][1], (moved(1e5 + eps) - moved(1e5 - eps)) / (2 * eps), rtol=1e-5, atol=0)
