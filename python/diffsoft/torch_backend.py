@@ -13,8 +13,9 @@ suite exercises every line of it.
 
   * ``"cholesky"`` (creature-sized bodies): each creature's dense ``(n, n)`` Hessian is scatter-added from the
     blocks and the batch is factored by one ``torch.linalg.cholesky_ex``; Newton takes exact steps. A creature
-    whose Hessian is not positive definite at an iterate takes a Jacobi-scaled gradient step there instead,
-    and the record counts those steps (``fallback_steps``).
+    whose Hessian is not positive definite at an iterate takes truncated CG's step there, as on the C++ path
+    (on the iterations that read the host: every ``check_every``), else a Jacobi-scaled gradient step, which
+    the record counts (``fallback_steps``).
   * ``"block_jacobi_cg"`` (larger bodies): CG on the blocks' Hessian products, preconditioned by each free
     vertex's ``d x d`` diagonal block, truncated at non-positive curvature (inexact Newton, as the C++ CG).
 
@@ -24,7 +25,9 @@ suite exercises every line of it.
   search steps; ``ls_max_iter`` consecutive ones freeze the creature as failed.
 - Host synchronisation: per-creature convergence, failure and counters stay on the device. The host reads
   whether every creature is done every ``check_every`` Newton iterations (1 on CPU, where a read costs
-  nothing; :data:`CHECK_EVERY_OFF_CPU` elsewhere), once at the end for the record, and, in the backward,
+  nothing; :data:`CHECK_EVERY_OFF_CPU` elsewhere), once at the start whether any creature starts stationary
+  (then, where it is a saddle, a step along its negative curvature: :func:`_leave_saddles`), once at the end
+  for the record, and, in the backward,
   once for the record (and a second time only if some creature's Hessian at ``y*`` is not positive
   definite). Truncated CG reads its convergence every ``check_every`` CG iterations too.
 - Backward (implicit function theorem; the derivation is above :meth:`ImplicitStep.backward`): the adjoint
@@ -270,7 +273,9 @@ def _newton(p, top, o, info):
             direction, pd = _cholesky_direction(hess, top, g, b, n, workspace)
             factorizations += 1
             indefinite = active & ~pd
-            if bool(indefinite.any()):  # as the C++ Newton, by truncated CG where H is not positive definite
+            # As the C++ Newton, by truncated CG where H is not positive definite (found on the iterations that
+            # check on the host anyway; the others take the scaled gradient step below)
+            if it % o.check_every == 0 and bool(indefinite.any()):
                 cg = _cg(_hessian_product(hess, b, f, d), -g, eta, o.cg_max_iter or n,
                          _block_jacobi(hess, top, b, f, d), indefinite, truncate=True, check_every=o.check_every)
                 direction = torch.where(indefinite[:, None], cg.x, direction)
