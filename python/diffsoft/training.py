@@ -141,6 +141,10 @@ class TrainConfig:
             reads the heading in its body frame) and the critic see, and its reward is its centre of mass's
             progress along that heading; evaluations (and ``keep_best``) take the mean over the headings of
             :data:`EVAL_HEADINGS` of the distance walked along each.
+        drift_weight: With ``steer`` in 3D: subtracted from each step's progress along the heading, times the
+            absolute value of the centre of mass's move across it in the ground plane (a command tracked, not
+            only a distance made good along it); 0 leaves the reward the progress alone. In 2D the headings are
+            +x and -x, and no move is across them.
         mirror: The policy is mirrored (:class:`~diffsoft.policy.Mirror`): symmetric by construction, for a body
             that is its own mirror image, so that a gait learnt toward one side (2D: forward or backward; 3D:
             toward +z or -z) is one toward the other too; it must read a heading (in 2D: with ``steer``). None:
@@ -196,6 +200,7 @@ class TrainConfig:
     randomize: float = 0.0
     terrain: float = 0.0
     steer: bool = False
+    drift_weight: float = 0.0
     mirror: Optional[bool] = None
     eval_every: int = 10
     eval_horizon: int = 100
@@ -224,7 +229,7 @@ class TrainConfig:
             batch=">0", window=">0", episode=">0", lr_decay_iterations=">0", critic_hidden=">0",
             critic_iterations=">0", critic_minibatches=">0", hidden=">0", checkpoint_every=">0", eval_every=">0",
             eval_horizon=">0", iterations=">=0", seed="seed", dtype=("float32", "float64"), lr=">0", lr_end=">0",
-            clip=">0", critic_lr=">0", reward_scale=">0", max_abs_da=">0", upright_weight=">=0",
+            clip=">0", critic_lr=">0", reward_scale=">0", max_abs_da=">0", upright_weight=">=0", drift_weight=">=0",
             action_noise=">=0", action_noise_end=">=0", noise_decay_iterations=">=0", saturation_penalty=">=0",
             gamma="[0,1]", lam="[0,1]", target_alpha="[0,1]", terminate_height="[0,1)",
             backward_rtol="(0,1)", min_a="min_a", on_failure=("skip", "stop"), randomize="[0,1)"))
@@ -581,6 +586,26 @@ def train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_o
                        rank, world, failures, g, a0, noise)
 
 
+def rewards(cfg, sim, before, after, heading, posture=None):
+    """Each step's progress and reward before ``reward_scale``, ``(W, B)`` each, from the states ``before`` and
+    ``after`` it ``(W, B, N, d)``: the progress is the centre of mass's move along +x, or along each creature's
+    heading ``(B,)`` with ``steer``; the reward is the progress less ``drift_weight`` times the move across the
+    heading (3D) and ``upright_weight`` times ``1 - uprightness`` (``posture``, a :class:`Posture`)."""
+    if cfg.steer:  # along each creature's heading
+        direction = heading_direction(heading, sim.body.dim, after.dtype, after.device)
+        move = center_of_mass(sim, after) - center_of_mass(sim, before)  # (W, B, d)
+        progress = (move * direction).sum(-1)
+        reward = progress
+        if cfg.drift_weight and sim.body.dim == 3:  # across: (-sin h, 0, cos h), the ground plane's normal to it
+            drift = move[..., 2] * direction[:, 0] - move[..., 0] * direction[:, 2]
+            reward = progress - cfg.drift_weight * drift.abs()
+    else:
+        progress = reward = center_of_mass_x(sim, after) - center_of_mass_x(sim, before)
+    if cfg.upright_weight:
+        reward = reward - cfg.upright_weight * (1 - posture.uprightness(after))
+    return progress, reward
+
+
 def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer, pool, iteration, rank, world,
             failures, g, a0, noise):
     """:func:`train_iteration` after its resets: the window's rollout, the actor's and the critic's updates.
@@ -622,12 +647,7 @@ def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer
     saturation = ((da.abs() - policy.max_abs_da).clamp_min(0).square() + (target - 1).clamp_min(0).square()
                   + (policy.min_a - target).clamp_min(0).square()).sum(-1).sum(0)
     after = torch.stack(afters)
-    if cfg.steer:  # along each creature's heading
-        direction = heading_direction(heading, sim.body.dim, after.dtype, after.device)
-        progress = ((center_of_mass(sim, after) - center_of_mass(sim, torch.stack(befores))) * direction).sum(-1)
-    else:
-        progress = center_of_mass_x(sim, after) - center_of_mass_x(sim, torch.stack(befores))  # (W, B)
-    reward = progress if not cfg.upright_weight else progress - cfg.upright_weight * (1 - posture.uprightness(after))
+    progress, reward = rewards(cfg, sim, torch.stack(befores), after, heading, posture)
     reward = cfg.reward_scale * reward
     discount, end_discount, began = segment_discounts(done, cfg.gamma, reward.dtype)
     obs_end = observe(x, v, policy.center_vertex_id, policy.forward_vertex_id, heading)

@@ -518,6 +518,36 @@ def test_steering_rewards_each_creature_along_its_own_heading(tmp_path):
     assert drawn.abs().max() <= math.pi / 2 and drawn.min() < -1.0 and drawn.max() > 1.0
 
 
+def test_drift_weight_charges_the_move_across_the_heading_in_the_ground_plane():
+    # A rigid move of the whole body: its centre of mass moves by the same vector. Toward heading h, a move
+    # (m cos h - s sin h, u, m sin h + s cos h) makes m along it and s across it; the vertical u neither.
+    sim = creatures.make_creature("tetrapod", F64)
+    rest = sim.rest_state[0]
+    heading = torch.tensor([0.0, 0.7, -1.2], dtype=F64)
+    m, s, u = torch.tensor([0.03, 0.01, -0.02], dtype=F64), torch.tensor([0.02, -0.05, 0.0], dtype=F64), 0.04
+    c, n = heading.cos(), heading.sin()
+    move = torch.stack([m * c - s * n, torch.full_like(m, u), m * n + s * c], -1)  # (B, 3)
+    before = rest.expand(1, 3, *rest.shape)
+    after = before + move[None, :, None, :]
+    for weight in (0.0, 0.5):
+        cfg = TrainConfig(creature="tetrapod", steer=True, drift_weight=weight)
+        progress, reward = training.rewards(cfg, sim, before, after, heading)
+        torch.testing.assert_close(progress[0], m)
+        torch.testing.assert_close(reward[0], m - weight * s.abs())
+    # Unsteered (+x) and in 2D (headings +x and -x: no move is across them) it is the progress alone.
+    _, reward = training.rewards(TrainConfig(creature="tetrapod", drift_weight=0.5), sim, before, after, heading)
+    torch.testing.assert_close(reward[0], move[:, 0])
+    biped = creatures.make_creature("biped", F64)
+    x = biped.rest_state[0].expand(1, 2, *biped.rest_state[0].shape)
+    shifted = x + torch.tensor([0.1, 0.2], dtype=F64)
+    progress, reward = training.rewards(TrainConfig(steer=True, drift_weight=0.5), biped, x, shifted,
+                                        torch.tensor([0.0, math.pi], dtype=F64))
+    torch.testing.assert_close(progress[0], torch.tensor([0.1, -0.1], dtype=F64))
+    torch.testing.assert_close(reward, progress)
+    with pytest.raises(ValueError, match="drift_weight"):
+        TrainConfig(drift_weight=-1.0).check()
+
+
 def test_steered_training_resumes_exactly_and_evaluates_every_heading(tmp_path, monkeypatch):
     seen = []
     along = training.distances_along
