@@ -125,6 +125,30 @@ def test_a_stationary_start_at_a_saddle_or_maximum_is_left_for_a_minimum():
     torch.testing.assert_close(g, 0.5 / c.detach().sqrt(), rtol=1e-6, atol=0)
 
 
+def test_a_stationary_starts_factorization_is_kept_for_the_backward():
+    # keep_factor: the backward solves with Newton's last factorization. At a start that is already the minimum
+    # (a settled creature's step) the only one is the check for negative curvature's, made at x* itself: the
+    # backward takes it instead of factoring again.
+    from diffsoft import _C
+
+    def energy(x, c):
+        return (c * x * x + x ** 4).sum()
+
+    for keep, factorizations in ((False, 1), (True, 0)):
+        c = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], dtype=F64, requires_grad=True)
+        x, info = diffsoft.minimize(energy, torch.zeros(3, 2, dtype=F64), c, sparsity=torch.arange(3)[:, None],
+                                    keep_factor=keep, return_info=True, on_failure="raise")
+        assert info.iterations == 0 and info.factorizations == 1
+        _C._phase_timers(True)
+        try:
+            (g,) = torch.autograd.grad((x * torch.arange(6.0, dtype=F64).reshape(3, 2)).sum(), c)
+            times = _C._phase_times()
+        finally:
+            _C._phase_timers(False)
+        assert times["factorization"][1] == factorizations and info.backward_direct
+        assert not g.any()  # dx*/dc = -H^-1 d(grad)/dc = -H^-1 2x* = 0
+
+
 def _quartic(x, k):
     return (0.5 * k * x * x + 0.25 * x ** 4 - x).sum()
 

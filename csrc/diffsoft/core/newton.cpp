@@ -193,6 +193,8 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
         probe_factorizations = point.factorizations ? point.factorizations() : 0;
         info.factorizations += probe_factorizations;
         still = still & torch::isfinite(z).all(1).logical_not();
+        // Where no row moves, this point is x*: its factorization is the backward's (a later one replaces it).
+        if (last_solve) *last_solve = point.solve;
       }
       if (still.any().item<bool>()) {
         int64_t products = 0;
