@@ -143,7 +143,8 @@ class TrainConfig:
             :data:`EVAL_HEADINGS` of the distance walked along each.
         drift_weight: With ``steer`` in 3D: subtracted from each step's progress along the heading, times the
             absolute value of the centre of mass's move across it in the ground plane (a command tracked, not
-            only a distance made good along it); 0 leaves the reward the progress alone. In 2D the headings are
+            only a distance made good along it); 0 leaves the reward the progress alone (the default before
+            1, with which the steered tetrapod turned too little toward wide headings). In 2D the headings are
             +x and -x, and no move is across them.
         mirror: The policy is mirrored (:class:`~diffsoft.policy.Mirror`): symmetric by construction, for a body
             that is its own mirror image, so that a gait learnt toward one side (2D: forward or backward; 3D:
@@ -200,7 +201,7 @@ class TrainConfig:
     randomize: float = 0.0
     terrain: float = 0.0
     steer: bool = False
-    drift_weight: float = 0.0
+    drift_weight: float = 1.0
     mirror: Optional[bool] = None
     eval_every: int = 10
     eval_horizon: int = 100
@@ -711,7 +712,7 @@ def _save_checkpoint(path, cfg, sim, learners, pool_state, iteration, history, t
 _CHECKPOINT_KEYS = ("config", "iteration", "policy", "critic", "target_critic", "optimizer", "critic_optimizer", "pool",
                     "history", "train_seconds")
 _POOL_KEYS = ("x", "v", "a", "age")
-_BEFORE = {"terminate_height": 0.0, "mirror": False}
+_BEFORE = {"terminate_height": 0.0, "mirror": False, "drift_weight": 0.0}
 """The TrainConfig fields added with a default that changes what the trainer did, and the value that does what
 it did before them: what a checkpoint written before a field existed was trained with."""
 
