@@ -5,7 +5,8 @@ short-horizon actor-critic (SHAC, Xu et al., ICLR 2022): analytic gradients thro
 simulation, and a learned value function that stands for everything after the window.
 
 The task: a reward per step, ``r_t = reward_scale * (com_x(x_{t+1}) - com_x(x_t))`` (progress of the centre of
-mass along +x; with ``steer``, along each creature's commanded heading), discounted by ``gamma``; the policy
+mass along +x; with ``steer``, along each creature's commanded heading, less ``drift_weight`` times the move
+across it in 3D: :func:`rewards`), discounted by ``gamma``; the policy
 should maximise the return of an endless walk.
 
 One iteration:
