@@ -145,7 +145,7 @@ class TrainConfig:
         drift_weight: With ``steer`` in 3D: subtracted from each step's progress along the heading, times the
             absolute value of the centre of mass's move across it in the ground plane (a command tracked, not
             only a distance made good along it); 0 leaves the reward the progress alone (the default before
-            1, with which the steered tetrapod turned too little toward wide headings). In 2D the headings are
+            2, with which the steered tetrapod turned too little toward wide headings). In 2D the headings are
             +x and -x, and no move is across them.
         mirror: The policy is mirrored (:class:`~diffsoft.policy.Mirror`): symmetric by construction, for a body
             that is its own mirror image, so that a gait learnt toward one side (2D: forward or backward; 3D:
@@ -202,7 +202,7 @@ class TrainConfig:
     randomize: float = 0.0
     terrain: float = 0.0
     steer: bool = False
-    drift_weight: float = 1.0
+    drift_weight: float = 2.0
     mirror: Optional[bool] = None
     eval_every: int = 10
     eval_horizon: int = 100
