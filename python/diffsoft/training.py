@@ -144,9 +144,9 @@ class TrainConfig:
             :data:`EVAL_HEADINGS` of the distance walked along each.
         drift_weight: With ``steer`` in 3D: subtracted from each step's progress along the heading, times the
             absolute value of the centre of mass's move across it in the ground plane (a command tracked, not
-            only a distance made good along it); 0 leaves the reward the progress alone (the default before
-            2, with which the steered tetrapod turned too little toward wide headings). In 2D the headings are
-            +x and -x, and no move is across them.
+            only a distance made good along it); 0 leaves the reward the progress alone (what the trainer did
+            before this setting: the steered tetrapod then turned too little toward wide headings). In 2D the
+            headings are +x and -x, and no move is across them.
         mirror: The policy is mirrored (:class:`~diffsoft.policy.Mirror`): symmetric by construction, for a body
             that is its own mirror image, so that a gait learnt toward one side (2D: forward or backward; 3D:
             toward +z or -z) is one toward the other too; it must read a heading (in 2D: with ``steer``). None:
