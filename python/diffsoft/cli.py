@@ -25,9 +25,10 @@ from .threads import set_num_threads
 from .training import TrainConfig, distributed_world, new_policy, train
 
 
-def plot_learning_curve(history, path, title=None):
+def plot_learning_curve(history, path, title=None, steered=False):
     """A PNG of the training batch's distance (and the deterministic evaluation's) against simulated
-    creature-steps."""
+    creature-steps: along +x, or with ``steered`` along each creature's commanded heading (the evaluation's:
+    the mean over :data:`~diffsoft.training.EVAL_HEADINGS`)."""
     matplotlib = require("matplotlib", "train")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -38,7 +39,7 @@ def plot_learning_curve(history, path, title=None):
         ax.plot([r["eval_sim_steps"] for r in ev], [r["eval_distance"] for r in ev], "o-",
                 label="deterministic, from rest")
     ax.set_xlabel("simulated creature-steps")
-    ax.set_ylabel("distance along +x")
+    ax.set_ylabel("distance along the commanded heading" if steered else "distance along +x")
     ax.set_title(title or "learning curve")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -173,7 +174,7 @@ def main(argv=None):
     before = distance_walked(sim, initial, eval_horizon)
     after = distance_walked(sim, policy, eval_horizon)
     plot_learning_curve(history, os.path.join(cfg.out_dir, "learning_curve.png"),
-                        f"{cfg.creature}: batch {cfg.batch}, window {cfg.window}, episode {cfg.episode}")
+                        f"{cfg.creature}: batch {cfg.batch}, window {cfg.window}, episode {cfg.episode}", cfg.steer)
     render_policy(sim, policy, max(eval_horizon, 100), os.path.join(cfg.out_dir, "walk.gif"))
     g, short = _counting_short_steps(gait, sim, policy)
     steps = history[-1]["sim_steps"] if history else 0

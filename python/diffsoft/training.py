@@ -99,8 +99,8 @@ class TrainConfig:
         clip: The actor's gradient-norm clip.
         gamma: The discount per step.
         lam: TD(lambda)'s lambda for the critic's targets.
-        reward_scale: Rewards are the centre of mass's progress along +x per step times this (a step's
-            progress is about 1e-2 in 2D).
+        reward_scale: Rewards are the centre of mass's progress along +x (with ``steer``, along the heading)
+            per step times this (a step's progress is about 1e-2 in 2D).
         upright_weight: Subtracted from each step's progress, times ``1 - cos(tilt)`` (see
             :meth:`~diffsoft.policy.Posture.uprightness`: 0 upright, 2 upside down); 0 leaves the reward the
             distance alone.
@@ -146,7 +146,8 @@ class TrainConfig:
             absolute value of the centre of mass's move across it in the ground plane (a command tracked, not
             only a distance made good along it); 0 leaves the reward the progress alone (what the trainer did
             before this setting: the steered tetrapod then turned too little toward wide headings). In 2D the
-            headings are +x and -x, and no move is across them.
+            headings are +x and -x, and no move is across them: where it has no effect (unsteered, or 2D) a
+            run records 0.
         mirror: The policy is mirrored (:class:`~diffsoft.policy.Mirror`): symmetric by construction, for a body
             that is its own mirror image, so that a gait learnt toward one side (2D: forward or backward; 3D:
             toward +z or -z) is one toward the other too; it must read a heading (in 2D: with ``steer``). None:
@@ -573,11 +574,11 @@ def train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_o
     gradients averaged over processes and clipped, the critic's fit; ``pool`` moves on by ``window`` steps.
 
     Returns:
-        a dict: ``distance`` (the global batch's mean progress along +x per step in this window, times
-        ``eval_horizon``: comparable with the evaluation's distance), ``grad_norm`` (the actor's, before
-        clipping), ``critic_loss``, ``value`` (the critic targets' mean) and, with ``terminate_upright``,
-        ``terminated`` (the global batch's falls in this window). Steps that did not converge are
-        appended to ``failures`` (see ``TrainConfig.on_failure``).
+        a dict: ``distance`` (the global batch's mean progress along +x, with ``steer`` along each creature's
+        heading, per step in this window, times ``eval_horizon``: comparable with the evaluation's distance),
+        ``grad_norm`` (the actor's, before clipping), ``critic_loss``, ``value`` (the critic targets' mean) and,
+        with ``terminate_upright``, ``terminated`` (the global batch's falls in this window). Steps that did not
+        converge are appended to ``failures`` (see ``TrainConfig.on_failure``).
     """
     failures = [] if failures is None else failures
     g, a0, noise, scale, terrain, heading = _iteration_draws(cfg, sim, iteration, rank, world)
@@ -719,14 +720,28 @@ it did before them: what a checkpoint written before a field existed was trained
 
 
 def for_creature(cfg, sim):
-    """``cfg`` with the fields that default to the creature's (None) taken from its simulator ``sim``:
-    ``min_a`` (its body's) and ``mirror`` (:func:`~diffsoft.policy.mirrors`), as a run records them."""
+    """``cfg`` as a run on the creature of simulator ``sim`` records it: the fields that default to the
+    creature's (None) taken from it, ``min_a`` (its body's) and ``mirror`` (:func:`~diffsoft.policy.mirrors`),
+    and ``drift_weight`` 0 where it has no effect (:func:`_without_idle_drift`; a RuntimeWarning where a weight
+    other than the default was given there)."""
     if cfg.min_a is None:
         cfg = dataclasses.replace(cfg, min_a=sim.body.min_a)
     if cfg.mirror is None:
         cfg = dataclasses.replace(cfg, mirror=mirrors(sim, cfg.steer))
     cfg.check()
-    return cfg
+    idle = _without_idle_drift(cfg, sim)
+    if idle.drift_weight != cfg.drift_weight and cfg.drift_weight != TrainConfig.drift_weight:
+        warnings.warn(f"drift_weight={cfg.drift_weight!r} has no effect here: it weighs the move across a commanded "
+                      f"heading, with steer in 3D only (this run: steer={cfg.steer}, {sim.body.dim}D); the run records "
+                      f"0", RuntimeWarning, stacklevel=3)
+    return idle
+
+
+def _without_idle_drift(cfg, sim):
+    """``cfg`` with ``drift_weight`` 0 unless it is steered in 3D, the only runs whose reward it changes: so
+    that a checkpoint of a run it cannot change resumes whatever the weight (a run before the setting recorded
+    none, which reads as 0; one since, the default)."""
+    return cfg if cfg.steer and sim.body.dim == 3 else dataclasses.replace(cfg, drift_weight=0.0)
 
 
 def new_policy(cfg, sim):
@@ -768,7 +783,7 @@ def _load_checkpoint(path, cfg, sim):
                          f"(diffsoft writes {', '.join(_CHECKPOINT_KEYS)}); delete it to start over, or resume from "
                          f"a copy of the run")
     wanted = dataclasses.asdict(cfg)
-    stored = dataclasses.asdict(TrainConfig.recorded(ckpt["config"]))
+    stored = dataclasses.asdict(_without_idle_drift(TrainConfig.recorded(ckpt["config"]), sim))
     # A checkpoint that records its creature's content may resume under another name or path for it.
     may_change = TrainConfig.RESUMABLE + (("creature",) if "creature" in ckpt else ())
     differ = [k for k, v in wanted.items() if k not in may_change and stored[k] != v]

@@ -363,6 +363,37 @@ def test_a_checkpoint_without_a_later_setting_resumes_with_its_default(tmp_path)
     training.train(_tiny(tmp_path, iterations=4, terminate_height=0.0), resume=True, progress=False)
 
 
+def test_drift_weight_is_recorded_and_compared_only_where_it_changes_the_reward(tmp_path):
+    # Unsteered, or in 2D, drift_weight changes nothing: a run records 0 (a weight given there warns), and a
+    # checkpoint written before the setting (none: 0) or since (the default) resumes whatever the weight.
+    with pytest.warns(RuntimeWarning, match=r"drift_weight=5\.0 has no effect here.*steer=False, 2D"):
+        training.train(_tiny(tmp_path, iterations=1, drift_weight=5.0), progress=False)
+    path = os.path.join(tmp_path, "checkpoint.pt")
+    assert torch.load(path)["config"]["drift_weight"] == 0.0
+    assert json.loads((tmp_path / "history.json").read_text())["config"]["drift_weight"] == 0.0
+    for stored in (None, 2.0):  # before the setting; an unsteered run's checkpoint written with the default
+        ckpt = torch.load(path)
+        if stored is None:
+            del ckpt["config"]["drift_weight"]
+        else:
+            ckpt["config"]["drift_weight"] = stored
+        torch.save(ckpt, path)
+        training.train(_tiny(tmp_path, iterations=ckpt["iteration"] + 1), resume=True, progress=False)
+    # Steered in 3D it is the reward's: recorded, and compared on resume (a checkpoint before it: 0).
+    cfg = _tiny(tmp_path / "3d", creature="tetrapod", steer=True, drift_weight=1.5, iterations=1, window=2,
+                episode=2, dtype="float32")
+    training.train(cfg, progress=False)
+    path = os.path.join(tmp_path, "3d", "checkpoint.pt")
+    assert torch.load(path)["config"]["drift_weight"] == 1.5
+    with pytest.raises(ValueError, match="drift_weight=1.5"):
+        training.train(dataclasses.replace(cfg, iterations=2, drift_weight=2.0), resume=True, progress=False)
+    ckpt = torch.load(path)
+    del ckpt["config"]["drift_weight"]
+    torch.save(ckpt, path)
+    with pytest.raises(ValueError, match="drift_weight=0.0"):
+        training.train(dataclasses.replace(cfg, iterations=2), resume=True, progress=False)
+
+
 def test_the_exploration_noise_decays_as_configured():
     # Constant without noise_decay_iterations; with it, linear from action_noise to action_noise_end, then
     # constant (by default from 0.4 to 0.1 over 60 iterations); and the iteration's noise is the same standard
