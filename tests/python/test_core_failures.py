@@ -149,6 +149,37 @@ def test_a_stationary_starts_factorization_is_kept_for_the_backward():
         assert not g.any()  # dx*/dc = -H^-1 d(grad)/dc = -H^-1 2x* = 0
 
 
+def test_a_factor_of_another_matrix_does_not_vouch_for_a_stationary_start():
+    # A sparsity pattern that misses a coupling gives a factor of another matrix: here diag(1, 1), positive
+    # definite, where H = [[1, 2], [2, 1]] has eigenvalue -1 at the saddle x0 = 0. It was taken at its word, and
+    # the saddle returned as the minimum (x* = 0, E = 0, its gradient the saddle's); one product now checks it.
+    def energy(x, b):
+        return (0.5 * x * x + 0.25 * x ** 4 - b * x).sum() + 2 * (x[0] * x[1]).sum()
+
+    b = torch.zeros(2, 1, dtype=F64, requires_grad=True)
+    for sparsity in (torch.arange(2)[:, None], torch.tensor([[0, 1]])):  # missing the coupling; complete
+        x, info = diffsoft.minimize(energy, torch.zeros(2, 1, dtype=F64), b, sparsity=sparsity, return_info=True,
+                                    on_failure="raise")
+        torch.testing.assert_close(x.detach().flatten().abs(), torch.ones(2, dtype=F64), rtol=0, atol=1e-7)
+        assert float(x[0] * x[1]) < 0 and info.energy < -0.49  # a minimum (E = -1/2 at (1, -1) and (-1, 1))
+
+
+def test_a_factor_of_the_start_left_is_not_kept_for_the_backward():
+    # A start at a maximum is left along its negative curvature; the double well's step there lands on its
+    # minimum x = 1 at once, and no Newton iteration follows. The probe's factor (of the maximum) was kept for
+    # the backward, whose direct solve then failed over to CG; the backward now factors x* itself.
+    def energy(x, c):
+        return ((x * x - c) ** 2).sum()
+
+    c = torch.ones(1, 1, dtype=F64, requires_grad=True)
+    x, info = diffsoft.minimize(energy, torch.zeros(1, 1, dtype=F64), c, sparsity=torch.arange(1)[:, None],
+                                keep_factor=True, return_info=True, on_failure="raise")
+    assert info.iterations == 0 and float(x) == 1.0
+    (g,) = torch.autograd.grad(x.sum(), c)
+    assert info.backward_direct
+    torch.testing.assert_close(g, torch.full_like(c, 0.5), rtol=1e-12, atol=0)  # x* = sqrt(c)
+
+
 def _quartic(x, k):
     return (0.5 * k * x * x + 0.25 * x ** 4 - x).sum()
 

@@ -69,6 +69,14 @@ LinearOperator by_factor(const LinearOperator& factor, const LinearOperator& own
   };
 }
 
+// A fixed right-hand side on the rows marked in `rows` (B,), zero on the others, (B, n) like `like`: deterministic
+// (the same iterates on every run), every component non-zero and unlike its neighbours' (so that it is no colour's
+// probe, whose H^-1 a factor of another matrix can solve exactly).
+torch::Tensor probe_rhs(const torch::Tensor& rows, const torch::Tensor& like) {
+  torch::Tensor b = torch::cos(torch::arange(like.size(1), like.options()) * 2.4 + 0.3).add(1.5).unsqueeze(0);
+  return b.expand_as(like) * rows.unsqueeze(1).to(like.scalar_type());
+}
+
 // Directions of negative curvature of H on the rows marked in `rows` (B,), (B, n) like `like`: plain CG on a
 // fixed right-hand side with every component, whose search directions span the Krylov spaces in which Lanczos
 // finds H's extreme eigenvalues first; a row's first direction p with p^T H p < 0 (beyond round-off, relative to
@@ -76,11 +84,8 @@ LinearOperator by_factor(const LinearOperator& factor, const LinearOperator& own
 // positive (semi)definite on the space CG explored (which can miss a small negative eigenvalue among large ones).
 torch::Tensor negative_curvature(const LinearOperator& hvp, const torch::Tensor& rows, const torch::Tensor& like,
                                  int64_t max_iter, int64_t& products) {
-  const int64_t n = like.size(1);
   const double eps = like.scalar_type() == torch::kFloat64 ? 1e-10 : 1e-4;
-  // Deterministic (the same iterates on every run), every component non-zero.
-  torch::Tensor b = torch::cos(torch::arange(n, like.options()) * 2.4 + 0.3).add(1.5).unsqueeze(0);
-  torch::Tensor r = b.expand_as(like) * rows.unsqueeze(1).to(like.scalar_type());
+  torch::Tensor r = probe_rhs(rows, like);
   torch::Tensor p = r.clone();
   torch::Tensor rr = row_dot(r, r);
   const torch::Tensor b_norm = rr.sqrt();
@@ -188,11 +193,18 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       // negative curvature there, a step along it that lowers the energy, and Newton starts again from it.
       probed = true;
       torch::Tensor still = g_norm <= threshold;
-      if (still.any().item<bool>() && point.solve) {  // a factorization says where H is positive definite
-        torch::Tensor z = point.solve(torch::where(still.unsqueeze(1), torch::ones_like(g), torch::zeros_like(g)));
+      if (still.any().item<bool>() && point.solve) {
+        // A factorization says where H is positive definite: where it solves H z = b, as one product measures
+        // (a factor of another matrix, such as a sparsity pattern that misses couplings makes, says nothing).
+        torch::Tensor b = probe_rhs(still, g);
+        torch::Tensor z = point.solve(b);
         probe_factorizations = point.factorizations ? point.factorizations() : 0;
         info.factorizations += probe_factorizations;
-        still = still & torch::isfinite(z).all(1).logical_not();
+        torch::Tensor finite = torch::isfinite(z).all(1);
+        torch::Tensor hz = point.hvp(torch::where(finite.unsqueeze(1), z, torch::zeros_like(z)));
+        ++info.hvp_count;
+        const double tol = x.scalar_type() == torch::kFloat64 ? 1e-6 : 1e-2;
+        still = still & (finite & (row_norm(hz - b) <= tol * row_norm(b))).logical_not();
         // Where no row moves, this point is x*: its factorization is the backward's (a later one replaces it).
         if (last_solve) *last_solve = point.solve;
       }
@@ -221,6 +233,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
           if (!torch::equal(x_next, x)) {
             x = x_next;
             probe_factorizations = 0;  // counted: that point is left
+            if (last_solve) *last_solve = LinearOperator();  // the probe's factor is of the point left
             it = -1;  // Newton from the new start: its gradient sets the tolerance
             continue;
           }
