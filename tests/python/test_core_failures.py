@@ -3,6 +3,7 @@ second derivatives through minimize, errors that keep their type through the bac
 parameter dtypes the solver cannot run in (issue 12)."""
 import multiprocessing
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -87,6 +88,43 @@ def test_a_lost_second_derivative_is_named(batched):
     x0 = torch.ones(2, 3, dtype=F64) if batched else torch.ones(3, dtype=F64)
     with pytest.raises(ValueError, match="second derivative is lost.*torch.autograd.Function"):
         diffsoft.minimize(energy, x0, c, batched=batched)
+
+
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_a_second_derivative_lost_in_part_of_the_energy_is_warned_of_by_the_backward(dtype):
+    # Beside a quadratic that differentiates twice, the products find a graph to x, so nothing was refused: H
+    # lacked the quartic's part, and the implicit gradient was about 10% off, in silence. Newton still finds x*.
+    k, b = torch.linspace(4, 6, 4, dtype=dtype), torch.linspace(1, 3, 4, dtype=dtype)
+
+    def lost(x, k, b):
+        return (0.5 * k * x * x - b * x).sum() + _QuarticOnce.apply(x) / 4
+
+    def smooth(x, k, b):
+        return (0.5 * k * x * x - b * x + x ** 4 / 4).sum()
+
+    def kinked(x, k, b):  # a penalty whose Hessian jumps: x* sits inside it
+        return (0.5 * k * x * x - b * x + 50 * torch.relu(x - 0.2) ** 2).sum()
+
+    for energy, warns in ((lost, True), (smooth, False), (kinked, False)):
+        for sparsity in (None, torch.arange(4)[:, None]):
+            k_, b_ = k.clone().requires_grad_(), b.clone().requires_grad_()
+            x0 = torch.zeros(4, dtype=dtype) if sparsity is None else torch.zeros(4, 1, dtype=dtype)
+            fn = energy if sparsity is None else (lambda x, k, b, e=energy: e(x[:, 0], k, b))
+            x = diffsoft.minimize(fn, x0, k_, b_, sparsity=sparsity, on_failure="raise")
+            if energy is lost:  # Newton, led by the true gradient, finds the true x*
+                true = diffsoft.minimize(smooth, torch.zeros(4, dtype=dtype), k, b)
+                torch.testing.assert_close(x.detach().flatten(), true, rtol=0, atol=1e-7 if dtype is F64 else 1e-3)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                x.sum().backward()
+            said = [str(w.message) for w in caught if "second derivative is lost" in str(w.message)]
+            assert len(said) == warns, (energy.__name__, sparsity, said)
+            assert all("(problem(s) 0), so the implicit gradient misses that part" in m for m in said)
+    # batched: the problem whose loss asks, and only it, is named
+    x = diffsoft.minimize(lambda x, k, b: torch.stack([lost(r, k, b) for r in x]), torch.zeros(3, 4, dtype=dtype),
+                          k, b.requires_grad_(), batched=True)
+    with pytest.warns(UserWarning, match=r"second derivative is lost.*\(problem\(s\) 1\)"):
+        (x[1] * 2).sum().backward()
 
 
 def test_an_energy_linear_in_x_is_not_taken_for_a_lost_second_derivative():

@@ -4,6 +4,7 @@
 #include "diffsoft/core/timers.h"
 #include "diffsoft/core/solver.h"
 
+#include <iomanip>
 #include <sstream>
 
 namespace diffsoft {
@@ -18,6 +19,7 @@ struct Problem : torch::CustomClassHolder {
   std::shared_ptr<SolveInfo> info;
   std::shared_ptr<const AnalyticEnergy> analytic;
   LinearOperator factor;  // with options.keep_factor: the solve of the forward's last factorization
+  bool autograd_hessian = false;  // H from the energy's double backward (a user energy, or probes of it)
   RaiseFn raise_backward;
   std::vector<int64_t> versions;  // of the saved tensors (params, then x*) as the forward left them
 };
@@ -38,6 +40,56 @@ std::string unsolved_problems(const SolveInfo& info, const torch::Tensor& dl_dx)
   for (size_t k = 0; k < rows.size() && k < 10; ++k) out << (k ? ", " : "") << rows[k];
   if (rows.size() > 10) out << " and " << rows.size() - 10 << " more";
   return out.str();
+}
+
+// Where part of a user energy's second derivative is lost (an op whose backward autograd cannot differentiate,
+// beside terms it can: the products still find a graph to x, so SecondOrderPoint::zero_hessian never runs), H
+// lacks that part, and so does the implicit gradient, though Newton, led by the true gradient, still finds x*.
+// The adjoint lambda shows it for the price of four gradients: H lambda (= dL/dx*, to the adjoint's relative
+// residual) against the gradient's central differences along lambda, over moves of two sizes. A smooth energy's
+// differences approach H lambda as the move shrinks (their error falls 4x when it halves); a lost part's error
+// stays as it was. Warns, naming the problems (rows) where it stays above a tolerance at both sizes.
+void warn_of_a_lost_second_derivative(const EnergyFn& energy, const torch::Tensor& x_rows, at::IntArrayRef shape,
+                                      const std::vector<torch::Tensor>& consts, const torch::Tensor& lambda,
+                                      const torch::Tensor& h_lambda, double residual) {
+  const bool f64 = x_rows.scalar_type() == torch::kFloat64;
+  const torch::Tensor lambda_max = lambda.abs().amax(1, true);
+  const torch::Tensor asked = lambda_max.squeeze(1) > 0;
+  if (!asked.any().item<bool>()) return;
+  // each row's largest component moved by 1e-6 (float32: 3e-3) of its largest |x| (at least 1)
+  const torch::Tensor unit = (f64 ? 1e-6 : 3e-3) * x_rows.abs().amax(1, true).clamp_min(1.0) /
+                             torch::where(lambda_max > 0, lambda_max, torch::ones_like(lambda_max));
+  auto gradient = [&](const torch::Tensor& y_rows) {
+    torch::AutoGradMode grad_mode(true);
+    torch::Tensor y = y_rows.detach().requires_grad_(true);
+    torch::Tensor e = energy(y.view(shape), consts);
+    auto gs = torch::autograd::grad({e.sum()}, {y}, {}, /*retain_graph=*/false, /*create_graph=*/false,
+                                    /*allow_unused=*/true);
+    return gs[0].defined() ? gs[0].detach() : torch::zeros_like(y);
+  };
+  const torch::Tensor h_norm = row_norm(h_lambda);
+  auto mismatch = [&](double size) {  // ||central difference - H lambda|| / ||H lambda||, per row
+    torch::Tensor t = size * unit;
+    torch::Tensor d = (gradient(x_rows + t * lambda) - gradient(x_rows - t * lambda)) / (2 * t);
+    return row_norm(d - h_lambda) / torch::where(h_norm > 0, h_norm, torch::ones_like(h_norm));
+  };
+  const torch::Tensor big = mismatch(1.0), small = mismatch(0.5);
+  const double tol = (f64 ? 1e-3 : 5e-2) + residual;
+  const torch::Tensor lost = asked & (big > tol) & (small > tol) & (small > 0.5 * big);
+  if (!lost.any().item<bool>()) return;
+  std::ostringstream msg;
+  msg << "diffsoft: part of the energy's second derivative is lost: at x* its Hessian-vector products differ from "
+         "the gradient's change by "
+      << std::setprecision(2) << torch::where(lost, small, torch::zeros_like(small)).max().item<double>() * 100
+      << "% along the adjoint, alike over moves of two sizes (problem(s) ";
+  torch::Tensor rows = torch::nonzero(lost).flatten().cpu();
+  for (int64_t k = 0; k < rows.numel() && k < 10; ++k) msg << (k ? ", " : "") << rows[k].item<int64_t>();
+  if (rows.numel() > 10) msg << " and " << rows.numel() - 10 << " more";
+  msg << "), so the implicit gradient misses that part and is wrong (Newton, led by the gradient, still found x*). "
+         "An op in the energy does not differentiate twice: a torch.autograd.Function whose backward is computed "
+         "from detached tensors, .numpy() or under torch.no_grad(); write its backward with differentiable torch "
+         "ops";
+  TORCH_WARN(msg.str());
 }
 
 class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
@@ -192,6 +244,8 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
         throw ConvergenceError(what);
       }
       TORCH_WARN("diffsoft: ", what);
+    } else if (pb->autograd_hessian) {
+      warn_of_a_lost_second_derivative(pb->energy, x_rows, pb->shape, consts, cg.x, dl_dx, info.backward_residual);
     }
 
     const AnalyticEnergy* analytic = pb->analytic.get();
@@ -212,6 +266,7 @@ torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const 
                                 const SolverOptions& options, std::shared_ptr<SolveInfo> info,
                                 std::shared_ptr<const AnalyticEnergy> analytic, const torch::Tensor& sparsity,
                                 RaiseFn raise_backward, BatchedVjp batched_vjp) {
+  const bool autograd_hessian = !analytic;
   if (sparsity.defined() && !analytic) {
     analytic = std::make_shared<AnalyticEnergy>(probed_energy(energy, params, x0.sizes(), options.batched, sparsity,
                                                               std::make_shared<FactorCache>(),
@@ -219,6 +274,7 @@ torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const 
   }
   auto problem = c10::make_intrusive<Problem>();
   problem->analytic = std::move(analytic);
+  problem->autograd_hessian = autograd_hessian;
   problem->energy = std::move(energy);
   problem->options = options;
   problem->raise_backward = std::move(raise_backward);
