@@ -55,6 +55,12 @@ def _sim(**kw):
     return Simulator(_body(), dt=0.01, **kw)
 
 
+def _partly_lost_backward():
+    b = torch.full((3,), 0.5, dtype=F64, requires_grad=True)
+    x = diffsoft.minimize(lambda x, b: (x * x - b * x + _QuarticOnce.apply(x)).sum(), torch.zeros(3, dtype=F64), b)
+    x.sum().backward()
+
+
 def _quadratic(x, k):
     return 0.5 * (k * x * x).sum() - x.sum()
 
@@ -332,6 +338,9 @@ TRIGGERS = [
     ("ValueError: the energy's second derivative is lost: its gradient changes with x (...), yet "
      "it has no autograd graph to x, so every Hessian-vector product is 0 ...",
      lambda tmp: diffsoft.minimize(lambda x: (_QuarticOnce.apply(x) - x).sum(), torch.ones(3, dtype=F64))),
+    ("UserWarning: diffsoft: part of the energy's second derivative is lost: at x* its Hessian-vector products "
+     "differ from the gradient's change by P% along the adjoint, alike over moves of two sizes (problem(s) ...), so "
+     "the implicit gradient misses that part and is wrong ...", lambda tmp: _partly_lost_backward()),
     ("TypeError: sparsity must be an (E, k) int64 tensor of vertex indices",
      lambda tmp: diffsoft.minimize(_quadratic, torch.zeros(3, 2, dtype=F64), 2.0, sparsity=[[0, 1]])),
     ("ValueError: energy or its gradient is not finite at x0 (energy = e, problem(s) ...)",
