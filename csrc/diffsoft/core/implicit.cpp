@@ -47,9 +47,9 @@ std::string unsolved_problems(const SolveInfo& info, const torch::Tensor& dl_dx)
 // lacks that part, and so does the implicit gradient, though Newton, led by the true gradient, still finds x*.
 // The adjoint lambda shows it for the price of two gradients (four where the first move disagrees): H lambda
 // (= dL/dx*, to the adjoint's relative residual) against the gradient's central differences along lambda, over
-// moves of two sizes. A smooth energy's
-// differences approach H lambda as the move shrinks (their error falls 4x when it halves); a lost part's error
-// stays as it was. Warns, naming the problems (rows) where it stays above a tolerance at both sizes.
+// moves of two sizes. A smooth energy's differences approach H lambda as the move shrinks (their error falls 4x
+// when it halves); a lost part's error stays as it was. Warns, naming the problems (rows) where it stays above a
+// tolerance at both sizes.
 void warn_of_a_lost_second_derivative(const EnergyFn& energy, const torch::Tensor& x_rows, at::IntArrayRef shape,
                                       const std::vector<torch::Tensor>& consts, const torch::Tensor& lambda,
                                       const torch::Tensor& h_lambda, double residual) {
