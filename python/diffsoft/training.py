@@ -782,7 +782,8 @@ def _load_checkpoint(path, cfg, sim):
         raise ValueError(f"{path} lacks key {(missing or ['config'])[0]!r}: an incomplete or hand-edited checkpoint "
                          f"(diffsoft writes {', '.join(_CHECKPOINT_KEYS)}); delete it to start over, or resume from "
                          f"a copy of the run")
-    wanted = dataclasses.asdict(cfg)
+    # (drift_weight compared where it changes the reward, on either side: see _without_idle_drift)
+    wanted = dataclasses.asdict(_without_idle_drift(cfg, sim))
     stored = dataclasses.asdict(_without_idle_drift(TrainConfig.recorded(ckpt["config"]), sim))
     # A checkpoint that records its creature's content may resume under another name or path for it.
     may_change = TrainConfig.RESUMABLE + (("creature",) if "creature" in ckpt else ())
