@@ -22,7 +22,7 @@ from .creatures import make_creature
 from .policy import KEEPS_WALKING, STAYS_UP, distance_walked, distances_along, gait, run_policy
 from .terrain import distances_on, held_out_heights, ramp_distances
 from .threads import set_num_threads
-from .training import TrainConfig, distributed_world, new_policy, train
+from .training import TrainConfig, distributed_world, for_creature, new_policy, train
 
 
 def plot_learning_curve(history, path, title=None, steered=False):
@@ -163,6 +163,7 @@ def main(argv=None):
         # A user's mistakes found once things are built (a creature file, a checkpoint that does not fit, an
         # out_dir that is a file) are ValueErrors and OSErrors that name it: one line, as the flags' own.
         sim = make_creature(cfg.creature, getattr(torch, cfg.dtype), cfg.device)
+        cfg = for_creature(cfg, sim)  # as the run records it (once: a setting without effect warns here)
         eval_horizon = cfg.eval_horizon
         policy, history = train(cfg, resume=args.resume, progress=not args.no_progress)
     except (ValueError, OSError) as e:

@@ -284,6 +284,17 @@ def test_cli_mistakes_found_once_built_are_one_line_not_a_traceback(flags, messa
     assert e.value.code in (1, 2) and re.search(message, err) and "Traceback" not in err
 
 
+def test_a_cli_setting_without_effect_warns_once(tmp_path):
+    # --drift-weight on a 2D unsteered run: the trainer and the CLI's own policy before training each warned
+    from diffsoft import cli
+    with pytest.warns(RuntimeWarning) as caught:
+        cli.main(["--out-dir", str(tmp_path), "--iterations", "1", "--batch", "2", "--window", "2", "--episode", "4",
+                  "--critic-minibatches", "1", "--no-progress", "--drift-weight", "5"])
+    assert [str(w.message) for w in caught].count(
+        "drift_weight=5.0 has no effect here: it weighs the move across a commanded heading, with steer in 3D "
+        "only (this run: steer=False, 2D); the run records 0") == 1
+
+
 @pytest.mark.parametrize("content", [b"", b"not a checkpoint", bytes(range(256)) * 8])
 def test_a_corrupt_checkpoint_on_resume_says_so(tmp_path, content):
     from diffsoft import training
