@@ -348,18 +348,22 @@ def _leave_saddles(y, e, scale, g, hess, still, p, top, o, energy):
     length = _row_norm(y.reshape(b, n)).clamp_min(1.0) / torch.where(has, _row_norm(direction), torch.ones_like(e))
     direction = (direction * length[:, None]).view(b, f, d)
     e_noise = 16 * torch.finfo(y.dtype).eps
-    step, accepted = torch.ones_like(e), ~has
+    # Newton's trial steps from the shortest up; the last of the first run of decreases is taken.
+    step = torch.full_like(e, o.ls_shrink ** (o.ls_max_iter - 1))
+    growing, dipped = has.clone(), torch.zeros_like(has)
+    start, noise = y, e_noise * scale
     for _ in range(o.ls_max_iter):
-        if bool(accepted.all()):
+        if not bool(growing.any()):
             break
-        trial = y + step[:, None, None] * direction
+        trial = start + step[:, None, None] * direction
         e_trial, s_trial = energy(trial)
-        ok = ~accepted & torch.isfinite(e_trial) & (e_trial < e - e_noise * scale)
-        y = torch.where(ok[:, None, None], trial, y)
-        e, scale = torch.where(ok, e_trial, e), torch.where(ok, s_trial, scale)
-        accepted = accepted | ok
-        step = torch.where(accepted, step, step * o.ls_shrink)
-    return (y, e, scale) if bool((accepted & has).any()) else None
+        lower = growing & torch.isfinite(e_trial) & (e_trial < e - noise)
+        y = torch.where(lower[:, None, None], trial, y)
+        e, scale = torch.where(lower, e_trial, e), torch.where(lower, s_trial, scale)
+        growing = growing & (lower | ~dipped)
+        dipped = dipped | lower
+        step = step / o.ls_shrink
+    return (y, e, scale) if bool(dipped.any()) else None
 
 
 def _negative_curvature(apply, rows, like, max_iter):

@@ -1,6 +1,7 @@
 """The core never answers silently: norms that neither under- nor overflow, an energy that does not depend on x,
 second derivatives through minimize, errors that keep their type through the backward, picklable records, and
 parameter dtypes the solver cannot run in (issue 12)."""
+import math
 import multiprocessing
 import pickle
 import warnings
@@ -161,6 +162,29 @@ def test_a_stationary_start_at_a_saddle_or_maximum_is_left_for_a_minimum():
     (g,) = torch.autograd.grad(x.sum(), c)
     torch.testing.assert_close(x.detach(), c.detach().sqrt(), rtol=0, atol=1e-7)
     torch.testing.assert_close(g, 0.5 / c.detach().sqrt(), rtol=1e-6, atol=0)
+
+
+def test_a_maximum_is_left_for_the_first_dip_along_its_negative_curvature():
+    # The step off a stationary start was first tried as long as x: from the maximum x = c of cos(x - c) with
+    # c = 100 it landed 100 away, about 16 wells off, and Newton returned the minimum there. The trial steps now
+    # go from the shortest up, and the step taken is the line's first dip: in one dimension, the next well.
+    for c0 in (0.0, 100.0, -40.0):
+        c = torch.full((1,), c0, dtype=F64)
+        x, info = diffsoft.minimize(lambda x, c: torch.cos(x - c).sum(), c.clone(), c, return_info=True,
+                                    on_failure="raise")
+        torch.testing.assert_close((x - c).abs(), torch.full_like(c, math.pi), rtol=0, atol=1e-7)
+    # batched, one problem per row, each with its own line search
+    c = torch.tensor([[0.0], [100.0], [-40.0]], dtype=F64)
+    x = diffsoft.minimize(lambda x, c: torch.cos(x - c).sum(1), c.clone(), c, batched=True, on_failure="raise")
+    torch.testing.assert_close((x - c).abs(), torch.full_like(c, math.pi), rtol=0, atol=1e-7)
+    # in more dimensions the step alone (max_iter=0) stops at the first trial whose energy rises: the one after
+    # it is higher, where the old longest-first trial was merely lower than the maximum
+    c = torch.full((3,), 100.0, dtype=F64)
+    with pytest.warns(RuntimeWarning, match="did not converge"):
+        x = diffsoft.minimize(lambda x, c: torch.cos(x - c).sum(), c.clone(), c, max_iter=0)
+    assert 0 < float((x - c).norm()) < 0.5 * float(c.norm())
+    further = c + 2 * (x - c)  # the next trial step along the same line
+    assert float(torch.cos(further - c).sum()) > float(torch.cos(x - c).sum())
 
 
 def test_a_stationary_starts_factorization_is_kept_for_the_backward():

@@ -55,13 +55,7 @@ torch::Tensor SecondOrderPoint::zero_hessian(const torch::Tensor& v) const {
     const double scale = std::max(1.0, x_.abs().max().item<double>());
     const torch::Tensor direction = 0.01 * scale * torch::linspace(-1.0, 1.0, x_.numel(), x_.options()).view_as(x_);
     auto change = [&](double t) {
-      torch::AutoGradMode grad_mode(true);
-      torch::Tensor y = (x_.detach() + t * direction).requires_grad_(true);
-      torch::Tensor e = energy_fn_(y.view(shape_), params_);
-      auto gs = torch::autograd::grad({e.sum()}, {y}, {}, /*retain_graph=*/false, /*create_graph=*/false,
-                                      /*allow_unused=*/true);
-      torch::Tensor g = gs[0].defined() ? gs[0].detach() : torch::zeros_like(y);
-      return (g - grad_).norm().item<double>();
+      return (gradient_at(energy_fn_, x_.detach() + t * direction, shape_, params_) - grad_).norm().item<double>();
     };
     const double full = change(1.0), half = change(0.5);
     const double tol = (x_.scalar_type() == torch::kFloat64 ? 1e-12 : 1e-5) * grad_.norm().item<double>();
@@ -101,6 +95,16 @@ std::vector<torch::Tensor> SecondOrderPoint::mixed_vjp(const torch::Tensor& w,
   torch::AutoGradMode grad_mode(true);
   return torch::autograd::grad({grad_graph_}, wrt, {w}, /*retain_graph=*/true, /*create_graph=*/false,
                                /*allow_unused=*/true);
+}
+
+torch::Tensor gradient_at(const EnergyFn& energy, const torch::Tensor& y_rows, at::IntArrayRef shape,
+                          const std::vector<torch::Tensor>& params) {
+  torch::AutoGradMode grad_mode(true);
+  torch::Tensor y = y_rows.detach().requires_grad_(true);
+  torch::Tensor e = energy(y.view(shape), params);
+  auto gs = torch::autograd::grad({e.sum()}, {y}, {}, /*retain_graph=*/false, /*create_graph=*/false,
+                                  /*allow_unused=*/true);
+  return gs[0].defined() ? gs[0].detach() : torch::zeros_like(y);
 }
 
 AnalyticDerivatives derivatives_at(const EnergyFn& energy, const AnalyticEnergy* analytic,

@@ -60,18 +60,11 @@ void warn_of_a_lost_second_derivative(const EnergyFn& energy, const torch::Tenso
   // each row's largest component moved by 1e-6 (float32: 3e-3) of its largest |x| (at least 1)
   const torch::Tensor unit = (f64 ? 1e-6 : 3e-3) * x_rows.abs().amax(1, true).clamp_min(1.0) /
                              torch::where(lambda_max > 0, lambda_max, torch::ones_like(lambda_max));
-  auto gradient = [&](const torch::Tensor& y_rows) {
-    torch::AutoGradMode grad_mode(true);
-    torch::Tensor y = y_rows.detach().requires_grad_(true);
-    torch::Tensor e = energy(y.view(shape), consts);
-    auto gs = torch::autograd::grad({e.sum()}, {y}, {}, /*retain_graph=*/false, /*create_graph=*/false,
-                                    /*allow_unused=*/true);
-    return gs[0].defined() ? gs[0].detach() : torch::zeros_like(y);
-  };
   const torch::Tensor h_norm = row_norm(h_lambda);
   auto mismatch = [&](double size) {  // ||central difference - H lambda|| / ||H lambda||, per row
     torch::Tensor t = size * unit;
-    torch::Tensor d = (gradient(x_rows + t * lambda) - gradient(x_rows - t * lambda)) / (2 * t);
+    torch::Tensor d = (gradient_at(energy, x_rows + t * lambda, shape, consts) -
+                       gradient_at(energy, x_rows - t * lambda, shape, consts)) / (2 * t);
     return row_norm(d - h_lambda) / torch::where(h_norm > 0, h_norm, torch::ones_like(h_norm));
   };
   const double tol = (f64 ? 1e-3 : 5e-2) + residual;

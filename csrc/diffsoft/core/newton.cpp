@@ -215,20 +215,27 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
         torch::Tensor d_norm = row_norm(d);
         torch::Tensor has = d_norm > 0;
         if (has.any().item<bool>()) {
-          // Downhill (the gradient is ~0, not 0), first tried as long as x (or 1), then halved as Newton's is.
+          // Downhill (the gradient is ~0, not 0), at most as long as x (or 1). Newton's trial steps (1, shrunk
+          // by ls_shrink up to ls_max_iter times) are tried from the shortest up, and the last of the first run
+          // of decreases is taken: the first dip along the line, not any lower point (trying the longest first
+          // left a maximum of a periodic energy for a well as far away as x is long).
           d = torch::where((row_dot(g, d) > 0).unsqueeze(1), -d, d);
           d = d * (torch::clamp_min(row_norm(x), 1.0) / torch::where(has, d_norm, torch::ones_like(d_norm))).unsqueeze(1);
-          torch::Tensor step = torch::ones_like(e);
-          torch::Tensor accepted = per_problem ? has.logical_not() : torch::zeros_like(e, torch::kBool);
+          torch::Tensor step = torch::full_like(e, std::pow(opt.ls_shrink, double(opt.ls_max_iter - 1)));
+          torch::Tensor growing = per_problem ? has : torch::ones_like(e, torch::kBool);
+          torch::Tensor dipped = torch::zeros_like(growing);
+          torch::Tensor best = e.clone();
           torch::Tensor x_next = x.clone();
-          for (int64_t ls = 0; ls < opt.ls_max_iter && !accepted.all().item<bool>(); ++ls) {
+          for (int64_t ls = 0; ls < opt.ls_max_iter && growing.any().item<bool>(); ++ls) {
             torch::Tensor trial = x + (per_problem ? step : step.expand({batch})).unsqueeze(1) * d;
             torch::Tensor e_trial = eval(trial);
             ++info.line_search_steps;
-            torch::Tensor ok = torch::isfinite(e_trial) & (e_trial < e - e_noise * e_scale) & accepted.logical_not();
-            x_next = torch::where((per_problem ? ok : ok.expand({batch})).unsqueeze(1), trial, x_next);
-            accepted = accepted | ok;
-            step = torch::where(accepted, step, step * opt.ls_shrink);
+            torch::Tensor lower = torch::isfinite(e_trial) & (e_trial < best - e_noise * e_scale) & growing;
+            x_next = torch::where((per_problem ? lower : lower.expand({batch})).unsqueeze(1), trial, x_next);
+            best = torch::where(lower, e_trial, best);
+            growing = growing & (lower | dipped.logical_not());  // after a decrease, until the next trial rises
+            dipped = dipped | lower;
+            step = step / opt.ls_shrink;
           }
           if (!torch::equal(x_next, x)) {
             x = x_next;

@@ -226,6 +226,11 @@ AnalyticEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Te
                              bool batched, const torch::Tensor& elements, std::shared_ptr<FactorCache> cache = nullptr,
                              BatchedVjp batched_vjp = nullptr, int64_t probe_batch = 0);
 
+// The energy's gradient at y_rows (B, n), first order only (no graph kept), detached; zeros where the energy does
+// not reach x.
+torch::Tensor gradient_at(const EnergyFn& energy, const torch::Tensor& y_rows, at::IntArrayRef shape,
+                          const std::vector<torch::Tensor>& params);
+
 // Value, gradient and Hessian products at x_rows: by the analytic path if given, else by autograd.
 AnalyticDerivatives derivatives_at(const EnergyFn& energy, const AnalyticEnergy* analytic,
                                    const torch::Tensor& x_rows, at::IntArrayRef shape,
