@@ -35,6 +35,7 @@ suite exercises every line of it.
   to the parameters (the gradient's graph, from autograd of the reference's terms).
 """
 import dataclasses
+import math
 import typing
 import warnings
 import weakref
@@ -243,9 +244,10 @@ def _newton(p, top, o, info):
     reason = torch.where(finite_start, 0, 1).to(torch.int8)
     failed = ~finite_start
     done = failed | (g_norm <= threshold)
+    counts = torch.zeros(2, dtype=torch.long, device=device)  # line-search trials, gradient fallbacks
     still = done & ~failed
     if bool(still.any()):  # a stationary start: a saddle there would be returned as a minimum
-        moved = _leave_saddles(y, e, scale, g, hess, still, p, top, o, energy)
+        moved = _leave_saddles(y, e, scale, g, hess, still, p, top, o, energy, counts)
         if moved is not None:
             y, e, scale = moved
             g, hess = gradient_and_hessian(y, p, top)
@@ -256,7 +258,6 @@ def _newton(p, top, o, info):
             done = failed | (g_norm <= threshold)
     step = torch.ones(b, dtype=dtype, device=device)
     rejections = torch.zeros(b, dtype=torch.long, device=device)
-    counts = torch.zeros(2, dtype=torch.long, device=device)  # line-search trials, gradient fallbacks
     fail_iteration = torch.full((b,), -1, dtype=torch.long, device=device)
     iterations, factorizations, cg_iterations = 0, 0, 0
     if o.linear_solver == "cholesky":
@@ -328,11 +329,11 @@ def _newton(p, top, o, info):
     return y, kept
 
 
-def _leave_saddles(y, e, scale, g, hess, still, p, top, o, energy):
+def _leave_saddles(y, e, scale, g, hess, still, p, top, o, energy, counts):
     """The C++ Newton's step off a stationary start (``newton.cpp``): for the creatures ``still`` (B,) whose
     Hessian is not positive definite there (a saddle or a maximum), a step along a direction of negative
-    curvature (:func:`_negative_curvature`) that lowers the energy. Returns ``(y, e, scale)`` after it, or None
-    where no creature moved."""
+    curvature (:func:`_negative_curvature`) that lowers the energy; its trials are added to ``counts[0]``.
+    Returns ``(y, e, scale)`` after it, or None where no creature moved."""
     b, f, d = y.shape
     n = f * d
     if o.linear_solver == "cholesky":  # the factorization says where H is positive definite
@@ -348,15 +349,18 @@ def _leave_saddles(y, e, scale, g, hess, still, p, top, o, energy):
     length = _row_norm(y.reshape(b, n)).clamp_min(1.0) / torch.where(has, _row_norm(direction), torch.ones_like(e))
     direction = (direction * length[:, None]).view(b, f, d)
     e_noise = 16 * torch.finfo(y.dtype).eps
-    # Newton's trial steps from the shortest up; the last of the first run of decreases is taken.
-    step = torch.full_like(e, o.ls_shrink ** (o.ls_max_iter - 1))
+    # Newton's trial steps from the shortest up (as many as the C++ Newton's escape_trials); the last of the first
+    # run of decreases is taken.
+    trials = min(o.ls_max_iter, 1 + math.ceil(math.log(torch.finfo(y.dtype).eps) / math.log(o.ls_shrink)))
+    step = torch.full_like(e, o.ls_shrink ** (trials - 1))
     growing, dipped = has.clone(), torch.zeros_like(has)
     start, noise = y, e_noise * scale
-    for _ in range(o.ls_max_iter):
+    for _ in range(trials):
         if not bool(growing.any()):
             break
         trial = start + step[:, None, None] * direction
         e_trial, s_trial = energy(trial)
+        counts[0] += growing.sum()
         lower = growing & torch.isfinite(e_trial) & (e_trial < e - noise)
         y = torch.where(lower[:, None, None], trial, y)
         e, scale = torch.where(lower, e_trial, e), torch.where(lower, s_trial, scale)

@@ -185,6 +185,13 @@ def test_a_maximum_is_left_for_the_first_dip_along_its_negative_curvature():
     assert 0 < float((x - c).norm()) < 0.5 * float(c.norm())
     further = c + 2 * (x - c)  # the next trial step along the same line
     assert float(torch.cos(further - c).sum()) > float(torch.cos(x - c).sum())
+    # the shortest trial is no shorter than the dtype resolves: ls_shrink ** (ls_max_iter - 1) underflowed to a
+    # step of 0 (ls_shrink 0.02 in float32), every trial was x itself, and the maximum came back as converged
+    for dtype, options in ((torch.float32, dict(ls_shrink=0.02)), (torch.float32, dict(ls_max_iter=200)),
+                           (F64, dict(ls_shrink=0.01, ls_max_iter=200))):
+        x = diffsoft.minimize(lambda x: (x ** 4 - x ** 2).sum(), torch.zeros(2, dtype=dtype), on_failure="raise",
+                              **options)
+        torch.testing.assert_close(x.abs(), torch.full_like(x, 0.5 ** 0.5), rtol=1e-4, atol=0)
 
 
 def test_a_stationary_starts_factorization_is_kept_for_the_backward():

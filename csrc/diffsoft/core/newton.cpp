@@ -108,6 +108,15 @@ torch::Tensor negative_curvature(const LinearOperator& hvp, const torch::Tensor&
   return found;
 }
 
+// How many trial steps the step off a stationary start takes, 1 the longest and each ls_shrink times the next:
+// ls_max_iter, or fewer where the shortest would be below the dtype's epsilon (a move x cannot resolve, or a step
+// that underflows to 0: ls_shrink 0.02 in float32).
+int64_t escape_trials(const SolverOptions& opt, torch::ScalarType t) {
+  const double eps = t == torch::kFloat64 ? std::numeric_limits<double>::epsilon()
+                                          : std::numeric_limits<float>::epsilon();
+  return std::min<int64_t>(opt.ls_max_iter, 1 + static_cast<int64_t>(std::ceil(std::log(eps) / std::log(opt.ls_shrink))));
+}
+
 }  // namespace
 
 double default_backward_rtol(torch::ScalarType t) { return t == torch::kFloat64 ? 1e-10 : 1e-5; }
@@ -215,18 +224,20 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
         torch::Tensor d_norm = row_norm(d);
         torch::Tensor has = d_norm > 0;
         if (has.any().item<bool>()) {
-          // Downhill (the gradient is ~0, not 0), at most as long as x (or 1). Newton's trial steps (1, shrunk
-          // by ls_shrink up to ls_max_iter times) are tried from the shortest up, and the last of the first run
-          // of decreases is taken: the first dip along the line, not any lower point (trying the longest first
-          // left a maximum of a periodic energy for a well as far away as x is long).
+          // Downhill (the gradient is ~0, not 0), at most as long as x (or 1). Newton's trial steps (1, 1 *
+          // ls_shrink, ...: ls_max_iter of them, none shorter than the dtype's resolution) are tried from the
+          // shortest up, and the last of the first run of decreases is taken: the first dip along the line, not
+          // any lower point (trying the longest first left a maximum of a periodic energy for a well as far
+          // away as x is long).
           d = torch::where((row_dot(g, d) > 0).unsqueeze(1), -d, d);
           d = d * (torch::clamp_min(row_norm(x), 1.0) / torch::where(has, d_norm, torch::ones_like(d_norm))).unsqueeze(1);
-          torch::Tensor step = torch::full_like(e, std::pow(opt.ls_shrink, double(opt.ls_max_iter - 1)));
+          const int64_t trials = escape_trials(opt, x.scalar_type());
+          torch::Tensor step = torch::full_like(e, std::pow(opt.ls_shrink, double(trials - 1)));
           torch::Tensor growing = per_problem ? has : torch::ones_like(e, torch::kBool);
           torch::Tensor dipped = torch::zeros_like(growing);
           torch::Tensor best = e.clone();
           torch::Tensor x_next = x.clone();
-          for (int64_t ls = 0; ls < opt.ls_max_iter && growing.any().item<bool>(); ++ls) {
+          for (int64_t ls = 0; ls < trials && growing.any().item<bool>(); ++ls) {
             torch::Tensor trial = x + (per_problem ? step : step.expand({batch})).unsqueeze(1) * d;
             torch::Tensor e_trial = eval(trial);
             ++info.line_search_steps;
