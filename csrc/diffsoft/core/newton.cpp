@@ -108,9 +108,9 @@ torch::Tensor negative_curvature(const LinearOperator& hvp, const torch::Tensor&
   return found;
 }
 
-// How many trial steps the step off a stationary start takes, 1 the longest and each ls_shrink times the next:
-// ls_max_iter, or fewer where the shortest would be below the dtype's epsilon (a move x cannot resolve, or a step
-// that underflows to 0: ls_shrink 0.02 in float32).
+// How many trial steps the step off a stationary start takes (1 the longest, each next one ls_shrink times
+// shorter): ls_max_iter, or fewer where the shortest would be below the dtype's epsilon (a move x cannot resolve,
+// or a step that underflows to 0: ls_shrink 0.02 in float32).
 int64_t escape_trials(const SolverOptions& opt, torch::ScalarType t) {
   const double eps = t == torch::kFloat64 ? std::numeric_limits<double>::epsilon()
                                           : std::numeric_limits<float>::epsilon();
@@ -224,11 +224,10 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
         torch::Tensor d_norm = row_norm(d);
         torch::Tensor has = d_norm > 0;
         if (has.any().item<bool>()) {
-          // Downhill (the gradient is ~0, not 0), at most as long as x (or 1). Newton's trial steps (1, 1 *
-          // ls_shrink, ...: ls_max_iter of them, none shorter than the dtype's resolution) are tried from the
-          // shortest up, and the last of the first run of decreases is taken: the first dip along the line, not
-          // any lower point (trying the longest first left a maximum of a periodic energy for a well as far
-          // away as x is long).
+          // Downhill (the gradient is ~0, not 0), at most as long as x (or 1). Newton's trial steps (1,
+          // ls_shrink, ls_shrink^2, ...: escape_trials of them) are tried from the shortest up, and the last of
+          // the first run of decreases is taken: the first dip along the line, not any lower point (trying the
+          // longest first left a maximum of a periodic energy for a well as far away as x is long).
           d = torch::where((row_dot(g, d) > 0).unsqueeze(1), -d, d);
           d = d * (torch::clamp_min(row_norm(x), 1.0) / torch::where(has, d_norm, torch::ones_like(d_norm))).unsqueeze(1);
           const int64_t trials = escape_trials(opt, x.scalar_type());
