@@ -507,18 +507,27 @@ def distance_walked(sim, policy, steps):
     return distance_covered(sim, xs).item()
 
 
-def distances_along(sim, policy, steps, headings):
-    """How far a steered ``policy`` walks toward each commanded heading, its centre of mass's displacement
-    along the heading's direction after ``steps`` steps from rest, and how far off the heading it went (the
-    angle in degrees between that displacement in the ground plane and the heading's direction): two ``(K,)``,
-    one batched rollout of K creatures, one per heading of ``headings`` ``(K,)`` (radians)."""
+def moves_along(sim, policy, steps, headings):
+    """Where a steered ``policy`` takes its centre of mass toward each commanded heading, in ``steps`` steps
+    from rest: two ``(K,)``, its displacement in the ground plane along the heading's direction and the length
+    of the rest of it (across the heading), one batched rollout of K creatures, one per heading of ``headings``
+    ``(K,)`` (radians)."""
     headings = torch.as_tensor(headings, dtype=sim.body.dtype, device=sim.body.device).reshape(-1)
     xs, _ = run_policy(sim, policy, steps, batch=len(headings), heading=headings)
     moved = center_of_mass(sim, xs[-1]) - center_of_mass(sim, xs[0])  # (K, d)
     moved[:, 1] = 0
     d = heading_direction(headings, sim.body.dim, moved.dtype, moved.device)
     along = (moved * d).sum(-1)
-    cos = along / moved.norm(dim=-1).clamp_min(1e-12)
+    return along, (moved - along[:, None] * d).norm(dim=-1)
+
+
+def distances_along(sim, policy, steps, headings):
+    """How far a steered ``policy`` walks toward each commanded heading, its centre of mass's displacement
+    along the heading's direction after ``steps`` steps from rest, and how far off the heading it went (the
+    angle in degrees between that displacement in the ground plane and the heading's direction; 90 for a
+    creature that did not move): two ``(K,)`` (:func:`moves_along`)."""
+    along, across = moves_along(sim, policy, steps, headings)
+    cos = along / torch.hypot(along, across).clamp_min(1e-12)
     return along, torch.rad2deg(torch.acos(cos.clamp(-1, 1)))
 
 

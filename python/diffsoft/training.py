@@ -68,8 +68,8 @@ from ._compat import load_checkpoint
 from ._io import finite_or_null
 from ._optional import require
 from .creatures import check_device, fingerprint, fingerprint_changes, make_creature
-from .policy import (FramePolicy, Posture, center_of_mass, center_of_mass_x, distance_walked, distances_along,
-                     heading_direction, mirrors, observe, reads_heading, save_algovivo_policy)
+from .policy import (FramePolicy, Posture, center_of_mass, center_of_mass_x, distance_walked, heading_direction,
+                     mirrors, moves_along, observe, reads_heading, save_algovivo_policy)
 from .terrain import grid, on_terrain, random_heights
 
 
@@ -140,8 +140,9 @@ class TrainConfig:
         steer: Steering: at each reset, a creature draws a commanded heading (2D: +x or -x, each with
             probability 1/2; 3D: uniformly within 90 degrees of +x either way), which the policy (steered: it
             reads the heading in its body frame) and the critic see, and its reward is its centre of mass's
-            progress along that heading; evaluations (and ``keep_best``) take the mean over the headings of
-            :data:`EVAL_HEADINGS` of the distance walked along each.
+            progress along that heading; evaluations take the mean over the headings of :data:`EVAL_HEADINGS`
+            of the distance walked along each (and in 3D of the distance off each, which ``keep_best`` charges
+            as the reward does: :func:`evaluation_score`).
         drift_weight: With ``steer`` in 3D: subtracted from each step's progress along the heading, times the
             absolute value of the centre of mass's move across it in the ground plane (a command tracked, not
             only a distance made good along it); 0 leaves the reward the progress alone (what the trainer did
@@ -157,7 +158,8 @@ class TrainConfig:
             (deterministic, from rest).
         eval_horizon: Steps of each evaluation.
         keep_best: The run's result (returned and written to ``policy.json``) is the policy that walked
-            furthest in the evaluations and in one of the final policy, instead of the final policy (the
+            furthest in the evaluations and in one of the final policy (steered in 3D: the furthest less
+            ``drift_weight`` times off its headings, :func:`evaluation_score`), instead of the final policy (the
             checkpoint holds both; ``--resume`` continues from the last).
         backward_rtol: The adjoint solve's relative tolerance (loose is enough for a stochastic gradient and
             halves the backward's cost).
@@ -816,30 +818,52 @@ def _unsteered_3d(ckpt, policy):
 
 
 def evaluate(cfg, sim, policy):
-    """The training's evaluation of ``policy``: the distance it walks along +x in ``eval_horizon`` steps from
-    rest (:func:`~diffsoft.policy.distance_walked`); with ``steer``, the mean over :data:`EVAL_HEADINGS` of the
-    distance along each (:func:`~diffsoft.policy.distances_along`)."""
+    """The training's evaluation of ``policy``, as its history records it: ``{"eval_distance": ...}``, the
+    distance it walks along +x in ``eval_horizon`` steps from rest (:func:`~diffsoft.policy.distance_walked`);
+    with ``steer``, the mean over :data:`EVAL_HEADINGS` of the distance along each, and in 3D ``"eval_across"``,
+    the mean of how far its centre of mass ended off each heading's line (:func:`~diffsoft.policy.moves_along`)."""
     if not cfg.steer:
-        return distance_walked(sim, policy, cfg.eval_horizon)
-    along, _ = distances_along(sim, policy, cfg.eval_horizon, EVAL_HEADINGS[sim.body.dim])
-    return along.mean().item()
+        return {"eval_distance": distance_walked(sim, policy, cfg.eval_horizon)}
+    along, across = moves_along(sim, policy, cfg.eval_horizon, EVAL_HEADINGS[sim.body.dim])
+    evaluation = {"eval_distance": along.mean().item()}
+    if sim.body.dim == 3:
+        evaluation["eval_across"] = across.mean().item()
+    return evaluation
+
+
+def evaluation_score(cfg, evaluation):
+    """What ``keep_best`` ranks an :func:`evaluate` result by: its distance, less ``drift_weight`` times its
+    distance off the headings (steered in 3D), as the reward charges each step's move across its heading: the
+    policy that went furthest is not the best one if it went there off its commands."""
+    return evaluation["eval_distance"] - cfg.drift_weight * evaluation.get("eval_across", 0.0)
 
 
 @dataclasses.dataclass
 class _Best:
-    """The policy that walked furthest in the evaluations so far: its distance, the iteration before which
-    it was evaluated, and its ``state_dict`` (None before the first evaluation)."""
-    distance: float = -float("inf")
+    """The best evaluated policy so far: its :func:`evaluation_score`, the iteration before which it was
+    evaluated, and its ``state_dict`` (None before the first evaluation)."""
+    score: float = -float("inf")
     iteration: int = -1
     policy: dict = None
 
-    def offer(self, distance, iteration, policy):
-        """Keeps ``policy`` if it walked further than the best so far; whether it did."""
-        if distance > self.distance:
-            self.distance, self.iteration = distance, iteration
+    def offer(self, score, iteration, policy):
+        """Keeps ``policy`` if it scored higher than the best so far; whether it did."""
+        if score > self.score:
+            self.score, self.iteration = score, iteration
             self.policy = {k: t.detach().clone() for k, t in policy.state_dict().items()}
             return True
         return False
+
+
+def _resumed_best(stored, cfg, sim, policy):
+    """A checkpoint's best evaluated policy. One written before keep_best scored the drift kept the distance
+    alone: its score, steered in 3D, is evaluated again (its policy in a copy of ``policy``)."""
+    best = _Best(**{"score" if k == "distance" else k: v for k, v in stored.items()})
+    if "distance" in stored and best.policy is not None and cfg.steer and sim.body.dim == 3 and cfg.drift_weight:
+        scored = copy.deepcopy(policy)
+        scored.load_state_dict(best.policy)
+        best.score = evaluation_score(cfg, evaluate(cfg, sim, scored))
+    return best
 
 
 def train(cfg, resume=False, progress=True, log=print):
@@ -853,8 +877,8 @@ def train(cfg, resume=False, progress=True, log=print):
         ``terminate_upright``: the creatures restarted after a fall in that iteration), ``sim_steps`` (creature-steps
         simulated so far, all processes, evaluation excluded), ``seconds`` (training wall time so far, evaluations
         excluded), ``cpu_seconds`` (this process's CPU time over the same spans, all its threads: on a loaded
-        machine nearer the time an idle one would take) and, every ``eval_every`` iterations, ``eval_distance`` (:func:`~diffsoft.policy.distance_walked` over
-        ``eval_horizon`` steps, before the update) at ``eval_sim_steps``.
+        machine nearer the time an idle one would take) and, every ``eval_every`` iterations, :func:`evaluate`'s
+        ``eval_distance`` (and, steered in 3D, ``eval_across``), before the update, at ``eval_sim_steps``.
     """
     cfg.check()
     rank, world = distributed_world()
@@ -905,7 +929,7 @@ def train(cfg, resume=False, progress=True, log=print):
         pool = Pool(**{k: t[rank * b:(rank + 1) * b].clone() for k, t in state.items()}).to(sim.body.device)
         history, start, train_seconds = ckpt["history"], ckpt["iteration"], ckpt["train_seconds"]
         if "best" in ckpt:  # checkpoints written before keep_best lack it
-            best = _Best(**ckpt["best"])
+            best = _resumed_best(ckpt["best"], cfg, sim, policy)
         if rank == 0:
             log(f"resumed from {ckpt_path} at iteration {start}")
         if start > cfg.iterations:
@@ -928,9 +952,9 @@ def train(cfg, resume=False, progress=True, log=print):
     for it in bar:
         record = {"iteration": it}
         if it % cfg.eval_every == 0:
-            record["eval_distance"] = evaluate(cfg, sim, policy)
-            record["eval_sim_steps"] = it * per_iteration
-            best.offer(record["eval_distance"], it, policy)
+            evaluation = evaluate(cfg, sim, policy)
+            record.update(evaluation, eval_sim_steps=it * per_iteration)
+            best.offer(evaluation_score(cfg, evaluation), it, policy)
         t, cpu = time.perf_counter(), time.process_time()
         failures = []
         try:
@@ -959,13 +983,13 @@ def train(cfg, resume=False, progress=True, log=print):
             if rank == 0:
                 _save_checkpoint(ckpt_path, cfg, sim, learners, pool_state, it + 1, history, train_seconds, best)
     if cfg.keep_best:
-        last = evaluate(cfg, sim, policy)
-        # (a resumed run may be past iterations; a NaN distance is never the best)
+        last = evaluation_score(cfg, evaluate(cfg, sim, policy))
+        # (a resumed run may be past iterations; a NaN score is never the best)
         if not best.offer(last, max(start, cfg.iterations), policy) and best.policy is not None:
             policy.load_state_dict(best.policy)
         if rank == 0:
-            log(f"the result is the best evaluated policy: before iteration {best.iteration}, {best.distance:.3f} "
-                f"in {cfg.eval_horizon} steps (the last policy: {last:.3f})")
+            log(f"the result is the best evaluated policy: before iteration {best.iteration}, {best.score:.3f} "
+                f"in {cfg.eval_horizon} steps (the last policy: {last:.3f}; evaluation_score)")
     if rank == 0:
         save_algovivo_policy(policy, os.path.join(cfg.out_dir, "policy.json"))
         with open(os.path.join(cfg.out_dir, "history.json"), "w") as f:

@@ -135,7 +135,7 @@ def test_center_of_mass_with_per_creature_masses_is_each_creatures_own():
 
 @pytest.mark.parametrize("make", [creatures.biped, creatures.tetrapod])
 def test_a_steered_policy_reads_its_heading_in_the_body_frame(make, tmp_path):
-    from diffsoft.policy import distance_walked, distances_along, heading_direction
+    from diffsoft.policy import distance_walked, distances_along, heading_direction, moves_along
     sim = make(dtype=F64)
     d = sim.body.dim
     center, forward = frame_vertices(sim)
@@ -190,6 +190,12 @@ def test_a_steered_policy_reads_its_heading_in_the_body_frame(make, tmp_path):
     along, off = distances_along(sim, steered, 4, [0.0, math.pi] if d == 2 else [0.0, 1.0])
     assert along.shape == off.shape == (2,) and ((off >= 0) & (off <= 180)).all()
     assert along[0].item() == pytest.approx(distance_walked(sim, steered, 4), abs=1e-12)
+    # ... and the move across each heading: its displacement's rest in the ground plane (none in 2D)
+    same, across = moves_along(sim, steered, 4, [0.0, math.pi] if d == 2 else [0.0, 1.0])
+    torch.testing.assert_close(same, along, rtol=0, atol=0)
+    torch.testing.assert_close(torch.rad2deg(torch.atan2(across, along)), off, rtol=0, atol=1e-6)
+    if d == 2:
+        assert (across == 0).all()
 
 
 def test_a_steered_gait_is_judged_along_its_heading():

@@ -310,7 +310,7 @@ def test_keep_best_returns_the_policy_that_walked_furthest(tmp_path):
     for p, q in zip(best.parameters(), saved.parameters()):
         assert torch.equal(p, q)
     ckpt = torch.load(tmp_path / "best" / "checkpoint.pt")
-    assert ckpt["best"]["iteration"] == min(i, 3) and ckpt["best"]["distance"] == max(evals[:4])
+    assert ckpt["best"]["iteration"] == min(i, 3) and ckpt["best"]["score"] == max(evals[:4])
     # resumed with fewer iterations than it ran (nothing left to train), the result is still the best policy
     assert i < 4  # (else the last policy is the best, and this would not tell)
     with pytest.warns(RuntimeWarning, match="nothing is trained"):
@@ -392,6 +392,39 @@ def test_drift_weight_is_recorded_and_compared_only_where_it_changes_the_reward(
     torch.save(ckpt, path)
     with pytest.raises(ValueError, match="drift_weight=0.0"):
         training.train(dataclasses.replace(cfg, iterations=2), resume=True, progress=False)
+
+
+def test_steered_keep_best_in_3d_charges_the_distance_off_the_headings(tmp_path, monkeypatch):
+    # The evaluations' moves are given (along, across each heading): the policy that went furthest along its
+    # headings (iteration 1: 2.0, but 1.0 off them) is not kept; the one that tracked them (iteration 0) is.
+    given, seen = [(1.0, 0.0), (2.0, 1.0), (0.5, 0.0)], []
+
+    def moves(sim, policy, steps, headings):
+        seen.append({k: t.clone() for k, t in policy.state_dict().items()})
+        along, across = given[len(seen) - 1]
+        return torch.full((len(headings),), along), torch.full((len(headings),), across)
+
+    monkeypatch.setattr(training, "moves_along", moves)
+    cfg = _tiny(tmp_path, creature="tetrapod", steer=True, drift_weight=2.0, iterations=2, window=2, episode=2,
+                eval_every=1, eval_horizon=2, keep_best=True, dtype="float32")
+    policy, history = training.train(cfg, progress=False)
+    assert [(r["eval_distance"], r["eval_across"]) for r in history] == given[:2]
+    for name, t in policy.state_dict().items():
+        assert torch.equal(t, seen[0][name])
+    path = os.path.join(tmp_path, "checkpoint.pt")
+    ckpt = torch.load(path)
+    assert ckpt["best"]["iteration"] == 0 and ckpt["best"]["score"] == 1.0
+    assert training.evaluation_score(cfg, {"eval_distance": 2.0, "eval_across": 1.0}) == 0.0
+    # A checkpoint written before keep_best charged the drift kept the distance alone (here iteration 1's 2.0,
+    # above the last policy's 0.5): resumed, its best is evaluated again (2.0 - 2 * 1.0) and the last one wins.
+    ckpt["best"] = {"distance": 2.0, "iteration": 1, "policy": seen[1]}
+    torch.save(ckpt, path)
+    given[:], seen[:] = [(2.0, 1.0), (0.5, 0.0)], []
+    with pytest.warns(RuntimeWarning, match="nothing is trained"):
+        resumed, _ = training.train(dataclasses.replace(cfg, iterations=1), resume=True, progress=False)
+    assert len(seen) == 2
+    for name, t in resumed.state_dict().items():
+        assert torch.equal(t, seen[1][name])
 
 
 def test_the_exploration_noise_decays_as_configured():
@@ -581,13 +614,13 @@ def test_drift_weight_charges_the_move_across_the_heading_in_the_ground_plane():
 
 def test_steered_training_resumes_exactly_and_evaluates_every_heading(tmp_path, monkeypatch):
     seen = []
-    along = training.distances_along
+    moves = training.moves_along
 
     def spy(sim, policy, steps, headings):
         seen.append(tuple(headings))
-        return along(sim, policy, steps, headings)
+        return moves(sim, policy, steps, headings)
 
-    monkeypatch.setattr(training, "distances_along", spy)
+    monkeypatch.setattr(training, "moves_along", spy)
     straight, h1 = training.train(_tiny(tmp_path / "a", steer=True, eval_every=2), progress=False)
     assert seen and seen[0] == training.EVAL_HEADINGS[2]
     assert "steered" in json.loads((tmp_path / "a" / "policy.json").read_text())
