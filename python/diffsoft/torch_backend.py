@@ -25,9 +25,9 @@ suite exercises every line of it.
   search steps; ``ls_max_iter`` consecutive ones freeze the creature as failed.
 - Host synchronisation: per-creature convergence, failure and counters stay on the device. The host reads
   whether every creature is done every ``check_every`` Newton iterations (1 on CPU, where a read costs
-  nothing; :data:`CHECK_EVERY_OFF_CPU` elsewhere), once at the start whether any creature starts stationary
-  (then, where it is a saddle, a step along its negative curvature: :func:`_leave_saddles`), once at the end
-  for the record, and, in the backward,
+  nothing; :data:`CHECK_EVERY_OFF_CPU` elsewhere), the first read also whether any creature starts stationary
+  (where one is at a saddle, a step along its negative curvature follows: :func:`_leave_saddles`, with reads of
+  its own), once at the end for the record, and, in the backward,
   once for the record (and a second time only if some creature's Hessian at ``y*`` is not positive
   definite). Truncated CG reads its convergence every ``check_every`` CG iterations too.
 - Backward (implicit function theorem; the derivation is above :meth:`ImplicitStep.backward`): the adjoint
@@ -246,7 +246,10 @@ def _newton(p, top, o, info):
     done = failed | (g_norm <= threshold)
     counts = torch.zeros(2, dtype=torch.long, device=device)  # line-search trials, gradient fallbacks
     still = done & ~failed
-    if bool(still.any()):  # a stationary start: a saddle there would be returned as a minimum
+    # One read of the host for both: whether a creature starts stationary (a saddle there would be returned as
+    # a minimum), and whether every one is done (the loop's first check, unless a step off a saddle moved one)
+    any_still, all_done = torch.stack([still.any(), done.all()]).tolist()
+    if any_still:
         moved = _leave_saddles(y, e, scale, g, hess, still, p, top, o, energy, counts)
         if moved is not None:
             y, e, scale = moved
@@ -256,6 +259,7 @@ def _newton(p, top, o, info):
             g0_norm = g_norm
             threshold = torch.clamp_min(g_norm * o.rtol, o.atol)
             done = failed | (g_norm <= threshold)
+            all_done = None
     step = torch.ones(b, dtype=dtype, device=device)
     rejections = torch.zeros(b, dtype=torch.long, device=device)
     fail_iteration = torch.full((b,), -1, dtype=torch.long, device=device)
@@ -264,7 +268,7 @@ def _newton(p, top, o, info):
         workspace = (x_hat.new_empty(b, n * n), x_hat.new_empty(b, n, n).mT,
                      torch.empty(b, dtype=torch.int32, device=device))
     for it in range(o.max_iter):
-        if it % o.check_every == 0 and bool(done.all()):
+        if it % o.check_every == 0 and (bool(done.all()) if it or all_done is None else all_done):
             break
         iterations += 1
         active = ~done

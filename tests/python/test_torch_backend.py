@@ -180,14 +180,22 @@ def test_keep_factors_gives_the_same_gradients():
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-10)
 
 
-def test_host_checks_every_few_iterations_leave_finished_creatures_where_they_stopped():
+def test_host_checks_every_few_iterations_leave_finished_creatures_where_they_stopped(monkeypatch):
     sim, x0, v0, acts = _biped_batch(8)
     params, top = sim.step_problem(x0, v0, acts[0])
     common = dict(rtol=1e-10, atol=0.0, on_failure="raise")
     y1, info1 = torch_backend.solve_step(params, top, "cholesky", check_every=1, **common)
+    reads = []
+    for name in ("__bool__", "item", "tolist"):  # every read of a tensor's value on the host
+        read = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, read=read: reads.append(1) or read(t, *a))
     y3, info3 = torch_backend.solve_step(params, top, "cholesky", check_every=3, **common)
+    monkeypatch.undo()
     assert info3.iterations % 3 == 0 and info3.iterations >= info1.iterations
     assert torch.equal(y1, y3)  # creatures already done are frozen, bit for bit
+    # Two reads per check (every creature done; any Hessian not positive definite), the first of which also
+    # says whether any creature starts stationary, and one for the record
+    assert len(reads) == 2 * info3.iterations // 3 + 2
 
 
 def test_float32_steps_converge_with_a_float64_adjoint():
