@@ -15,7 +15,8 @@ _RANGES = {
     "[0,1]": (lambda v: 0 <= v <= 1, "in [0, 1]"),
     "[0,1)": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "min_a": (lambda v: MIN_ACTIVATION <= v < 1, f"in [{MIN_ACTIVATION:g}, 1) (the least activation a muscle may have)"),
-    "seed": (lambda v: 0 <= v < 2 ** 64, "in [0, 2**64) (torch.manual_seed's range)"),
+    # (torch's CPU generator keeps 32 bits of a seed: seeds 2**32 apart would draw the same numbers)
+    "seed": (lambda v: 0 <= v < 2 ** 32, "in [0, 2**32) (the 32 bits torch's CPU generator keeps of a seed)"),
 }
 
 

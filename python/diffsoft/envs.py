@@ -16,6 +16,8 @@ Needs the extra ``diffsoft[rl]`` (gymnasium). Also registered as ``gymnasium.mak
 creature=...)`` and ``gymnasium.make_vec("diffsoft/Locomotion-v0", num_envs=N,
 vectorization_mode="vector_entry_point")``.
 """
+import warnings
+
 import numpy as np
 import torch
 
@@ -30,12 +32,33 @@ from gymnasium.vector import AutoresetMode  # noqa: E402  (after the check that 
 
 def _task(creature, horizon, min_a, max_abs_da, dtype, device):
     """The task on ``creature``: a name that :func:`~diffsoft.creatures.make_creature` knows, a creature JSON
-    file, or a :class:`~diffsoft.simulator.Simulator`."""
-    if not isinstance(creature, Simulator):
-        dtype = _dtype(dtype)
-    sim = creature if isinstance(creature, Simulator) else make_creature(creature, dtype, device)
+    file (built in ``dtype``, float32 where None, on ``device``, the CPU where None), or a
+    :class:`~diffsoft.simulator.Simulator` (whose dtype and device a ``dtype`` or ``device`` given must be)."""
+    dtype = torch.float32 if dtype is None and not isinstance(creature, Simulator) else _dtype(dtype)
+    device = _device(device)
+    if isinstance(creature, Simulator):
+        sim, body = creature, creature.body
+        wrong = [f"dtype={dtype} (its {body.dtype})"] if dtype not in (None, body.dtype) else []
+        if device is not None and (device.type != body.device.type or device.index not in (None, body.device.index)):
+            wrong.append(f"device={device} (its {body.device})")
+        if wrong:
+            raise ValueError(f"{' and '.join(wrong)} do not fit the Simulator's creature: leave them None, or pass "
+                             f"the creature's name or file to build it in them")
+    else:
+        sim = make_creature(creature, dtype, device or "cpu")
     _frame_rate(sim)
     return LocomotionTask(sim, horizon, min_a, max_abs_da)
+
+
+def _device(device):
+    """``device`` as a torch.device (None stays None), or a ValueError naming it."""
+    if device is None or isinstance(device, torch.device):
+        return device
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device must be a torch.device or its name ('cpu', 'cuda:0', ...), got {device!r} "
+                         f"({e})") from None
 
 
 def _frame_rate(sim):
@@ -47,8 +70,9 @@ def _frame_rate(sim):
 
 
 def _dtype(dtype):
-    """torch.float32 or torch.float64, also by name or as numpy's; a ValueError for anything else."""
-    if dtype in (torch.float32, torch.float64):
+    """torch.float32 or torch.float64, also by name or as numpy's (None stays None); a ValueError for anything
+    else."""
+    if dtype is None or dtype in (torch.float32, torch.float64):
         return dtype
     try:
         name = np.dtype(dtype).name
@@ -75,6 +99,9 @@ def _metadata(env):
 
 def _actions(task, actions, shape):
     """``actions`` as a tensor of the creature's dtype and device, or a ValueError naming what is wrong."""
+    if isinstance(actions, torch.Tensor):  # a policy's output, perhaps on a device or in autograd's graph
+        actions = actions.detach().cpu()
+        actions = actions.float() if actions.dtype == torch.bfloat16 else actions  # (numpy has no bfloat16)
     a = np.asarray(actions)
     if a.shape != shape:
         raise ValueError(f"action must have shape {shape} (the activation changes of {task.num_actions} muscles), "
@@ -84,7 +111,8 @@ def _actions(task, actions, shape):
     if not np.isfinite(a).all():
         raise ValueError("action has non-finite (NaN or infinite) entries")
     body = task.sim.body
-    return torch.as_tensor(a, dtype=body.dtype, device=body.device)
+    # (through float64: torch takes neither numpy's unsigned integers wider than 8 bits nor its long double)
+    return torch.as_tensor(a.astype(np.float64), dtype=body.dtype, device=body.device)
 
 
 def _check_options(options, known):
@@ -103,7 +131,20 @@ def _numpy(t):
     return t.detach().cpu().numpy()
 
 
-def _render(task, state, i):
+def _render(env, frames):
+    """``frames(task, state)`` with ``render_mode="rgb_array"``; None, with a warning, without a render mode (as
+    Gymnasium's environments do); a RuntimeError before ``reset()`` or after ``close()``."""
+    if env.render_mode is None:
+        warnings.warn(f"{type(env).__name__}.render() without a render mode draws nothing: make the environment "
+                      f"with render_mode='rgb_array'", UserWarning, stacklevel=3)
+        return None
+    if env._state is None:
+        raise RuntimeError("render() needs an episode: call reset() first (and again after close())")
+    env.metadata = _metadata(env)
+    return frames(env.task, env._state)
+
+
+def _frame(task, state, i):
     """An RGB array ``(H, W, 3)`` of creature ``i`` (:func:`~diffsoft.render.render_frame`)."""
     from .render import render_frame
     return np.asarray(render_frame(task.sim, state.x[i], state.a[i]))
@@ -117,13 +158,14 @@ class LocomotionEnv(gym.Env):
             diffsoft's), or a :class:`~diffsoft.simulator.Simulator`.
         horizon, min_a, max_abs_da: the task's (:class:`~diffsoft.task.LocomotionTask`; :mod:`diffsoft.ppo`'s
             defaults; ``min_a`` None: the creature's).
-        dtype, device: the creature's, when it is built here from a name or file.
+        dtype, device: the creature's, when it is built here from a name or file (None: float32, on the CPU);
+            with a Simulator, None or its own.
         render_mode: None or ``"rgb_array"`` (:func:`~diffsoft.render.render_frame`; needs ``diffsoft[render]``).
     """
     metadata = {"render_modes": ["rgb_array"]}
 
-    def __init__(self, creature="biped", horizon=100, min_a=None, max_abs_da=0.3, dtype=torch.float32,
-                 device="cpu", render_mode=None):
+    def __init__(self, creature="biped", horizon=100, min_a=None, max_abs_da=0.3, dtype=None, device=None,
+                 render_mode=None):
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
         self.task = _task(creature, horizon, min_a, max_abs_da, dtype, device)
@@ -152,11 +194,9 @@ class LocomotionEnv(gym.Env):
         return self._observation(), float(reward), False, bool(self.task.truncated(self._state)), {}
 
     def render(self):
-        """An RGB frame (``(H, W, 3)`` uint8) of the creature with ``render_mode="rgb_array"``; else None."""
-        if self.render_mode is None or self._state is None:
-            return None
-        self.metadata = _metadata(self)
-        return _render(self.task, self._state, 0)
+        """An RGB frame (``(H, W, 3)`` uint8) of the creature with ``render_mode="rgb_array"``; else None, with a
+        warning."""
+        return _render(self, lambda task, state: _frame(task, state, 0))
 
     def close(self):
         """Ends the episode: ``step()`` then needs ``reset()`` again."""
@@ -177,8 +217,8 @@ class LocomotionVectorEnv(gym.vector.VectorEnv):
     """
     metadata = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
 
-    def __init__(self, creature="biped", num_envs=1, horizon=100, min_a=None, max_abs_da=0.3, dtype=torch.float32,
-                 device="cpu", render_mode=None):
+    def __init__(self, creature="biped", num_envs=1, horizon=100, min_a=None, max_abs_da=0.3, dtype=None,
+                 device=None, render_mode=None):
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
         if render_mode not in (None, "rgb_array"):
@@ -233,15 +273,14 @@ class LocomotionVectorEnv(gym.vector.VectorEnv):
         return self._observation(), reward, np.zeros(self.num_envs, dtype=np.bool_), truncated, {}
 
     def render(self):
-        """One RGB frame per creature with ``render_mode="rgb_array"``; else None."""
-        if self.render_mode is None or self._state is None:
-            return None
-        self.metadata = _metadata(self)
-        return tuple(_render(self.task, self._state, i) for i in range(self.num_envs))
+        """One RGB frame per creature with ``render_mode="rgb_array"``; else None, with a warning."""
+        return _render(self, lambda task, state: tuple(_frame(task, state, i) for i in range(self.num_envs)))
 
-    def close_extras(self, **kwargs):
-        """Ends the episodes: ``step()`` then needs ``reset()`` again."""
+    def close(self, **kwargs):
+        """Ends the episodes: ``step()`` then needs ``reset()`` again (after every close: Gymnasium's own
+        ``close`` does nothing once the environment is closed)."""
         self._state = None
+        super().close(**kwargs)
 
     def _observation(self):
         return _numpy(self.task.observe(self._state))

@@ -124,6 +124,7 @@ class GaussianFramePolicy(nn.Module):
 
     def __init__(self, task, cfg):
         super().__init__()
+        cfg.check()  # (train_ppo checks too; a model built here gets the same names for its settings)
         sim = task.sim
         mirror = mirrors(sim) if cfg.mirror is None else cfg.mirror
         if mirror and not task.steered:
@@ -198,6 +199,7 @@ def collect(task, model, cfg, generator):
     ``(T, E, ...)`` tensors: obs (the model's :meth:`~GaussianFramePolicy.inputs`), u (sampled actions), logp, value, reward (the task's, times
     ``cfg.reward_scale``); and the last value ``V(s_T)``, which bootstraps the return (episodes end at the
     horizon, a time limit, not a terminal state), and the mean episode distance."""
+    cfg.check()
     state = task.reset(cfg.envs)
     buf = {k: [] for k in ("obs", "u", "logp", "value", "reward")}
     with torch.no_grad():
@@ -234,6 +236,7 @@ def gae(reward, value, last_value, gamma, lam):
 def ppo_update(model, optimizer, batch, cfg, generator):
     """``cfg.epochs`` passes of minibatch steps on PPO's clipped objective. batch: flat ``(K, ...)`` tensors
     obs, u, logp, adv, ret. Returns the last minibatch's (policy loss, value loss, approximate KL)."""
+    cfg.check()
     k = batch["obs"].shape[0]
     adv = (batch["adv"] - batch["adv"].mean()) / (batch["adv"].std() + 1e-8)
     stats, skipped = (0.0, 0.0, 0.0), 0
@@ -267,6 +270,7 @@ def learn(model, optimizer, roll, cfg, generator):
     """PPO's update on a rollout of :func:`collect` (:func:`ppo_update` on its advantages and returns), then the
     observation normaliser's statistics: they change between rollouts only, so that the update sees the policy
     that collected the rollout (its first ratios are 1). Returns :func:`ppo_update`'s."""
+    cfg.check()
     adv, ret = gae(roll["reward"], roll["value"], roll["last_value"], cfg.gamma, cfg.lam)
     batch = {"obs": roll["obs"].flatten(0, 1), "u": roll["u"].flatten(0, 1), "logp": roll["logp"].flatten(),
              "adv": adv.flatten(), "ret": ret.flatten()}

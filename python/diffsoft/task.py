@@ -102,6 +102,10 @@ class LocomotionTask:
         """Applies the activation changes ``da (B, M)`` (clamped to ``max_abs_da``) and steps the simulator
         once, without gradients. Returns the next state and the reward ``(B,)``: each centre of mass's
         progress along +x."""
+        want = (state.x.shape[0], self.num_actions)
+        if not isinstance(da, torch.Tensor) or tuple(da.shape) != want:  # (broadcast, (B, 1) gave every muscle one)
+            raise ValueError(f"da must be a tensor of shape {want} (each creature's activation changes), got "
+                             f"{tuple(da.shape) if isinstance(da, torch.Tensor) else type(da).__name__}")
         with torch.no_grad():
             before = center_of_mass_x(self.sim, state.x)
             a = next_activation(state.a, da, self.min_a, self.max_abs_da)

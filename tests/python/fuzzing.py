@@ -502,7 +502,7 @@ MISUSE_TARGETS = (
         ("max_grad_norm", lambda v, d: _positive(v)), ("init_log_std", lambda v, d: _real(v) and -20 <= v <= 2),
         ("min_a", lambda v, d: v is None or _min_a(v)), ("horizon", lambda v, d: _count(v)),
         ("envs", lambda v, d: _count(v)), ("minibatch", lambda v, d: _count(v)), ("epochs", lambda v, d: _count(v)),
-        ("steps", lambda v, d: _count(v)), ("seed", lambda v, d: _whole(v) and 0 <= v < 2 ** 64),
+        ("steps", lambda v, d: _count(v)), ("seed", lambda v, d: _whole(v) and 0 <= v < 2 ** 32),
         ("dtype", lambda v, d: v in ("float32", "float64") and isinstance(v, str)))]
     + [("TrainConfig", name, (lambda dtype, v, name=name: _config(TrainConfig, **{name: v})), ok) for name, ok in (
         ("lr", lambda v, d: _positive(v)), ("gamma", lambda v, d: _real(v) and 0 <= v <= 1),

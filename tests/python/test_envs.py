@@ -243,6 +243,47 @@ def test_mistakes_between_calls_are_named(tmp_path):
     vec.close()
     with pytest.raises(RuntimeError, match="reset"):
         vec.step(np.zeros((2, m), dtype=np.float32))
+    vec.reset()  # closed again: Gymnasium's close does nothing once closed, and the old episode went on
+    vec.close()
+    with pytest.raises(RuntimeError, match="reset"):
+        vec.step(np.zeros((2, m), dtype=np.float32))
+
+
+def test_dtypes_devices_renders_and_actions_of_every_kind_are_named_or_taken():
+    # dtype None is the default's float32 (numpy's None is float64); beside a Simulator, dtype and device were
+    # ignored, even invalid ones: now None or the creature's own
+    assert LocomotionEnv("worm", horizon=HORIZON, dtype=None).task.sim.body.dtype == torch.float32
+    sim = creatures.worm(dtype=torch.float64)
+    assert LocomotionVectorEnv(sim, num_envs=2, dtype="float64", device="cpu").task.sim is sim
+    with pytest.raises(ValueError, match=r"dtype=torch.float32 \(its torch.float64\) do not fit the Simulator"):
+        LocomotionEnv(sim, dtype=torch.float32)
+    with pytest.raises(ValueError, match="device=meta"):
+        LocomotionEnv(sim, device="meta")
+    with pytest.raises(ValueError, match="device must be a torch.device or its name .* got 'gpu0'"):
+        LocomotionEnv(sim, device="gpu0")
+    with pytest.raises(ValueError, match="dtype must be torch.float32 or torch.float64"):
+        LocomotionEnv(sim, dtype="float16")
+    # render() drew nothing without a word: without a render mode it warns, before reset or after close it raises
+    env = LocomotionEnv("worm", horizon=HORIZON, render_mode="rgb_array")
+    with pytest.raises(RuntimeError, match="render.. needs an episode"):
+        env.render()
+    vec = LocomotionVectorEnv("worm", num_envs=2, horizon=HORIZON)
+    vec.reset()
+    with pytest.warns(UserWarning, match="without a render mode draws nothing"):
+        assert vec.render() is None
+    # actions a policy returns (a tensor in autograd's graph, bfloat16) and numpy's wider kinds, taken as values
+    env = LocomotionEnv("worm", horizon=HORIZON, dtype="float64")
+    m = env.action_space.shape[0]
+    taken = []
+    for a in (torch.full((m,), 0.25, requires_grad=True), torch.full((m,), 0.25, dtype=torch.bfloat16),
+              np.full(m, 0.25, dtype=np.longdouble), np.zeros(m, dtype=np.uint16), np.zeros(m, dtype=np.uint64)):
+        env.reset()
+        taken.append(env.step(a)[0])
+    np.testing.assert_array_equal(taken[0], taken[1])
+    np.testing.assert_array_equal(taken[0], taken[2])
+    np.testing.assert_array_equal(taken[3], taken[4])
+    env.reset()
+    np.testing.assert_array_equal(env.step(np.zeros(m))[0], taken[3])
 
 
 def test_the_creature_changed_after_the_environment_was_made_is_the_one_stepped():

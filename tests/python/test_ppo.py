@@ -139,3 +139,26 @@ def test_ppo_mirror_is_resolved_or_refused_by_name():
     assert not ppo.GaussianFramePolicy(tetrapod, PPOConfig(mirror=False, dtype="float64")).mirrored
     with pytest.raises(ValueError, match="mirror must be a bool"):
         PPOConfig(mirror="yes").check()
+
+
+def test_the_building_blocks_check_their_config_and_the_task_its_actions():
+    # train_ppo checked its config, but a model, a collection or an update made by hand took any: a critic of
+    # width 0, a NaN gamma's losses of NaN, a minibatch of 0's "range() arg 3 must not be zero"
+    cfg = PPOConfig(horizon=2, envs=2, steps=4, epochs=1, minibatch=4, dtype="float64")
+    task = LocomotionTask(ppo.make_creature(cfg.creature, torch.float64), cfg.horizon)
+    with pytest.raises(ValueError, match="value_hidden"):
+        ppo.GaussianFramePolicy(task, PPOConfig(value_hidden=0, dtype="float64"))
+    model = ppo.GaussianFramePolicy(task, cfg)
+    with pytest.raises(ValueError, match="envs"):
+        ppo.collect(task, model, PPOConfig(envs=0, dtype="float64"), torch.Generator())
+    roll = ppo.collect(task, model, cfg, torch.Generator().manual_seed(0))
+    optimizer = torch.optim.Adam(model.parameters())
+    for bad in (dict(gamma=math.nan), dict(minibatch=0)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ppo.learn(model, optimizer, roll, PPOConfig(horizon=2, envs=2, dtype="float64", **bad), torch.Generator())
+    # the task's step broadcast a (B, 1) da to every muscle
+    state = task.reset(2)
+    with pytest.raises(ValueError, match=rf"da must be a tensor of shape \(2, {task.num_actions}\).* got \(2, 1\)"):
+        task.step(state, torch.zeros(2, 1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="da must be a tensor .* got list"):
+        task.step(state, [[0.0] * task.num_actions] * 2)
