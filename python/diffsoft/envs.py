@@ -39,7 +39,8 @@ def _task(creature, horizon, min_a, max_abs_da, dtype, device):
     if isinstance(creature, Simulator):
         sim, body = creature, creature.body
         wrong = [f"dtype={dtype} (its {body.dtype})"] if dtype not in (None, body.dtype) else []
-        if device is not None and (device.type != body.device.type or device.index not in (None, body.device.index)):
+        if device is not None and (device.type != body.device.type or device.type != "cpu" and
+                                   device.index not in (None, body.device.index)):  # (the CPU has one device)
             wrong.append(f"device={device} (its {body.device})")
         if wrong:
             raise ValueError(f"{' and '.join(wrong)} do not fit the Simulator's creature: leave them None, or pass "

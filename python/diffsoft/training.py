@@ -862,7 +862,8 @@ def _resumed_best(stored, cfg, sim, policy):
     if "distance" in stored and best.policy is not None and cfg.steer and sim.body.dim == 3 and cfg.drift_weight:
         scored = copy.deepcopy(policy)
         scored.load_state_dict(best.policy)
-        best.score = evaluation_score(cfg, evaluate(cfg, sim, scored))
+        score = evaluation_score(cfg, evaluate(cfg, sim, scored))
+        best.score = score if math.isfinite(score) else -math.inf  # (a NaN would be offered over for good)
     return best
 
 

@@ -255,6 +255,7 @@ def test_dtypes_devices_renders_and_actions_of_every_kind_are_named_or_taken():
     assert LocomotionEnv("worm", horizon=HORIZON, dtype=None).task.sim.body.dtype == torch.float32
     sim = creatures.worm(dtype=torch.float64)
     assert LocomotionVectorEnv(sim, num_envs=2, dtype="float64", device="cpu").task.sim is sim
+    assert LocomotionEnv(sim, device="cpu:0").task.sim is sim
     with pytest.raises(ValueError, match=r"dtype=torch.float32 \(its torch.float64\) do not fit the Simulator"):
         LocomotionEnv(sim, dtype=torch.float32)
     with pytest.raises(ValueError, match="device=meta"):

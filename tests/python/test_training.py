@@ -425,6 +425,13 @@ def test_steered_keep_best_in_3d_charges_the_distance_off_the_headings(tmp_path,
     assert len(seen) == 2
     for name, t in resumed.state_dict().items():
         assert torch.equal(t, seen[1][name])
+    # evaluated again to NaN (another device, say), it is not a best that nothing can beat
+    torch.save(ckpt, path)
+    given[:], seen[:] = [(2.0, math.nan), (0.5, 0.0)], []
+    with pytest.warns(RuntimeWarning, match="nothing is trained"):
+        resumed, _ = training.train(dataclasses.replace(cfg, iterations=1), resume=True, progress=False)
+    for name, t in resumed.state_dict().items():
+        assert torch.equal(t, seen[1][name])
 
 
 def test_the_exploration_noise_decays_as_configured():
