@@ -34,8 +34,7 @@ def _task(creature, horizon, min_a, max_abs_da, dtype, device):
     """The task on ``creature``: a name that :func:`~diffsoft.creatures.make_creature` knows, a creature JSON
     file (built in ``dtype``, float32 where None, on ``device``, the CPU where None), or a
     :class:`~diffsoft.simulator.Simulator` (whose dtype and device a ``dtype`` or ``device`` given must be)."""
-    dtype = torch.float32 if dtype is None and not isinstance(creature, Simulator) else _dtype(dtype)
-    device = _device(device)
+    dtype, device = _dtype(dtype), _device(device)
     if isinstance(creature, Simulator):
         sim, body = creature, creature.body
         wrong = [f"dtype={dtype} (its {body.dtype})"] if dtype not in (None, body.dtype) else []
@@ -46,7 +45,7 @@ def _task(creature, horizon, min_a, max_abs_da, dtype, device):
             raise ValueError(f"{' and '.join(wrong)} do not fit the Simulator's creature: leave them None, or pass "
                              f"the creature's name or file to build it in them")
     else:
-        sim = make_creature(creature, dtype, device or "cpu")
+        sim = make_creature(creature, torch.float32 if dtype is None else dtype, device or "cpu")
     _frame_rate(sim)
     return LocomotionTask(sim, horizon, min_a, max_abs_da)
 
