@@ -14,7 +14,9 @@ trains on diffsoft: :class:`LocomotionEnv` (one creature, a ``gymnasium.Env``) a
 The task has no randomness (every episode starts at rest): ``reset(seed=...)`` seeds ``np_random`` only.
 Needs the extra ``diffsoft[rl]`` (gymnasium). Also registered as ``gymnasium.make("diffsoft/Locomotion-v0",
 creature=...)`` and ``gymnasium.make_vec("diffsoft/Locomotion-v0", num_envs=N,
-vectorization_mode="vector_entry_point")``.
+vectorization_mode="vector_entry_point")``, once ``diffsoft.envs`` is imported; Gymnasium's
+``"diffsoft.envs:diffsoft/Locomotion-v0"`` imports it first (without it, Gymnasium's error says only that the
+namespace is not found).
 """
 import warnings
 

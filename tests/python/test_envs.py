@@ -1,5 +1,8 @@
 """diffsoft.envs: the locomotion task as Gymnasium environments (skipped where gymnasium is not installed;
 test_packaging checks that importing diffsoft.envs without it names the extra)."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -194,6 +197,11 @@ def test_gymnasium_make_and_make_vec():
     vec = gym.make_vec("diffsoft/Locomotion-v0", num_envs=2, vectorization_mode="vector_entry_point",
                        creature="worm", horizon=HORIZON)
     assert isinstance(vec.unwrapped, LocomotionVectorEnv) and vec.num_envs == 2
+    # in a fresh process, Gymnasium's "module:id" imports diffsoft.envs, which registers it
+    code = ("import gymnasium as gym; env = gym.make('diffsoft.envs:diffsoft/Locomotion-v0', creature='worm', "
+            "horizon=2); print(type(env.unwrapped).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "LocomotionEnv", out.stderr
 
 
 def test_bad_arguments_name_themselves():
