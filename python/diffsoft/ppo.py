@@ -269,8 +269,7 @@ def ppo_update(model, optimizer, batch, cfg, generator):
 def learn(model, optimizer, roll, cfg, generator):
     """PPO's update on a rollout of :func:`collect` (:func:`ppo_update` on its advantages and returns), then the
     observation normaliser's statistics: they change between rollouts only, so that the update sees the policy
-    that collected the rollout (its first ratios are 1). Returns :func:`ppo_update`'s."""
-    cfg.check()
+    that collected the rollout (its first ratios are 1). Returns :func:`ppo_update`'s (which checks ``cfg``)."""
     adv, ret = gae(roll["reward"], roll["value"], roll["last_value"], cfg.gamma, cfg.lam)
     batch = {"obs": roll["obs"].flatten(0, 1), "u": roll["u"].flatten(0, 1), "logp": roll["logp"].flatten(),
              "adv": adv.flatten(), "ret": ret.flatten()}

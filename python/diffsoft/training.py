@@ -857,9 +857,10 @@ class _Best:
 
 def _resumed_best(stored, cfg, sim, policy):
     """A checkpoint's best evaluated policy. One written before keep_best scored the drift kept the distance
-    alone: its score, steered in 3D, is evaluated again (its policy in a copy of ``policy``)."""
+    alone: its score, where ``drift_weight`` counts (steered in 3D; ``cfg`` is :func:`for_creature`'s, 0 elsewhere),
+    is evaluated again (its policy in a copy of ``policy``)."""
     best = _Best(**{"score" if k == "distance" else k: v for k, v in stored.items()})
-    if "distance" in stored and best.policy is not None and cfg.steer and sim.body.dim == 3 and cfg.drift_weight:
+    if "distance" in stored and best.policy is not None and cfg.drift_weight:
         scored = copy.deepcopy(policy)
         scored.load_state_dict(best.policy)
         score = evaluation_score(cfg, evaluate(cfg, sim, scored))
