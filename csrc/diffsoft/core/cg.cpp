@@ -109,6 +109,7 @@ CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& 
   // Rows stopped by non-positive curvature on their very first iteration return the first direction,
   // M^-1 b: a descent direction for -g = b since M is positive definite.
   torch::Tensor fallback = torch::zeros_like(done);
+  torch::Tensor indefinite = torch::zeros_like(done);
   const torch::Tensor first = p;
   auto iterate = [&] {  // CG from the current x, r, z, p, rz and done
     while (out.iterations < max_iter && !done.all().item<bool>()) {
@@ -119,6 +120,7 @@ CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& 
       torch::Tensor bad = (pap <= eps * row_norm(p) * row_norm(ap)) & done.logical_not();
       if (bad.any().item<bool>()) {
         out.negative_curvature = true;
+        indefinite = indefinite | bad;
         if (truncate && out.iterations == 1) fallback = fallback | bad;
         if (truncate) done = done | bad;
       }
@@ -158,6 +160,7 @@ CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& 
   }
   if (truncate) x = torch::where(fallback.unsqueeze(1), first, x);
   out.x = x * scale;
+  out.indefinite = indefinite;
   out.residual = r_norm;
   out.converged = (out.residual <= rtol).all().item<bool>() && !out.negative_curvature;
   return out;
@@ -182,9 +185,11 @@ CGResult solve_rows(const AnalyticDerivatives& point, const torch::Tensor& b_in,
   } else {
     out.x = torch::zeros_like(b);
     out.residual = torch::zeros({b.size(0)}, b.options());
+    out.indefinite = torch::zeros_like(direct);
     out.converged = true;
   }
   out.x = torch::where(direct.unsqueeze(1), x_direct, out.x);
+  out.indefinite = out.indefinite & direct.logical_not();
   if (direct.any().item<bool>()) {
     // The factorization's residual, measured, and iterative refinement where it is above the tolerance
     // (round-off in the factor grows with H's condition number), kept while it halves the residual.

@@ -108,9 +108,9 @@ torch::Tensor negative_curvature(const LinearOperator& hvp, const torch::Tensor&
   return found;
 }
 
-// How many trial steps the step off a stationary start takes (1 the longest, each next one ls_shrink times
-// shorter): ls_max_iter, or fewer where the shortest would be below the dtype's epsilon (a move x cannot resolve,
-// or a step that underflows to 0: ls_shrink 0.02 in float32).
+// How many trial steps the first dip's search takes (1 the longest, each next one ls_shrink times shorter):
+// ls_max_iter, or fewer where the shortest would be below the dtype's epsilon (a move x cannot resolve, or a
+// step that underflows to 0: ls_shrink 0.02 in float32).
 int64_t escape_trials(const SolverOptions& opt, torch::ScalarType t) {
   const double eps = t == torch::kFloat64 ? std::numeric_limits<double>::epsilon()
                                           : std::numeric_limits<float>::epsilon();
@@ -166,6 +166,39 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
   auto eval = [&](const torch::Tensor& x_rows) {
     torch::NoGradGuard no_grad;
     return groups(analytic ? analytic->value(x_rows) : energy(x_rows.view(shape), consts));
+  };
+
+  // The first dip along d from x, for the groups marked in `rows` ((G,), like e): trial steps ls_shrink^(T-1),
+  // ..., ls_shrink, 1 of d (T = escape_trials), from the shortest up; each group takes the last trial of its first
+  // run of decreases below e, the line's first dip, not any lower point (the trials, a factor 1 / ls_shrink
+  // apart, can step over a well narrower than that: d at most as long as x keeps them from many), or 1 if the
+  // energy still falls there. A group that no trial lowered keeps x (`lowered` receives the groups that moved).
+  auto first_dip = [&](const torch::Tensor& x, const torch::Tensor& d, const torch::Tensor& e,
+                       const torch::Tensor& e_scale, const torch::Tensor& rows, bool per_problem,
+                       torch::Tensor& lowered) {
+    auto by_row = [&](const torch::Tensor& t) { return (per_problem ? t : t.expand({batch})).unsqueeze(1); };
+    const int64_t trials = escape_trials(opt, x.scalar_type());
+    torch::Tensor step = torch::full_like(e, std::pow(opt.ls_shrink, double(trials - 1)));
+    torch::Tensor growing = rows.clone();
+    lowered = torch::zeros_like(rows);
+    torch::Tensor best = e.clone();
+    torch::Tensor x_next = x.clone();
+    for (int64_t ls = 0; ls < trials && growing.any().item<bool>(); ++ls) {
+      torch::Tensor trial = x + by_row(step) * d;
+      torch::Tensor e_trial = eval(trial);
+      ++info.line_search_steps;
+      torch::Tensor finite = torch::isfinite(e_trial);
+      torch::Tensor lower = finite & (e_trial < best - e_noise * e_scale) & growing;
+      // (a trial within round-off of the best neither moves nor ends the run: in float32 the shortest trials'
+      // changes are below it)
+      torch::Tensor rose = (finite.logical_not() | (e_trial > best + e_noise * e_scale)) & growing;
+      x_next = torch::where(by_row(lower), trial, x_next);
+      best = torch::where(lower, e_trial, best);
+      growing = growing & (lowered & rose).logical_not();  // after a decrease, until a trial rises
+      lowered = lowered | lower;
+      step = step / opt.ls_shrink;
+    }
+    return x_next;
   };
 
   info = SolveInfo();
@@ -224,29 +257,13 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
         torch::Tensor d_norm = row_norm(d);
         torch::Tensor has = d_norm > 0;
         if (has.any().item<bool>()) {
-          // Downhill (the gradient is ~0, not 0), at most as long as x (or 1). Newton's trial steps (1,
-          // ls_shrink, ls_shrink^2, ...: escape_trials of them) are tried from the shortest up, and the last of
-          // the first run of decreases is taken: the first dip along the line, not any lower point (trying the
-          // longest first left a maximum of a periodic energy for a well as far away as x is long).
+          // Downhill (the gradient is ~0, not 0), as long as x (or 1), to its first dip (trying the longest
+          // step first left a maximum of a periodic energy for a well as far away as x is long).
           d = torch::where((row_dot(g, d) > 0).unsqueeze(1), -d, d);
           d = d * (torch::clamp_min(row_norm(x), 1.0) / torch::where(has, d_norm, torch::ones_like(d_norm))).unsqueeze(1);
-          const int64_t trials = escape_trials(opt, x.scalar_type());
-          torch::Tensor step = torch::full_like(e, std::pow(opt.ls_shrink, double(trials - 1)));
-          torch::Tensor growing = per_problem ? has : torch::ones_like(e, torch::kBool);
-          torch::Tensor dipped = torch::zeros_like(growing);
-          torch::Tensor best = e.clone();
-          torch::Tensor x_next = x.clone();
-          for (int64_t ls = 0; ls < trials && growing.any().item<bool>(); ++ls) {
-            torch::Tensor trial = x + (per_problem ? step : step.expand({batch})).unsqueeze(1) * d;
-            torch::Tensor e_trial = eval(trial);
-            ++info.line_search_steps;
-            torch::Tensor lower = torch::isfinite(e_trial) & (e_trial < best - e_noise * e_scale) & growing;
-            x_next = torch::where((per_problem ? lower : lower.expand({batch})).unsqueeze(1), trial, x_next);
-            best = torch::where(lower, e_trial, best);
-            growing = growing & (lower | dipped.logical_not());  // after a decrease, until the next trial rises
-            dipped = dipped | lower;
-            step = step / opt.ls_shrink;
-          }
+          torch::Tensor moved;
+          torch::Tensor x_next = first_dip(x, d, e, e_scale, per_problem ? has : torch::ones_like(e, torch::kBool),
+                                           per_problem, moved);
           if (!torch::equal(x_next, x)) {
             x = x_next;
             probe_factorizations = 0;  // counted: that point is left
@@ -320,21 +337,39 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     torch::Tensor p = torch::where(descent.unsqueeze(1), cg.x, rhs);
     row_slope = row_dot(g, p);
 
-    // Backtracking line search, per problem when the energy gives per-problem values; non-finite trial
-    // energies are rejected. A problem whose search fails is frozen and reported; the others go on.
+    // Where CG met non-positive curvature, or gave no descent, the direction's length is no Newton step's: a
+    // truncated iterate whose curvature was nearly 0, or a gradient whose length is the energy's scale, which
+    // an Armijo search from step 1 takes wherever the energy is lower, many wells away on a periodic energy.
+    // There the step is the first dip along the direction, made as long as x (or 1), as off a stationary
+    // start. Elsewhere, backtracking from Newton's step. Both per problem when the energy gives
+    // per-problem values; non-finite trial energies are rejected. A problem whose search fails is frozen and
+    // reported; the others go on.
+    torch::Tensor unscaled = active & (cg.indefinite.defined() ? cg.indefinite : torch::zeros_like(active));
+    unscaled = unscaled | (active & descent.logical_not());
+    torch::Tensor dip = per_problem ? unscaled : unscaled.any().reshape({1});
+    torch::Tensor x_next = x.clone();
+    torch::Tensor accepted = per_problem ? active.logical_not() : torch::zeros_like(e, torch::kBool);
+    torch::Tensor searched = accepted.clone();
+    if (dip.any().item<bool>()) {
+      torch::Tensor length = torch::clamp_min(row_norm(x), 1.0) / row_norm(p);
+      torch::Tensor d = torch::where(unscaled.unsqueeze(1), p * length.unsqueeze(1), p);
+      torch::Tensor lowered;
+      x_next = first_dip(x, d, e, e_scale, dip, per_problem, lowered);
+      searched = searched | dip;
+      accepted = accepted | lowered;
+    }
     torch::Tensor slope = per_problem ? row_slope : row_slope.sum().reshape({1});
     torch::Tensor step = torch::ones_like(e);
-    torch::Tensor accepted = per_problem ? active.logical_not() : torch::zeros_like(e, torch::kBool);
-    torch::Tensor x_next = x.clone();
-    for (int64_t ls = 0; ls < opt.ls_max_iter && !accepted.all().item<bool>(); ++ls) {
+    for (int64_t ls = 0; ls < opt.ls_max_iter && !searched.all().item<bool>(); ++ls) {
       torch::Tensor trial = x + (per_problem ? step : step.expand({batch})).unsqueeze(1) * p;
       torch::Tensor e_trial = eval(trial);
       ++info.line_search_steps;
       torch::Tensor ok = torch::isfinite(e_trial) & (e_trial <= e + opt.ls_c1 * step * slope + e_noise * e_scale) &
-                         accepted.logical_not();
+                         searched.logical_not();
       x_next = torch::where((per_problem ? ok : ok.expand({batch})).unsqueeze(1), trial, x_next);
       accepted = accepted | ok;
-      step = torch::where(accepted, step, step * opt.ls_shrink);
+      searched = searched | ok;
+      step = torch::where(searched, step, step * opt.ls_shrink);
     }
     x = x_next;
     torch::Tensor stuck = (per_problem ? accepted.logical_not() : accepted.logical_not().expand({batch})) & active;

@@ -172,6 +172,7 @@ struct CGResult {
   int64_t iterations = 0;   // = number of Hessian-vector products
   bool converged = false;   // every row met its tolerance
   bool negative_curvature = false;
+  torch::Tensor indefinite; // (B,) bool: the rows that met non-positive curvature
   torch::Tensor residual;   // (B,) relative residuals ||b - A x|| / ||b|| (0 where b = 0)
 };
 
