@@ -128,7 +128,10 @@ class Term:
           with separate rows, row j's gradient is its weight times its own energy's gradient, under either weight;
         * its second derivative is lost (an op that does not differentiate twice: a ``torch.autograd.Function``
           whose backward reads detached tensors), so its Hessian blocks would be 0: its gradient has no graph to
-          the positions, yet changes with them."""
+          the positions, yet changes with them;
+        * part of it is lost (such an op beside ops that differentiate twice), so its blocks by autograd would
+          miss that part: a Hessian-vector product differs from the gradient's central difference where the
+          forward and backward differences agree (a kink makes them differ, and is let through)."""
         rows = self.stencil(p.x0.shape[-2], p.x0.device)
         x0 = p.x0.detach()[..., rows, :]
         h, params = per_problem(p.h).detach(), [t.detach() for t in self.params]
@@ -141,14 +144,13 @@ class Term:
                      for w in weights]
             if grads[0] is None:  # the positions do not enter it
                 return
+            direction = 0.01 * x0.abs().max().clamp_min(1) * torch.linspace(
+                -1, 1, x0.numel(), dtype=x0.dtype, device=x0.device).view_as(x0)
             second = grads[0].requires_grad and torch.autograd.grad(
-                grads[0], x, torch.ones_like(grads[0]), allow_unused=True)[0] is not None
+                grads[0], x, direction, allow_unused=True)[0] is not None
             if not second and self.blocks is None:
                 # 0 for a term linear in the positions, a jump (or 0) across a piecewise-linear one's kink, and
                 # growing with the move, at least in proportion, where a second derivative was lost
-                direction = 0.01 * x0.abs().max().clamp_min(1) * torch.linspace(
-                    -1, 1, x0.numel(), dtype=x0.dtype, device=x0.device).view_as(x0)
-
                 def change(t):
                     moved = (x0 + t * direction).requires_grad_()
                     there = torch.autograd.grad(self.energy(moved, x0, h, *params), moved, weights[0],
@@ -163,12 +165,50 @@ class Term:
                                      f"not differentiate twice (a torch.autograd.Function whose backward reads "
                                      f"detached tensors, .numpy() or runs under torch.no_grad()): give it a "
                                      f"differentiable backward, or give the term its blocks")
+            elif self.blocks is None:
+                self._check_part_of_the_second_derivative(lambda y: self.energy(y, x0, h, *params), weights[0],
+                                                          x0 + 0.5 * direction, direction)
         per_row = [gr.detach() / w[..., None, None] for gr, w in zip(grads, weights)]
         scale = max(float(per_row[0].abs().max()), torch.finfo(x.dtype).tiny)
         if float((per_row[0] - per_row[1]).abs().max()) > 1e3 * torch.finfo(x.dtype).eps * scale:
             raise ValueError(f"Term {self.name!r}: one row's energy reads another row's positions; each row's energy "
                              f"may read only its own row of x (the step assembles the Hessian from per-row blocks): "
                              f"give the coupled vertices one row together (rows=...)")
+
+    def _check_part_of_the_second_derivative(self, energy, weight, at, direction):
+        """:meth:`check`'s third case, at ``at`` (a move off the start, where a lost part of a term in ``x - x0``
+        can be seen: a quartic's vanishes at ``x0``), along ``direction``: the weighted energy's Hessian-vector
+        product against the gradient's forward and backward differences over a move of 1e-4 of it (float32: 0.1,
+        what its rounding allows). Where the term is smooth the two differences agree, and their mean is then
+        the product to their own agreement; where part of the second derivative was lost they agree with each
+        other and not with the product. A kink within the move makes them differ: it is let through."""
+        y = at.detach().clone().requires_grad_()
+        g = torch.autograd.grad(energy(y), y, weight, create_graph=True, allow_unused=True)[0]
+        hv = torch.autograd.grad(g, y, direction, allow_unused=True)[0] if g is not None and g.requires_grad else None
+        if hv is None:
+            return
+
+        def change(t):  # the weighted gradient at y + t direction, less the one at y
+            moved = (at + t * direction).detach().requires_grad_()
+            there = torch.autograd.grad(energy(moved), moved, weight, allow_unused=True)[0]
+            return (0 if there is None else there.detach()) - g.detach()
+        dtype = y.dtype
+        t = 1e-4 if dtype == torch.float64 else 0.1
+        tol = 1e-3 if dtype == torch.float64 else 0.1
+        forward, backward = change(t) / t, -change(-t) / t
+        central = 0.5 * (forward + backward)
+        noise = 1e3 * torch.finfo(dtype).eps * float(g.detach().norm()) / t  # the differences' rounding
+        size = max(float(central.norm()), float(hv.norm()))
+        smooth = float((forward - backward).norm()) <= tol * float(central.norm()) + noise
+        error = float((central - hv).norm())
+        if smooth and error > tol * size + noise:
+            raise ValueError(f"Term {self.name!r}: part of its second derivative is lost: its Hessian-vector "
+                             f"products differ from its gradient's change by {100 * error / size:.2g}% (the "
+                             f"step's Hessian blocks, by autograd, would miss that part: the step and its "
+                             f"gradients quietly wrong). An op in its energy does not differentiate twice (a "
+                             f"torch.autograd.Function whose backward reads detached tensors, .numpy() or runs "
+                             f"under torch.no_grad()): give it a differentiable backward, or give the term its "
+                             f"blocks")
 
     def step_term(self, k):
         """This term, the ``k``-th of a topology's, as a :class:`~diffsoft.energies.StepTerm` (its parameters are

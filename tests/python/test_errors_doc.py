@@ -437,6 +437,9 @@ TRIGGERS = [
          *x.shape[:-2]) / x.shape[-3], rows=[[0], [3]]))),
     ("ValueError: Term 'NAME': its second derivative is lost: its gradient changes with the positions, yet has no autograd graph to them ...",
      lambda tmp: _step_with(terms.Term(lambda x, x0, h: _QuarticOnce.apply(x - x0).sum((-2, -1)), rows=[[0], [3]]))),
+    ("ValueError: Term 'NAME': part of its second derivative is lost: its Hessian-vector products differ from its gradient's change by P% ...",
+     lambda tmp: _step_with(terms.Term(lambda x, x0, h: (_QuarticOnce.apply(x - x0 + 0.5) + (x - x0).square()).sum(
+         (-2, -1)), rows=[[0], [3]]))),
     ("TypeError: terms[k].params[j] has dtype A but the body has B",
      lambda tmp: _term_step(rows=[[0]], k=torch.tensor(1.0))),
     ("ValueError: nx must be a positive integer", lambda tmp: mesh.rectangle(nx=0)),

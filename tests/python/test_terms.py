@@ -187,6 +187,38 @@ def test_a_term_whose_second_derivative_is_lost_is_refused_by_name(options):
 
 
 @pytest.mark.parametrize("options", [dict(backend="cpp"), dict(backend="torch"), dict(fused=False)])
+def test_a_term_that_loses_part_of_its_second_derivative_is_refused_by_name(options):
+    # Such an op beside ops that differentiate twice: the products still find a graph to the positions, so the
+    # blocks by autograd were the smooth part's alone, and the step and its gradients quietly wrong.
+    k = torch.tensor(200.0, dtype=F64, requires_grad=True)
+
+    def pull(x, x0, h, k):
+        d = x[..., 0, :] - x0[..., 0, :] - 0.1
+        return 0.5 * k * (d.square() + _SquareOnce.apply(d)).sum(-1)
+    sim = small_sim(terms=[Term(pull, rows=[[0], [3]], params=(k,), name="pull")], **options)
+    with pytest.raises(ValueError, match=r"Term 'pull': part of its second derivative is lost: .* by 50%"):
+        sim.step(*sim.rest_state)
+    # float32 too
+    sim32 = small_sim(terms=[Term(pull, rows=[[0], [3]], params=(k.float(),), name="pull")], **options)
+    sim32 = sim32.to(dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"Term 'pull': part of its second derivative is lost"):
+        sim32.step(*sim32.rest_state)
+
+    # Not refused: the same term written with ops that differentiate twice, and a contact-like term whose
+    # second derivative jumps where a row starts (max(0, y0 - y)^2 at y = y0: the forward and backward
+    # differences disagree there, and it is stepped).
+    def whole(x, x0, h, k):
+        return k * (x[..., 0, :] - x0[..., 0, :] - 0.1).square().sum(-1)
+
+    def floor(x, x0, h, k):
+        return 0.5 * k * torch.clamp_min(x0[..., 0, 1] - x[..., 0, 1], 0).square()
+    for term in (Term(whole, rows=[[0], [3]], params=(k,)), Term(floor, rows=[[0], [1], [3]], params=(k,))):
+        sim.terms = [term]
+        x1, _ = sim.step(*sim.rest_state)
+        assert torch.isfinite(x1).all()
+
+
+@pytest.mark.parametrize("options", [dict(backend="cpp"), dict(backend="torch"), dict(fused=False)])
 def test_a_term_whose_rows_read_each_other_is_refused_by_name(options):
     # The step assembles a term's Hessian from per-row blocks: a row's energy that reads another row (here,
     # the centroid of two rows) gave quietly wrong steps and gradients (1% off on the fused paths).
