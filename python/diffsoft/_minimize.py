@@ -119,7 +119,11 @@ def minimize(
             condition number times 1.2e-7) and CG's iteration cap (default: 10 x the number of unknowns per
             problem).
         ls_c1, ls_shrink, ls_max_iter: backtracking line search, accepting ``E(x + a p) <= E(x) + c1 a g.p``
-            (with a round-off allowance), else ``a *= ls_shrink``. Non-finite energies are rejected.
+            (with a round-off allowance), else ``a *= ls_shrink``. Non-finite energies are rejected. Where the
+            Hessian is not positive definite (at a stationary start, and along a direction of CG's that met
+            non-positive curvature and is longer than ``x``, or 1), the step is instead the first dip along the
+            direction: up to ``ls_max_iter`` trials from the shortest up, a factor ``ls_shrink`` apart (or 2,
+            where that is coarser), the last of the first run of decreases taken (docs/reliability.md).
         on_failure: ``"warn"`` (a RuntimeWarning and ``info.converged = False``) or ``"raise"``
             (``diffsoft.ConvergenceError``, whose ``info`` attribute holds the record), for the forward and
             the backward alike.

@@ -194,29 +194,31 @@ def test_a_maximum_is_left_for_the_first_dip_along_its_negative_curvature():
         torch.testing.assert_close(x.abs(), torch.full_like(x, 0.5 ** 0.5), rtol=1e-4, atol=0)
 
 
-def test_steps_where_the_hessian_is_indefinite_do_not_depend_on_the_energys_scale():
+def test_a_long_step_where_the_hessian_is_indefinite_goes_to_the_first_dip():
     # Where CG meets non-positive curvature, its direction has no Newton step's length: the gradient's (the
     # energy's scale) or a truncated iterate's. An Armijo search from step 1 took it wherever the energy was
-    # lower: k cos(x) from (0.3, 0.2) ended near (pi, pi) for k = 1, (-7 pi, 21 pi) for k = 100 and (977 pi,
-    # 635 pi) for k = 1e4. The step there is now the first dip along the direction made as long as x (or 1), as
-    # off a stationary start: Newton's answer is the same for every k.
+    # lower: k cos(x) from 0.3 ended at 15 pi, 941 pi and 5,879 pi for k = 100, 1e4 and 1e6 (2D, from (0.3,
+    # 0.2): (977 pi, 635 pi) for k = 1e4). Such a direction longer than x (or 1) now goes to its first dip along
+    # that length, as off a stationary start.
     starts = [[0.3, 0.2], [-0.1, 0.4], [2.0, -0.5]]
     for dtype in (F64, torch.float32):
         tol = dict(rtol=0, atol=1e-9 if dtype == F64 else 1e-5)
-        answers = []
-        for k in (1e-4, 1.0, 1e2, 1e4, 1e6):
+        batches = []
+        for k in (1.0, 1e2, 1e4, 1e6):
             # one dimension: the well next to the start, downhill
             x = diffsoft.minimize(lambda x: k * torch.cos(x).sum(), torch.tensor([0.3], dtype=dtype), on_failure="raise")
             torch.testing.assert_close(x / math.pi, torch.ones_like(x), **tol)
             # a batch, one line search per problem
             x = diffsoft.minimize(lambda x: k * torch.cos(x).sum(1), torch.tensor(starts, dtype=dtype), batched=True,
                                   on_failure="raise")
-            answers.append(x / math.pi)
-        for x in answers:
-            torch.testing.assert_close(x, answers[0], **tol)
-        # the two starts whose Newton steps stay short end in the nearest well; the first start's second
-        # iterate has a positive definite Hessian with curvature ~0.01 along y, and Newton's own step is long
-        torch.testing.assert_close(answers[0][1:], torch.tensor([[-1.0, 1.0], [1.0, -1.0]], dtype=dtype), **tol)
+            batches.append(x / math.pi)
+            # the nearest wells (before: (-3 pi, 17 pi) and (3 pi, -pi) for k = 100)
+            torch.testing.assert_close(batches[-1][1:], torch.tensor([[-1.0, 1.0], [1.0, -1.0]], dtype=dtype), **tol)
+        # The first start's second iterate has a positive definite Hessian with a curvature of 0.01 along y, and
+        # Newton's own step there is long: (pi, 31 pi) for every k >= 100 (k = 1: its steps are shorter than x,
+        # backtracked from step 1, and end at (pi, pi))
+        for x in batches[2:]:
+            torch.testing.assert_close(x, batches[1], **tol)
 
 
 def test_a_stationary_starts_factorization_is_kept_for_the_backward():

@@ -108,13 +108,20 @@ torch::Tensor negative_curvature(const LinearOperator& hvp, const torch::Tensor&
   return found;
 }
 
-// How many trial steps the first dip's search takes (1 the longest, each next one ls_shrink times shorter):
-// ls_max_iter, or fewer where the shortest would be below the dtype's epsilon (a move x cannot resolve, or a
-// step that underflows to 0: ls_shrink 0.02 in float32).
-int64_t escape_trials(const SolverOptions& opt, torch::ScalarType t) {
+// The first dip's trial steps, a factor `ratio` apart from the shortest, `trials` of them up to 1: Newton's
+// ls_shrink, or 0.5 where that is coarser (0.02 stepped over whole wells); ls_max_iter of them, or fewer where the
+// shortest would be below the dtype's epsilon (a move x cannot resolve, or a step that underflows to 0).
+struct DipLadder {
+  double ratio;
+  int64_t trials;
+};
+DipLadder dip_ladder(const SolverOptions& opt, torch::ScalarType t) {
   const double eps = t == torch::kFloat64 ? std::numeric_limits<double>::epsilon()
                                           : std::numeric_limits<float>::epsilon();
-  return std::min<int64_t>(opt.ls_max_iter, 1 + static_cast<int64_t>(std::ceil(std::log(eps) / std::log(opt.ls_shrink))));
+  const double ratio = std::max(opt.ls_shrink, 0.5);
+  // (1e-9: where ratio is a power of eps, e.g. 0.5, its exact count, not one fewer by the logs' round-off)
+  const int64_t resolved = 1 + static_cast<int64_t>(std::floor(std::log(eps) / std::log(ratio) + 1e-9));
+  return {ratio, std::min<int64_t>(opt.ls_max_iter, resolved)};
 }
 
 }  // namespace
@@ -168,22 +175,22 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     return groups(analytic ? analytic->value(x_rows) : energy(x_rows.view(shape), consts));
   };
 
-  // The first dip along d from x, for the groups marked in `rows` ((G,), like e): trial steps ls_shrink^(T-1),
-  // ..., ls_shrink, 1 of d (T = escape_trials), from the shortest up; each group takes the last trial of its first
-  // run of decreases below e, the line's first dip, not any lower point (the trials, a factor 1 / ls_shrink
-  // apart, can step over a well narrower than that: d at most as long as x keeps them from many), or 1 if the
-  // energy still falls there. A group that no trial lowered keeps x (`lowered` receives the groups that moved).
+  // The first dip along d from x, for the groups marked in `rows` ((G,), like e): the trial steps of dip_ladder
+  // (r^(T-1), ..., r, 1 of d), from the shortest up; each group takes the last trial of its first run of
+  // decreases below e, the line's first dip, not any lower point (trials a factor 1 / r apart can step over a
+  // well narrower than that: d at most as long as x keeps them from many), or 1 if the energy still falls there.
+  // A group that no trial lowered keeps x (`lowered` receives the groups that moved).
   auto first_dip = [&](const torch::Tensor& x, const torch::Tensor& d, const torch::Tensor& e,
                        const torch::Tensor& e_scale, const torch::Tensor& rows, bool per_problem,
                        torch::Tensor& lowered) {
     auto by_row = [&](const torch::Tensor& t) { return (per_problem ? t : t.expand({batch})).unsqueeze(1); };
-    const int64_t trials = escape_trials(opt, x.scalar_type());
-    torch::Tensor step = torch::full_like(e, std::pow(opt.ls_shrink, double(trials - 1)));
+    const DipLadder ladder = dip_ladder(opt, x.scalar_type());
+    torch::Tensor step = torch::full_like(e, std::pow(ladder.ratio, double(ladder.trials - 1)));
     torch::Tensor growing = rows.clone();
     lowered = torch::zeros_like(rows);
     torch::Tensor best = e.clone();
     torch::Tensor x_next = x.clone();
-    for (int64_t ls = 0; ls < trials && growing.any().item<bool>(); ++ls) {
+    for (int64_t ls = 0; ls < ladder.trials && growing.any().item<bool>(); ++ls) {
       torch::Tensor trial = x + by_row(step) * d;
       torch::Tensor e_trial = eval(trial);
       ++info.line_search_steps;
@@ -196,7 +203,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       best = torch::where(lower, e_trial, best);
       growing = growing & (lowered & rose).logical_not();  // after a decrease, until a trial rises
       lowered = lowered | lower;
-      step = step / opt.ls_shrink;
+      step = step / ladder.ratio;
     }
     return x_next;
   };
@@ -338,21 +345,27 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     row_slope = row_dot(g, p);
 
     // Where CG met non-positive curvature, or gave no descent, the direction's length is no Newton step's: a
-    // truncated iterate whose curvature was nearly 0, or a gradient whose length is the energy's scale, which
-    // an Armijo search from step 1 takes wherever the energy is lower, many wells away on a periodic energy.
-    // There the step is the first dip along the direction, made as long as x (or 1), as off a stationary
-    // start. Elsewhere, backtracking from Newton's step. Both per problem when the energy gives
-    // per-problem values; non-finite trial energies are rejected. A problem whose search fails is frozen and
-    // reported; the others go on.
-    torch::Tensor unscaled = active & (cg.indefinite.defined() ? cg.indefinite : torch::zeros_like(active));
-    unscaled = unscaled | (active & descent.logical_not());
-    torch::Tensor dip = per_problem ? unscaled : unscaled.any().reshape({1});
+    // truncated iterate whose curvature was nearly 0, or the gradient. Without a preconditioner (minimize's
+    // energies; the simulator's block-Jacobi one carries the inertia's scale) that is the energy's scale, and an
+    // Armijo search from step 1 took it wherever the energy was lower, many wells away on a periodic energy.
+    // There, where it is longer than x (or 1), the step is the first dip along it made that long, as off a
+    // stationary start. Elsewhere, backtracking from step 1. Both per problem when the energy gives per-problem
+    // values (a summed energy's one search serves every problem); non-finite trial energies are rejected. A
+    // problem whose search fails is frozen and reported; the others go on.
+    torch::Tensor long_rows = torch::zeros_like(active);
+    const torch::Tensor reach = torch::clamp_min(row_norm(x), 1.0);
+    const torch::Tensor p_norm = row_norm(p);
+    if (!point.precondition) {
+      const torch::Tensor unscaled =
+          (cg.indefinite.defined() ? cg.indefinite : torch::zeros_like(active)) | descent.logical_not();
+      long_rows = active & unscaled & (p_norm > reach);
+    }
+    torch::Tensor dip = per_problem ? long_rows : long_rows.any().reshape({1});
     torch::Tensor x_next = x.clone();
     torch::Tensor accepted = per_problem ? active.logical_not() : torch::zeros_like(e, torch::kBool);
     torch::Tensor searched = accepted.clone();
     if (dip.any().item<bool>()) {
-      torch::Tensor length = torch::clamp_min(row_norm(x), 1.0) / row_norm(p);
-      torch::Tensor d = torch::where(unscaled.unsqueeze(1), p * length.unsqueeze(1), p);
+      torch::Tensor d = torch::where(long_rows.unsqueeze(1), p * (reach / p_norm).unsqueeze(1), p);
       torch::Tensor lowered;
       x_next = first_dip(x, d, e, e_scale, dip, per_problem, lowered);
       searched = searched | dip;
@@ -374,8 +387,12 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     x = x_next;
     torch::Tensor stuck = (per_problem ? accepted.logical_not() : accepted.logical_not().expand({batch})) & active;
     if (stuck.any().item<bool>()) {
-      why << "the line search found no decrease of the energy after " << opt.ls_max_iter
-          << " trials at Newton iteration " << it << " for problem(s) " << indices(stuck) << " (||g|| = "
+      // (the first dip's trials where every stuck problem took one)
+      const torch::Tensor by_dip = per_problem ? dip : dip.expand({batch});
+      const bool dipped = !(stuck & by_dip.logical_not()).any().item<bool>();
+      why << "the line search found no decrease of the energy after "
+          << (dipped ? dip_ladder(opt, x.scalar_type()).trials : opt.ls_max_iter) << " trials at Newton iteration " << it
+          << " for problem(s) " << indices(stuck) << " (||g|| = "
           << torch::where(stuck, g_norm, torch::zeros_like(g_norm)).max().item<double>() << ", tolerance "
           << torch::where(stuck, threshold, torch::zeros_like(threshold)).max().item<double>() << "); ";
       failed = failed | stuck;
