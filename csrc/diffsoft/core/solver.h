@@ -81,7 +81,8 @@ struct SolverOptions {
   // backward_rtol 0 means "by dtype" (default_backward_rtol): 1e-10 for float64, 1e-5 for float32.
   double backward_rtol = 0.0;
   int64_t backward_max_iter = 0;  // <= 0: 10 x the number of unknowns per problem
-  // Backtracking (Armijo) line search: accept E(x + a p) <= E(x) + c1 a g.p, else a *= shrink.
+  // Backtracking (Armijo) line search: accept E(x + a p) <= E(x) + c1 a g.p, else a *= shrink (where the
+  // Hessian is not positive definite, sometimes the first dip along p instead: newton.cpp).
   double ls_c1 = 1e-4;
   double ls_shrink = 0.5;
   int64_t ls_max_iter = 30;
