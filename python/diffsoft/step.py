@@ -93,8 +93,11 @@ class StepTopology:
     kernel_model: typing.Any = None
 
     def full_positions(self, y, x0):
-        """All vertices' positions ``([B,] N, d)`` from the free ones ``y``: fixed vertices keep ``x0``."""
-        return y if self.all_free else x0.index_copy(x0.dim() - 2, self.free, y)
+        """All vertices' positions ``([B,] N, d)`` from the free ones ``y``: fixed vertices keep ``x0`` (one
+        ``(N, d)`` for every row of a batched ``y``: the C++ path's rows of an unbatched step are ``(1, F, d)``)."""
+        if self.all_free:
+            return y
+        return x0.expand(*y.shape[:-2], *x0.shape[-2:]).index_copy(y.dim() - 2, self.free, y)
 
 
 def per_problem(t):

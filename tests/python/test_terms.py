@@ -218,6 +218,25 @@ def test_a_term_that_loses_part_of_its_second_derivative_is_refused_by_name(opti
         assert torch.isfinite(x1).all()
 
 
+def test_a_term_beside_fixed_vertices_steps_an_unbatched_state():
+    # The C++ path's rows of an unbatched step are (1, F, d); with fixed vertices, filling in their positions
+    # from an (N, d) x0 raised an IndexError (index_copy_'s dimensionality) before any step.
+    def pull(x, x0, h, k):
+        return k * torch.log1p(((x - x0 - 0.01) ** 2).sum((-2, -1)))
+    results = []
+    for options in (dict(backend="cpp"), dict(backend="torch"), dict(fused=False)):
+        k = torch.tensor(1e3, dtype=F64, requires_grad=True)
+        sim = small_sim(fixed=[0, 1], terms=[Term(pull, rows=[[3]], params=(k,))], **options)
+        x, v = sim.rest_state
+        x1, _ = sim.step(x, v)
+        x1b, _ = sim.step(x[None], v[None])
+        torch.testing.assert_close(x1b[0], x1)
+        results.append((x1.detach(), torch.autograd.grad(x1[3].sum(), k)[0]))
+    for x1, dk in results[1:]:
+        torch.testing.assert_close(x1, results[0][0], rtol=1e-7, atol=1e-9)
+        torch.testing.assert_close(dk, results[0][1], rtol=1e-5, atol=1e-12)
+
+
 @pytest.mark.parametrize("options", [dict(backend="cpp"), dict(backend="torch"), dict(fused=False)])
 def test_a_term_whose_rows_read_each_other_is_refused_by_name(options):
     # The step assembles a term's Hessian from per-row blocks: a row's energy that reads another row (here,
