@@ -32,6 +32,18 @@ from .energies import StepTerm
 from .step import per_problem
 
 
+def _probe(like):
+    """A direction shaped like ``like`` with every component in [0.2, 1], each unlike its neighbours."""
+    k = torch.arange(like.numel(), dtype=like.dtype, device=like.device).view_as(like)
+    return (torch.cos(2.4 * k + 0.3) + 1.5) / 2.5
+
+
+def _weighted_gradient(e, x, weight, create_graph=False):
+    """``d (weight . e) / dx``, 0 where ``e`` has no graph to ``x`` (a term that reads no position there)."""
+    g = torch.autograd.grad(e, x, weight, create_graph=create_graph, allow_unused=True)[0] if e.requires_grad else None
+    return torch.zeros_like(x) if g is None else g
+
+
 class Term:
     """An energy term written in torch (see the module docstring).
 
@@ -144,18 +156,20 @@ class Term:
                      for w in weights]
             if grads[0] is None:  # the positions do not enter it
                 return
-            direction = 0.01 * x0.abs().max().clamp_min(1) * torch.linspace(
-                -1, 1, x0.numel(), dtype=x0.dtype, device=x0.device).view_as(x0)
+            # moves of 1% of the positions' scale: along a probe with every component non-zero and unlike its
+            # neighbours (no axis of a row missed), and off the start along another direction
+            size = 0.01 * x0.abs().max().clamp_min(1)
+            probe = size * _probe(x0)
+            offset = size * torch.linspace(-1, 1, x0.numel(), dtype=x0.dtype, device=x0.device).view_as(x0)
             second = grads[0].requires_grad and torch.autograd.grad(
-                grads[0], x, direction, allow_unused=True)[0] is not None
+                grads[0], x, probe, allow_unused=True)[0] is not None
             if not second and self.blocks is None:
                 # 0 for a term linear in the positions, a jump (or 0) across a piecewise-linear one's kink, and
                 # growing with the move, at least in proportion, where a second derivative was lost
                 def change(t):
-                    moved = (x0 + t * direction).requires_grad_()
-                    there = torch.autograd.grad(self.energy(moved, x0, h, *params), moved, weights[0],
-                                                allow_unused=True)[0]
-                    return float(((0 if there is None else there) - grads[0].detach()).norm())
+                    moved = (x0 + t * probe).requires_grad_()
+                    there = _weighted_gradient(self.energy(moved, x0, h, *params), moved, weights[0])
+                    return float((there - grads[0].detach()).norm())
                 full, half = change(1.0), change(0.5)
                 tol = 1e3 * torch.finfo(x0.dtype).eps * float(grads[0].norm())
                 if not math.isfinite(full) or (full > tol and half > tol and full > 1.5 * half):
@@ -166,8 +180,7 @@ class Term:
                                      f"detached tensors, .numpy() or runs under torch.no_grad()): give it a "
                                      f"differentiable backward, or give the term its blocks")
             elif self.blocks is None:
-                self._check_part_of_the_second_derivative(lambda y: self.energy(y, x0, h, *params), weights[0],
-                                                          x0 + 0.5 * direction, direction)
+                self._check_part_of_the_second_derivative(x0, h, params, weights[0], offset, probe)
         per_row = [gr.detach() / w[..., None, None] for gr, w in zip(grads, weights)]
         scale = max(float(per_row[0].abs().max()), torch.finfo(x.dtype).tiny)
         if float((per_row[0] - per_row[1]).abs().max()) > 1e3 * torch.finfo(x.dtype).eps * scale:
@@ -175,29 +188,36 @@ class Term:
                              f"may read only its own row of x (the step assembles the Hessian from per-row blocks): "
                              f"give the coupled vertices one row together (rows=...)")
 
-    def _check_part_of_the_second_derivative(self, energy, weight, at, direction):
-        """:meth:`check`'s third case, at ``at`` (a move off the start, where a lost part of a term in ``x - x0``
-        can be seen: a quartic's vanishes at ``x0``), along ``direction``: the weighted energy's Hessian-vector
-        product against the gradient's forward and backward differences over a move of 1e-4 of it (float32: 0.1,
-        what its rounding allows). Where the term is smooth the two differences agree, and their mean is then
-        the product to their own agreement; where part of the second derivative was lost they agree with each
-        other and not with the product. A kink within the move makes them differ: it is let through."""
-        y = at.detach().clone().requires_grad_()
-        g = torch.autograd.grad(energy(y), y, weight, create_graph=True, allow_unused=True)[0]
-        hv = torch.autograd.grad(g, y, direction, allow_unused=True)[0] if g is not None and g.requires_grad else None
+    def _check_part_of_the_second_derivative(self, x0, h, params, weight, offset, probe):
+        """:meth:`check`'s third case, in float64 (float32's rounding hides a lost part's share of a product
+        below about 10%; an energy that does not run in float64 is not checked), at ``x0 + offset`` (off the start,
+        where a lost part of a term in ``x - x0`` can be seen: a quartic's vanishes at ``x0``) and along
+        ``probe`` (not parallel to ``offset``, so not radial from ``x0``): the weighted energy's Hessian-vector
+        product against the gradient's forward and backward differences over moves of 1e-6 of the probe, along
+        the moves as rounded. Where the term is smooth the two differences agree, and their mean is then the
+        product to their own agreement; where part of the second derivative was lost they agree with each other
+        and not with the product. A kink within the move makes them differ: it is let through."""
+        f64 = torch.float64
+        x0, h, weight = x0.to(f64), h.to(f64), weight.to(f64)
+        params = [t.to(f64) if t.is_floating_point() else t for t in params]
+
+        def gradient(at, create_graph=False):
+            at = at.detach().requires_grad_()
+            return at, _weighted_gradient(self.energy(at, x0, h, *params), at, weight, create_graph)
+        at, probe, t = x0 + offset.to(f64), probe.to(f64), 1e-6
+        try:
+            y, g = gradient(at, create_graph=True)
+            ahead, behind = at + t * probe, at - t * probe
+            move = 0.5 * (ahead - behind) / t  # the probe as the rounded moves make it
+            hv = torch.autograd.grad(g, y, move, allow_unused=True)[0] if g.requires_grad else None
+            forward, backward = (gradient(ahead)[1] - g.detach()) / t, (g.detach() - gradient(behind)[1]) / t
+        except (RuntimeError, TypeError):  # the energy does not run in float64
+            return
         if hv is None:
             return
-
-        def change(t):  # the weighted gradient at y + t direction, less the one at y
-            moved = (at + t * direction).detach().requires_grad_()
-            there = torch.autograd.grad(energy(moved), moved, weight, allow_unused=True)[0]
-            return (0 if there is None else there.detach()) - g.detach()
-        dtype = y.dtype
-        t = 1e-4 if dtype == torch.float64 else 0.1
-        tol = 1e-3 if dtype == torch.float64 else 0.1
-        forward, backward = change(t) / t, -change(-t) / t
         central = 0.5 * (forward + backward)
-        noise = 1e3 * torch.finfo(dtype).eps * float(g.detach().norm()) / t  # the differences' rounding
+        tol = 1e-3
+        noise = 1e3 * torch.finfo(f64).eps * float(g.detach().norm()) / t  # the differences' rounding
         size = max(float(central.norm()), float(hv.norm()))
         smooth = float((forward - backward).norm()) <= tol * float(central.norm()) + noise
         error = float((central - hv).norm())
