@@ -352,10 +352,11 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     // stationary start. Elsewhere, backtracking from step 1. Both per problem when the energy gives per-problem
     // values (a summed energy's one search serves every problem); non-finite trial energies are rejected. A
     // problem whose search fails is frozen and reported; the others go on.
-    torch::Tensor long_rows = torch::zeros_like(active);
-    const torch::Tensor reach = torch::clamp_min(row_norm(x), 1.0);
-    const torch::Tensor p_norm = row_norm(p);
+    torch::Tensor long_rows = torch::zeros_like(active);  // the rows whose step is the first dip
+    torch::Tensor reach, p_norm;
     if (!point.precondition) {
+      reach = torch::clamp_min(row_norm(x), 1.0);
+      p_norm = row_norm(p);
       const torch::Tensor unscaled =
           (cg.indefinite.defined() ? cg.indefinite : torch::zeros_like(active)) | descent.logical_not();
       long_rows = active & unscaled & (p_norm > reach);
@@ -390,9 +391,9 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       // (the first dip's trials where every stuck problem took one)
       const torch::Tensor by_dip = per_problem ? dip : dip.expand({batch});
       const bool dipped = !(stuck & by_dip.logical_not()).any().item<bool>();
-      why << "the line search found no decrease of the energy after "
-          << (dipped ? dip_ladder(opt, x.scalar_type()).trials : opt.ls_max_iter) << " trials at Newton iteration " << it
-          << " for problem(s) " << indices(stuck) << " (||g|| = "
+      const int64_t trials = dipped ? dip_ladder(opt, x.scalar_type()).trials : opt.ls_max_iter;
+      why << "the line search found no decrease of the energy after " << trials << " trials at Newton iteration "
+          << it << " for problem(s) " << indices(stuck) << " (||g|| = "
           << torch::where(stuck, g_norm, torch::zeros_like(g_norm)).max().item<double>() << ", tolerance "
           << torch::where(stuck, threshold, torch::zeros_like(threshold)).max().item<double>() << "); ";
       failed = failed | stuck;
