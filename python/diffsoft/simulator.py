@@ -535,7 +535,7 @@ class Simulator:
         refuse_transforms("Simulator.step", params)
         if top.terms and self._terms_checked is not top:  # once per topology: its terms are fixed
             for term in top.terms:
-                term.check(params)
+                term.check(params, top.free_index >= 0)
             self._terms_checked = top
         params, shift = self._recentred(params, top)
         backend = self._backend_for(x0)

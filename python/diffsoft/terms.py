@@ -131,9 +131,10 @@ class Term:
                              f"{num_vertices} vertices")
         return self._rows.to(device)
 
-    def check(self, p):
+    def check(self, p, free=None):
         """A ValueError naming the term where its energy is one the step would quietly get wrong, checked at the
-        step's start ``p.x0`` (:class:`~diffsoft.step.StepParams`):
+        step's start ``p.x0`` (:class:`~diffsoft.step.StepParams`; ``free``, ``(N,)`` bool, the vertices the step
+        moves: the checks move only those, and none where no row has one):
 
         * one row's energy reads another row's positions, which the step cannot see (it assembles the Hessian
           from per-row blocks). Found by two gradients of the rows' energies under different random weights:
@@ -159,8 +160,11 @@ class Term:
             # moves of 1% of the positions' scale: along a probe with every component non-zero and unlike its
             # neighbours (no axis of a row missed), and off the start along another direction
             size = 0.01 * x0.abs().max().clamp_min(1)
-            probe = size * _probe(x0)
-            offset = size * torch.linspace(-1, 1, x0.numel(), dtype=x0.dtype, device=x0.device).view_as(x0)
+            moves = torch.ones_like(x0) if free is None else free[rows].to(x0)[..., None].expand_as(x0)
+            if not bool(moves.any()):
+                return  # the step moves none of its vertices
+            probe = size * _probe(x0) * moves
+            offset = size * torch.linspace(-1, 1, x0.numel(), dtype=x0.dtype, device=x0.device).view_as(x0) * moves
             second = grads[0].requires_grad and torch.autograd.grad(
                 grads[0], x, probe, allow_unused=True)[0] is not None
             if not second and self.blocks is None:

@@ -263,6 +263,11 @@ def test_the_partial_second_derivative_check_after_its_review():
     sim = small_sim(terms=[Term(floor, rows=[[1]], params=(torch.tensor(1e4, dtype=F64),))])
     x1, _ = sim.step(*sim.rest_state)
     assert torch.isfinite(x1).all()
+    # a term on fixed vertices alone is a constant of the step: nothing of it to lose, and it is stepped
+    for options in (dict(backend="cpp"), dict(backend="torch")):
+        sim = small_sim(fixed=[0, 1], terms=[Term(lift, rows=[[0], [1]], params=(k,), name="lost")], **options)
+        x1, _ = sim.step(*sim.rest_state)
+        torch.testing.assert_close(x1[:2], sim.rest_state[0][:2])
 
 
 def test_a_term_beside_fixed_vertices_steps_an_unbatched_state():
