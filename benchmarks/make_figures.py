@@ -40,11 +40,14 @@ HEADLINE = (("procedural biped", "biped_defaults", "ppo", CORRECTED),
             ("procedural biped", "biped_defaults", "sb3", SB3),
             ("algovivo's biped", "algovivo_biped_defaults", "sb3", SB3),
             ("worm", "worm_defaults", "ppo", CORRECTED),
+            ("worm", "worm_defaults", "sb3", SB3),
             ("quadruped", "quadruped_defaults", "ppo", CORRECTED),
+            ("quadruped", "quadruped_defaults", "sb3", SB3),
             ("3D tetrapod (5e4 Pa, `min_a` 0.5), not mirrored", "tetrapod_defaults_8160023", "ppo", BEFORE),
             ("3D tetrapod, not mirrored", "tetrapod_defaults_b4555a4", "ppo", BEFORE),
             ("3D tetrapod", "tetrapod_defaults", "ppo", MIRRORED),
-            ("3D caterpillar", "caterpillar_defaults", "ppo", MIRRORED))
+            ("3D caterpillar", "caterpillar_defaults", "ppo", MIRRORED),
+            ("3D caterpillar", "caterpillar_defaults", "sb3", SB3))
 """The headline's rows: (creature, run, the PPO it is against, that PPO's name). The differentiable trainer
 with ``TrainConfig``'s defaults against ``diffsoft.ppo`` (as corrected at ``2a9a89a``: before it, its
 observation statistics changed between a rollout and the update on it; the tetrapods' PPO runs are from before)
