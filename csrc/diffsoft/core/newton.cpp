@@ -329,6 +329,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       if (!by_stale.all().item<bool>()) {
         CGResult fresh = solve(torch::where(by_stale, torch::zeros_like(rhs), rhs));
         cg.x = torch::where(by_stale, cg.x, fresh.x);
+        cg.indefinite = torch::where(by_stale.squeeze(1), cg.indefinite, fresh.indefinite);
       }
     } else {
       cg = solve(rhs);
