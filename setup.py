@@ -40,6 +40,19 @@ def cmake_prefixes():
     return [str(share), str(Path(torch.__file__).parent)] if (share / "Torch").is_dir() else []
 
 
+def source_commit():
+    """The commit the sources being built are at ("abc1234", "abc1234 with uncommitted changes" where csrc/,
+    python/ or the build's files differ from it), or None outside a git checkout (an sdist)."""
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "diff", "--quiet", "HEAD", "--", "csrc", "python",
+                                "CMakeLists.txt", "setup.py"], capture_output=True).returncode
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + (" with uncommitted changes" if dirty else "")
+
+
 def build_core(build_dir):
     """Configures (when needed) and builds the core's libraries in ``build_dir``; returns python_link.json."""
     cmake = shutil.which("cmake")
@@ -85,11 +98,14 @@ class BuildWithCore(BuildExtension):
             ext.runtime_library_dirs = link["runtime_library_dirs"]
         super().run()
         # Beside the extension (the source tree in an editable install, else the wheel), so that importing it
-        # under another torch says "rebuild" instead of "undefined symbol".
+        # under another torch says "rebuild" instead of "undefined symbol", and so that a benchmark run with an
+        # installed (not editable) copy names the commit it was built at, not the checkout's.
         for ext in self.extensions:
             (Path(self.get_ext_fullpath(ext.name)).parent / "_build_info.py").write_text(
-                f'"""Written by setup.py: the torch this build of diffsoft._C was compiled against."""\n'
-                f'TORCH_VERSION = "{torch.__version__}"\n')
+                f'"""Written by setup.py: the torch this build of diffsoft._C was compiled against, and the commit\n'
+                f'of the sources it was built from (None outside a git checkout)."""\n'
+                f'TORCH_VERSION = "{torch.__version__}"\n'
+                f'SOURCE_COMMIT = {source_commit()!r}\n')
 
 
 class FreshBuildPy(build_py):

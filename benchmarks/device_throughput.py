@@ -13,7 +13,7 @@ import argparse
 import json
 import os
 import platform
-import subprocess
+import sys
 import time
 
 # Idle OpenMP threads sleep instead of spinning: read once, when torch loads OpenMP (benchmarks/README.md,
@@ -24,6 +24,9 @@ import torch
 
 from diffsoft.creatures import biped
 from diffsoft.threads import set_num_threads
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import provenance  # noqa: E402
 
 
 def batches(max_batch):
@@ -121,9 +124,9 @@ def main():
         print(f"{r['device']:<8} {r['backend']:<18} {r['batch']:>6} {r['forward']:>12.0f} "
               f"{r['forward_backward']:>12.0f}  {ratio}")
     if args.json:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         with open(args.json, "w") as f:
-            json.dump(dict(args=vars(args), commit=commit, torch=torch.__version__, rows=rows), f, indent=1)
+            json.dump(dict(args=vars(args), commit=provenance.commit(), torch=torch.__version__, rows=rows), f,
+                      indent=1)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -66,6 +65,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The memory probe (tests/python/memory_probe.py) is test code: it lives with the tests.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 from memory_probe import resident_bytes, status_bytes  # noqa: E402
+import provenance  # noqa: E402
 from step_speed import cantilever, step_params  # noqa: E402
 from user_energy import free_pairs  # noqa: E402
 
@@ -431,12 +431,7 @@ def versions():
             out[module] = __import__(module).__version__
         except ImportError:
             out[module] = None
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        out["diffsoft_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                                                text=True).stdout.strip() or None
-    except OSError:
-        out["diffsoft_commit"] = None
+    out["diffsoft_commit"] = provenance.commit()
     return out
 
 
@@ -482,7 +477,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     md = table(results)
     v = results["versions"]
-    header = (f"`{results['command']}` at commit {v['diffsoft_commit']}; torch {v['torch']}, theseus-ai "
+    header = (f"`{results['command']}` at {v['diffsoft_commit']}; torch {v['torch']}, theseus-ai "
               f"{v['theseus']}, torchopt {v['torchopt']}; {args.threads} thread(s), best of {args.repeat}, "
               f"{results['date']}.\n\n")
     with open(os.path.join(args.out, "layer_peers.md"), "w") as f:

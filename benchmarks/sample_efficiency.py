@@ -34,7 +34,6 @@ import os
 import platform
 import re
 import shlex
-import subprocess
 import sys
 import time
 
@@ -51,6 +50,9 @@ from diffsoft.creatures import CREATURES, make_creature
 from diffsoft.policy import Gait, distance_walked, gait
 from diffsoft.task import LocomotionTask
 from diffsoft.threads import set_num_threads
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import provenance  # noqa: E402
 
 
 def _history_evaluations(history):
@@ -440,15 +442,7 @@ def tuning_table(runs, label="PPO"):
 
 def _source():
     """This command line and the commit it ran at, for the report's "Runs:" line."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "diff", "--quiet", "HEAD", "--", "python", "csrc", "benchmarks"])
-        commit = f"commit {head}" + (" with uncommitted changes" if dirty.returncode else "")
-    except (OSError, subprocess.CalledProcessError):
-        commit = "not in a git checkout"
-    return f"`benchmarks/sample_efficiency.py {shlex.join(sys.argv[1:])}` at {commit}"
+    return f"`benchmarks/sample_efficiency.py {shlex.join(sys.argv[1:])}` at {provenance.commit()}"
 
 
 def _summary_of(results, path, creature):

@@ -38,7 +38,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -52,6 +51,9 @@ from diffsoft.energies import gravity_energy
 from diffsoft.mesh import box
 from diffsoft.simulator import Simulator
 from diffsoft.threads import set_num_threads
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import provenance  # noqa: E402
 
 SIZE = (0.32, 0.08, 0.08)
 DENSITY, E, NU, G = 1e3, 1e6, 0.45, 9.81
@@ -214,9 +216,7 @@ def versions():
             out[module] = __import__(module).__version__
         except ImportError:
             out[module] = None
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out["diffsoft_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                                            text=True).stdout.strip() or None
+    out["diffsoft_commit"] = provenance.commit()
     return out
 
 
@@ -268,7 +268,7 @@ def write(results, out):
     common = results["common_dt"]
     at = results["at_common_dt"]
     ours = at.get("diffsoft", {}).get("ms_per_step")
-    lines = [f"`{results['command']}` at commit {v['diffsoft_commit']}; torch {v['torch']}, newton {v['newton']}, "
+    lines = [f"`{results['command']}` at {v['diffsoft_commit']}; torch {v['torch']}, newton {v['newton']}, "
              f"warp-lang {v['warp']}; {results['threads']} thread(s); beam of {results['vertices']} vertices, "
              f"{results['tetrahedra']} tetrahedra, initial (twist) elastic energy "
              f"{results['initial_elastic_energy']:.3g} J; newton's elastic forces = -grad of diffsoft's energy to "
