@@ -80,7 +80,7 @@ from diffsoft.threads import set_num_threads
 # DiffPD measured side by side (see the docstring): the fastest run of each solver, seconds for 25 frames,
 # rel_tol 1e-4: (forward, backward, threads). Sitting of 2026-12-01 05:14-05:48 UTC on the 2-vCPU AMD EPYC machine,
 # both sides OMP_WAIT_POLICY=PASSIVE, diffsoft a72c84d, DiffPD = mit-gfx/diff_pd_public 1594aa0 (benchmarks/README.md,
-# "Side by side again on a faster machine"; the earlier sitting on another machine is kept there as history).
+# "DiffPD's cantilever").
 DIFFPD = {"full": {"PD": (51.39, 8.72, 2), "Newton-PCG": (105.05, 35.21, 1),
                    "Newton-Cholesky": (130.84, 46.45, 2)}}
 DIFFPD_NAMES = {"pd_eigen": "PD", "newton_pcg": "Newton-PCG", "newton_cholesky": "Newton-Cholesky"}

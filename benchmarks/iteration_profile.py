@@ -1,7 +1,7 @@
 """Where a differentiable training iteration's time goes (diffsoft.training), by part, for one or more settings
 measured side by side in one process.
 
-    .venv/bin/python benchmarks/iteration_profile.py --threads 1                       # headline and default batch
+    .venv/bin/python benchmarks/iteration_profile.py --threads 1                       # the eighth run's batch 4 and the default 32
     .venv/bin/python benchmarks/iteration_profile.py --setting batch=8 --setting batch=4 critic_iterations=8
 
 Each setting trains from scratch (``diffsoft.training.train``, its files in a temporary folder); the settings
@@ -45,9 +45,10 @@ from diffsoft.simulator import Simulator
 from diffsoft.threads import set_num_threads
 from sample_efficiency import diff_settings
 
-HEADLINE = ("batch=4", "episode=128", "terminate_upright=0", "action_noise=0.4", "action_noise_end=0.1",
+EIGHTH_RUN = ("batch=4", "episode=128", "terminate_upright=0", "action_noise=0.4", "action_noise_end=0.1",
             "noise_decay_iterations=250", "lr_decay_iterations=600", "eval_every=25")
-"""benchmarks/README.md's headline setting (``$E7 --diff-set $D8``) as TrainConfig fields."""
+"""The sample-efficiency benchmark's eighth run (batch 4; benchmarks/README.md's ``$E7 --diff-set $D8``) as
+TrainConfig fields."""
 DEFAULT = ("batch=32",)
 
 PARTS = ("step forward: C++ Newton", "step forward: Python", "step backward: C++ adjoint",
@@ -174,7 +175,7 @@ def report(clock, cpp, steps):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--setting", nargs="+", action="append", metavar="NAME=VALUE",
-                   help="TrainConfig fields of one setting (repeat for several; default: the headline's and "
+                   help="TrainConfig fields of one setting (repeat for several; default: the eighth run's and "
                         "batch 32's)")
     p.add_argument("--iterations", type=int, default=40, help="measured iterations per setting")
     p.add_argument("--skip", type=int, default=20, help="iterations trained before measuring")
@@ -183,7 +184,7 @@ def main():
     args = p.parse_args()
     if args.threads:
         set_num_threads(args.threads)
-    settings = [tuple(s) for s in args.setting] if args.setting else [HEADLINE, DEFAULT]
+    settings = [tuple(s) for s in args.setting] if args.setting else [EIGHTH_RUN, DEFAULT]
     results = profile(settings, args.iterations, args.skip, args.chunk, args.threads)
     for s, (clock, cpp, steps) in results.items():
         text, total = report(clock, cpp, steps)

@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "sample_efficiency")
 README = os.path.join(HERE, "README.md")
 PLOTS = ("biped_defaults", "algovivo_biped_defaults", "biped_noise_decay", "algovivo_biped_noise_decay")
-"""The runs whose plots benchmarks/README.md shows (``TrainConfig``'s defaults, and the eighth run)."""
+"""The runs whose plots benchmarks/README.md shows or links (``TrainConfig``'s defaults, and the eighth run)."""
 CORRECTED = "`diffsoft.ppo`"
 BEFORE = "`diffsoft.ppo` before `2a9a89a`"
 SB3 = "SB3 (tuned)"

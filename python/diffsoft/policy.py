@@ -142,7 +142,7 @@ def mirrors(sim, steer=False):
     """Whether a frame policy for ``sim``'s body is mirrored unless told otherwise (:class:`~diffsoft.training.TrainConfig`'s
     ``mirror`` None): where it reads a heading (:func:`reads_heading`: in 3D, or steered) and the body is its own
     mirror image (:meth:`Mirror.of` finds one). A mirrored policy cannot drift toward one side: the tetrapod's
-    unsteered gaits held their course on 5 seeds of 5 mirrored, 3 of 5 not (docs/training.md)."""
+    unsteered gaits held their course on 5 seeds of 5 mirrored, 3 of 5 not (docs/training.md, docs/history.md)."""
     if not reads_heading(sim.body.dim, steer):
         return False
     try:
