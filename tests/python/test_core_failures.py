@@ -194,31 +194,43 @@ def test_a_maximum_is_left_for_the_first_dip_along_its_negative_curvature():
         torch.testing.assert_close(x.abs(), torch.full_like(x, 0.5 ** 0.5), rtol=1e-4, atol=0)
 
 
-def test_a_long_step_where_the_hessian_is_indefinite_goes_to_the_first_dip():
+def test_newtons_steps_do_not_depend_on_the_energys_scale():
     # Where CG meets non-positive curvature, its direction has no Newton step's length: the gradient's (the
-    # energy's scale) or a truncated iterate's. An Armijo search from step 1 took it wherever the energy was
-    # lower: k cos(x) from 0.3 ended at 15 pi, 941 pi and 5,879 pi for k = 100, 1e4 and 1e6 (2D, from (0.3,
-    # 0.2): (977 pi, 635 pi) for k = 1e4). Such a direction longer than x (or 1) now goes to its first dip along
-    # that length, as off a stationary start.
+    # energy's scale) or a truncated iterate's. An Armijo search from step 1 took a long one wherever the energy
+    # was lower, and a short one crept: k cos(x) from 0.3 ended at 15 pi, 941 pi and 5,879 pi for k = 100, 1e4
+    # and 1e6, and stopped at max_iter short of pi for k <= 0.01 (2D, from (0.3, 0.2): (977 pi, 635 pi) for
+    # k = 1e4). Such a direction, made as long as x (or 1), now goes to its first dip, on trial steps that do not
+    # depend on k. And a positive definite Newton step over a curvature near 0 leapt too: that 2D start's
+    # second iterate has a curvature of 0.01 k along y, and its Newton step ended at (pi, 31 pi); a Newton step
+    # longer than x (or 1) now goes to its first dip from x's length up.
     starts = [[0.3, 0.2], [-0.1, 0.4], [2.0, -0.5]]
     for dtype in (F64, torch.float32):
         tol = dict(rtol=0, atol=1e-9 if dtype == F64 else 1e-5)
-        batches = []
-        for k in (1.0, 1e2, 1e4, 1e6):
+        for k in (1e-6, 1e-2, 1.0, 1e2, 1e4, 1e6):
             # one dimension: the well next to the start, downhill
-            x = diffsoft.minimize(lambda x: k * torch.cos(x).sum(), torch.tensor([0.3], dtype=dtype), on_failure="raise")
+            x = diffsoft.minimize(lambda x: k * torch.cos(x).sum(), torch.tensor([0.3], dtype=dtype),
+                                  on_failure="raise")
             torch.testing.assert_close(x / math.pi, torch.ones_like(x), **tol)
-            # a batch, one line search per problem
+            # a batch, one line search per problem: the nearest wells (before: (-3 pi, 17 pi) and (3 pi, -pi)
+            # from the last two for k = 100)
             x = diffsoft.minimize(lambda x: k * torch.cos(x).sum(1), torch.tensor(starts, dtype=dtype), batched=True,
                                   on_failure="raise")
-            batches.append(x / math.pi)
-            # the nearest wells (before: (-3 pi, 17 pi) and (3 pi, -pi) for k = 100)
-            torch.testing.assert_close(batches[-1][1:], torch.tensor([[-1.0, 1.0], [1.0, -1.0]], dtype=dtype), **tol)
-        # The first start's second iterate has a positive definite Hessian with a curvature of 0.01 along y, and
-        # Newton's own step there is long: (pi, 31 pi) for every k >= 100 (k = 1: its steps are shorter than x,
-        # backtracked from step 1, and end at (pi, pi))
-        for x in batches[2:]:
-            torch.testing.assert_close(x, batches[1], **tol)
+            nearest = torch.tensor([[1.0, 1.0], [-1.0, 1.0], [1.0, -1.0]], dtype=dtype)
+            torch.testing.assert_close(x / math.pi, nearest, **tol)
+    # Nonconvex energies of every scale from one start end at one point (the same trials, scaled): a double well
+    # tilted by a random linear term, and a sum of cosines of random combinations held by a weak quadratic.
+    g = torch.Generator().manual_seed(3)
+    for kind in range(2):
+        A = torch.randn(6, 6, generator=g, dtype=F64)
+        x0 = 3 * torch.randn(6, generator=g, dtype=F64)
+        if kind == 0:
+            def energy(x, k):
+                return k * (((x ** 2 - 1) ** 2).sum() + 0.1 * (A @ x).sum())
+        else:
+            def energy(x, k):
+                return k * (torch.cos(A @ x).sum() + 0.01 * (x * x).sum())
+        ends = [diffsoft.minimize(energy, x0, k, on_failure="raise") for k in (1e-4, 1e4)]
+        torch.testing.assert_close(ends[0], ends[1], rtol=0, atol=1e-8)
 
 
 def test_a_stationary_starts_factorization_is_kept_for_the_backward():

@@ -175,17 +175,19 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     return groups(analytic ? analytic->value(x_rows) : energy(x_rows.view(shape), consts));
   };
 
-  // The first dip along d from x, for the groups marked in `rows` ((G,), like e): the trial steps of dip_ladder
-  // (r^(T-1), ..., r, 1 of d), from the shortest up; each group takes the last trial of its first run of
-  // decreases below e, the line's first dip, not any lower point (trials a factor 1 / r apart can step over a
-  // well narrower than that: d at most as long as x keeps them from many), or 1 if the energy still falls there.
-  // A group that no trial lowered keeps x (`lowered` receives the groups that moved).
+  // The first dip along d from x, for the groups marked in `rows` ((G,), like e): trial steps a factor 1 / r
+  // apart (dip_ladder), from `first` ((G,); at least r^(T-1)) up to 1 of d; each group takes the last trial of
+  // its first run of decreases below e, the line's first dip, not any lower point (trials a factor 1 / r apart
+  // can step over a well narrower than that: d at most as long as x keeps them from many), or 1 if the energy
+  // still falls there. A group that no trial lowered keeps x (`lowered` receives the groups that moved); one
+  // marked in `rise_ends` stops at its first rise even before a decrease (its first trial is a step it would
+  // otherwise have backtracked from).
   auto first_dip = [&](const torch::Tensor& x, const torch::Tensor& d, const torch::Tensor& e,
-                       const torch::Tensor& e_scale, const torch::Tensor& rows, bool per_problem,
-                       torch::Tensor& lowered) {
+                       const torch::Tensor& e_scale, const torch::Tensor& rows, const torch::Tensor& first,
+                       const torch::Tensor& rise_ends, bool per_problem, torch::Tensor& lowered) {
     auto by_row = [&](const torch::Tensor& t) { return (per_problem ? t : t.expand({batch})).unsqueeze(1); };
     const DipLadder ladder = dip_ladder(opt, x.scalar_type());
-    torch::Tensor step = torch::full_like(e, std::pow(ladder.ratio, double(ladder.trials - 1)));
+    torch::Tensor step = torch::clamp_min(first, std::pow(ladder.ratio, double(ladder.trials - 1)));
     torch::Tensor growing = rows.clone();
     lowered = torch::zeros_like(rows);
     torch::Tensor best = e.clone();
@@ -201,9 +203,11 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       torch::Tensor rose = (finite.logical_not() | (e_trial > best + e_noise * e_scale)) & growing;
       x_next = torch::where(by_row(lower), trial, x_next);
       best = torch::where(lower, e_trial, best);
-      growing = growing & (lowered & rose).logical_not();  // after a decrease, until a trial rises
+      // after a decrease, until a trial rises; and no further than 1 of d
+      growing = growing & (rose & (lowered | rise_ends)).logical_not();
       lowered = lowered | lower;
       step = step / ladder.ratio;
+      growing = growing & (step <= 1 / std::sqrt(ladder.ratio));  // (1, as round-off leaves it)
     }
     return x_next;
   };
@@ -270,7 +274,8 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
           d = d * (torch::clamp_min(row_norm(x), 1.0) / torch::where(has, d_norm, torch::ones_like(d_norm))).unsqueeze(1);
           torch::Tensor moved;
           torch::Tensor x_next = first_dip(x, d, e, e_scale, per_problem ? has : torch::ones_like(e, torch::kBool),
-                                           per_problem, moved);
+                                           torch::zeros_like(e), torch::zeros_like(e, torch::kBool), per_problem,
+                                           moved);
           if (!torch::equal(x_next, x)) {
             x = x_next;
             probe_factorizations = 0;  // counted: that point is left
@@ -345,38 +350,63 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     torch::Tensor p = torch::where(descent.unsqueeze(1), cg.x, rhs);
     row_slope = row_dot(g, p);
 
-    // Where CG met non-positive curvature, or gave no descent, the direction's length is no Newton step's: a
-    // truncated iterate whose curvature was nearly 0, or the gradient. Without a preconditioner (minimize's
-    // energies; the simulator's block-Jacobi one carries the inertia's scale) that is the energy's scale, and an
-    // Armijo search from step 1 took it wherever the energy was lower, many wells away on a periodic energy.
-    // There, where it is longer than x (or 1), the step is the first dip along it made that long, as off a
-    // stationary start. Elsewhere, backtracking from step 1. Both per problem when the energy gives per-problem
-    // values (a summed energy's one search serves every problem); non-finite trial energies are rejected. A
-    // problem whose search fails is frozen and reported; the others go on.
-    torch::Tensor long_rows = torch::zeros_like(active);  // the rows whose step is the first dip
+    // The step's length. Where CG met non-positive curvature, or gave no descent, the direction's length is no
+    // Newton step's: a truncated iterate whose curvature was nearly 0, or the gradient. Without a preconditioner
+    // (minimize's energies; the simulator's block-Jacobi one carries the inertia's scale) that is the energy's
+    // scale: an Armijo search from step 1 took a long one wherever the energy was lower, many wells away on a
+    // periodic energy, and a short one crept (1e-4 cos(x) from 0.3 stopped at max_iter). A Newton step longer
+    // than x over a curvature near 0 leapt wells too. So, without a preconditioner, the step is the line's first
+    // dip (first_dip), on trials r^j of a direction d:
+    // - non-positive curvature or no descent: d is the direction made as long as x (or 1); from the shortest trial
+    //   where the direction is longer, else from its own step 1 (the ladder's step below it: the same trials
+    //   whatever the energy's scale, so the same dip);
+    // - a Newton step longer than x (or 1): d is the step, from x's length (the ladder's step below it) up to 1;
+    // where a search from its own step (not the shortest) does not lower the energy there, backtracking below that
+    // step. Elsewhere, backtracking from step 1. Both per problem when the energy gives per-problem values (a
+    // summed energy's one search serves every problem); non-finite trial energies are rejected. A problem whose
+    // search fails is frozen and reported; the others go on.
+    torch::Tensor unscaled_rows = torch::zeros_like(active);  // scaled to x's length
+    torch::Tensor shortest_rows = torch::zeros_like(active);  // of them, those from the shortest trial
+    torch::Tensor long_rows = torch::zeros_like(active);      // long Newton steps
     torch::Tensor reach, p_norm;
     if (!point.precondition) {
       reach = torch::clamp_min(row_norm(x), 1.0);
       p_norm = row_norm(p);
       const torch::Tensor unscaled =
           (cg.indefinite.defined() ? cg.indefinite : torch::zeros_like(active)) | descent.logical_not();
-      long_rows = active & unscaled & (p_norm > reach);
+      unscaled_rows = active & unscaled & (p_norm > 0);
+      shortest_rows = unscaled_rows & (p_norm > reach);
+      long_rows = active & unscaled.logical_not() & (p_norm > reach);
     }
-    torch::Tensor dip = per_problem ? long_rows : long_rows.any().reshape({1});
+    auto any = [&](const torch::Tensor& rows) { return per_problem ? rows : rows.any().reshape({1}); };
+    const torch::Tensor dip = any(unscaled_rows | long_rows);
+    const torch::Tensor from_shortest = any(shortest_rows);
     torch::Tensor x_next = x.clone();
     torch::Tensor accepted = per_problem ? active.logical_not() : torch::zeros_like(e, torch::kBool);
     torch::Tensor searched = accepted.clone();
+    torch::Tensor scale = torch::ones_like(g_norm);  // d = scale p
+    torch::Tensor step = torch::ones_like(e);        // backtracking's first step, of d
     if (dip.any().item<bool>()) {
-      torch::Tensor d = torch::where(long_rows.unsqueeze(1), p * (reach / p_norm).unsqueeze(1), p);
+      scale = torch::where(unscaled_rows, reach / torch::where(unscaled_rows, p_norm, reach), scale);
+      // the first trial (of d), before the ladder's rounding: step 1 of p, or x's length along a long step
+      torch::Tensor own = torch::where(unscaled_rows, 1 / scale, torch::ones_like(scale));
+      own = torch::where(long_rows, reach / torch::where(long_rows, p_norm, reach), own);
+      const double ratio = dip_ladder(opt, x.scalar_type()).ratio;
+      own = torch::pow(ratio, torch::ceil(torch::log(own) / std::log(ratio) - 1e-9));
+      torch::Tensor first = per_problem ? own : own.min().reshape({1});  // a shared search: its shortest
+      first = torch::where(from_shortest, torch::zeros_like(first), first);
       torch::Tensor lowered;
-      x_next = first_dip(x, d, e, e_scale, dip, per_problem, lowered);
-      searched = searched | dip;
+      x_next = first_dip(x, p * scale.unsqueeze(1), e, e_scale, dip, first, from_shortest.logical_not(), per_problem,
+                         lowered);
+      searched = searched | (dip & (from_shortest | lowered));
       accepted = accepted | lowered;
+      step = torch::where(dip, first * opt.ls_shrink, step);  // (below the trial that rose)
     }
-    torch::Tensor slope = per_problem ? row_slope : row_slope.sum().reshape({1});
-    torch::Tensor step = torch::ones_like(e);
+    torch::Tensor d = p * scale.unsqueeze(1);
+    torch::Tensor d_slope = row_slope * scale;
+    torch::Tensor slope = per_problem ? d_slope : d_slope.sum().reshape({1});
     for (int64_t ls = 0; ls < opt.ls_max_iter && !searched.all().item<bool>(); ++ls) {
-      torch::Tensor trial = x + (per_problem ? step : step.expand({batch})).unsqueeze(1) * p;
+      torch::Tensor trial = x + (per_problem ? step : step.expand({batch})).unsqueeze(1) * d;
       torch::Tensor e_trial = eval(trial);
       ++info.line_search_steps;
       torch::Tensor ok = torch::isfinite(e_trial) & (e_trial <= e + opt.ls_c1 * step * slope + e_noise * e_scale) &
@@ -390,7 +420,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     torch::Tensor stuck = (per_problem ? accepted.logical_not() : accepted.logical_not().expand({batch})) & active;
     if (stuck.any().item<bool>()) {
       // (the first dip's trials where every stuck problem took one)
-      const torch::Tensor by_dip = per_problem ? dip : dip.expand({batch});
+      const torch::Tensor by_dip = per_problem ? from_shortest : from_shortest.expand({batch});
       const bool dipped = !(stuck & by_dip.logical_not()).any().item<bool>();
       const int64_t trials = dipped ? dip_ladder(opt, x.scalar_type()).trials : opt.ls_max_iter;
       why << "the line search found no decrease of the energy after " << trials << " trials at Newton iteration "
