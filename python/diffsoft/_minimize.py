@@ -121,9 +121,12 @@ def minimize(
         ls_c1, ls_shrink, ls_max_iter: backtracking line search, accepting ``E(x + a p) <= E(x) + c1 a g.p``
             (with a round-off allowance), else ``a *= ls_shrink``. Non-finite energies are rejected. Where the
             Hessian is not positive definite (at a stationary start, and along a direction of CG's that met
-            non-positive curvature and is longer than ``x``, or 1), the step is instead the first dip along the
+            non-positive curvature, made as long as ``x``, or 1), the step is instead the first dip along the
             direction: up to ``ls_max_iter`` trials from the shortest up, a factor ``ls_shrink`` apart (or 2,
-            where that is coarser), the last of the first run of decreases taken (docs/reliability.md).
+            where that is coarser), the last of the first run of decreases taken; and a Newton step longer than
+            ``x`` (or 1) is tried from ``x``'s length up, taken to its first dip where the energy along it has
+            more than one valley, so that the steps do not depend on the energy's scale and do not leap over
+            wells (docs/reliability.md).
         on_failure: ``"warn"`` (a RuntimeWarning and ``info.converged = False``) or ``"raise"``
             (``diffsoft.ConvergenceError``, whose ``info`` attribute holds the record), for the forward and
             the backward alike.

@@ -217,6 +217,13 @@ def test_newtons_steps_do_not_depend_on_the_energys_scale():
                                   on_failure="raise")
             nearest = torch.tensor([[1.0, 1.0], [-1.0, 1.0], [1.0, -1.0]], dtype=dtype)
             torch.testing.assert_close(x / math.pi, nearest, **tol)
+    # A direction's own step 1 is the energy's scale: starting there, a search from 0.03 along cos(10 x)'s
+    # gradient stepped over the nearest well for k in [0.17, 0.34) (a review's case); from the shortest trial up
+    # every k ends in it.
+    for k in (0.01, 0.2, 0.3, 1.0, 100.0):
+        x = diffsoft.minimize(lambda x: k * torch.cos(10 * x).sum(), torch.tensor([0.03], dtype=F64),
+                              on_failure="raise")
+        torch.testing.assert_close(x * 10 / math.pi, torch.ones_like(x), rtol=0, atol=1e-9)
     # Nonconvex energies of every scale from one start end at one point (the same trials, scaled): a double well
     # tilted by a random linear term, and a sum of cosines of random combinations held by a weak quadratic.
     g = torch.Generator().manual_seed(3)
@@ -231,6 +238,48 @@ def test_newtons_steps_do_not_depend_on_the_energys_scale():
                 return k * (torch.cos(A @ x).sum() + 0.01 * (x * x).sum())
         ends = [diffsoft.minimize(energy, x0, k, on_failure="raise") for k in (1e-4, 1e4)]
         torch.testing.assert_close(ends[0], ends[1], rtol=0, atol=1e-8)
+
+
+def test_a_long_newton_step_is_searched_from_xs_length_up():
+    # A Newton step longer than x (or 1) is searched from x's length up to the step itself. A convex energy takes
+    # its full step (a far quadratic's minimum in one iteration), and one whose curvature is ~0 far from its
+    # minimum walks there in steps that double (logcosh 100 away: its Newton step was 1e80 long, and backtracking
+    # from it, 30 halvings, stopped the old search at the start). ((pi, 31 pi), where the line has many valleys:
+    # test_newtons_steps_do_not_depend_on_the_energys_scale.)
+    for a in (10.0, 1e6):
+        x, info = diffsoft.minimize(lambda x: ((x - a) ** 2).sum(), torch.zeros(3, dtype=F64), return_info=True,
+                                    on_failure="raise")
+        assert info.iterations == 1
+        torch.testing.assert_close(x, torch.full_like(x, a), rtol=1e-12, atol=0)
+    # On a convex line the energy has one valley, and the step is the longest trial with Armijo's decrease: Newton's
+    # own iterates (a first dip stopped at 0.5 of the step where the line's minimum was short of 1, and the batch
+    # of benchmarks/layer_peers.py took an iteration and 19 trials more). Beside a coordinate held at 1e30, no step
+    # is longer than x, and backtracking from 1 gives Newton's iterates: the same ones.
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(4, 10, 10, generator=g, dtype=F64) / 10 ** 0.5
+    A, b = q @ q.transpose(1, 2) + torch.eye(10, dtype=F64), 3 * torch.randn(4, 10, generator=g, dtype=F64)
+
+    def convex(x):
+        y = x[:, :10]
+        return 0.5 * torch.einsum("bi,bij,bj->b", y, A, y) + 0.25 * (y ** 4).sum(1) - (b * y).sum(1) \
+            + torch.logsumexp(y, 1) + (x[:, 10:] - 1e30).pow(2).sum(1)
+
+    here, info = diffsoft.minimize(convex, torch.zeros(4, 10, dtype=F64), batched=True, return_info=True,
+                                   on_failure="raise")
+    far, far_info = diffsoft.minimize(convex, torch.cat([torch.zeros(4, 10, dtype=F64),
+                                                         torch.full((4, 1), 1e30, dtype=F64)], 1),
+                                      batched=True, return_info=True, on_failure="raise")
+    assert info.iterations == far_info.iterations
+    torch.testing.assert_close(here, far[:, :10], rtol=0, atol=1e-12)
+    for shrink in (0.02, 0.5):
+        x = diffsoft.minimize(lambda x: (torch.nn.functional.softplus(2 * (x - 100)) - (x - 100)).sum(),
+                              torch.zeros(2, dtype=F64), ls_shrink=shrink, on_failure="raise")
+        torch.testing.assert_close(x, torch.full_like(x, 100.0), rtol=1e-9, atol=0)
+    # an energy whose changes are all below its round-off takes the step itself, as before (not a creep)
+    for dtype, c in ((F64, 1e17), (torch.float32, 1e9)):
+        x, info = diffsoft.minimize(lambda x: c + ((x - 10) ** 2).sum(), torch.zeros(3, dtype=dtype), return_info=True,
+                                    on_failure="raise")
+        assert info.iterations == 1
 
 
 def test_a_stationary_starts_factorization_is_kept_for_the_backward():

@@ -175,41 +175,59 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     return groups(analytic ? analytic->value(x_rows) : energy(x_rows.view(shape), consts));
   };
 
-  // The first dip along d from x, for the groups marked in `rows` ((G,), like e): trial steps a factor 1 / r
-  // apart (dip_ladder), from `first` ((G,); at least r^(T-1)) up to 1 of d; each group takes the last trial of
-  // its first run of decreases below e, the line's first dip, not any lower point (trials a factor 1 / r apart
-  // can step over a well narrower than that: d at most as long as x keeps them from many), or 1 if the energy
-  // still falls there. A group that no trial lowered keeps x (`lowered` receives the groups that moved); one
-  // marked in `rise_ends` stops at its first rise even before a decrease (its first trial is a step it would
-  // otherwise have backtracked from).
-  auto first_dip = [&](const torch::Tensor& x, const torch::Tensor& d, const torch::Tensor& e,
-                       const torch::Tensor& e_scale, const torch::Tensor& rows, const torch::Tensor& first,
-                       const torch::Tensor& rise_ends, bool per_problem, torch::Tensor& lowered) {
+  // Trial steps along d from x for the groups marked in `rows` ((G,), like e), a factor 1 / r apart
+  // (dip_ladder), T of them at most, from `first` ((G,)) up to 1 of d. A group takes the line's first dip: the
+  // last trial of its first run of decreases below e, not any lower point (trials a factor 1 / r apart can step
+  // over a well narrower than that: from the shortest trial of a d as long as x, few), or 1 if the energy still
+  // falls there. A group marked in `whole` (a long Newton step) stops its run at its first rise even before a
+  // decrease, but goes on up to 1, and where the energy along the trials never falls again after rising (one
+  // valley: a convex line's), takes the longest trial with Armijo's decrease (slope: (G,), g . d) instead, as
+  // backtracking from 1 would (Newton's full step where it holds). A group that no trial moved keeps x (`moved`
+  // receives the groups that moved, `rose` those where a trial rose).
+  auto ladder_search = [&](const torch::Tensor& x, const torch::Tensor& d, const torch::Tensor& e,
+                           const torch::Tensor& e_scale, const torch::Tensor& rows, const torch::Tensor& first,
+                           const torch::Tensor& whole, const torch::Tensor& slope, bool per_problem,
+                           torch::Tensor& moved, torch::Tensor& rose) {
     auto by_row = [&](const torch::Tensor& t) { return (per_problem ? t : t.expand({batch})).unsqueeze(1); };
     const DipLadder ladder = dip_ladder(opt, x.scalar_type());
-    torch::Tensor step = torch::clamp_min(first, std::pow(ladder.ratio, double(ladder.trials - 1)));
-    torch::Tensor growing = rows.clone();
-    lowered = torch::zeros_like(rows);
-    torch::Tensor best = e.clone();
-    torch::Tensor x_next = x.clone();
-    for (int64_t ls = 0; ls < ladder.trials && growing.any().item<bool>(); ++ls) {
+    const double inf = std::numeric_limits<double>::infinity();
+    const torch::Tensor noise = e_noise * e_scale;
+    torch::Tensor step = first.clone();
+    torch::Tensor dipping = rows.clone();  // in the first run of decreases
+    torch::Tensor going = rows.clone();    // still taking trials
+    torch::Tensor lowered = torch::zeros_like(rows), fell_again = torch::zeros_like(rows);
+    torch::Tensor armijo = torch::zeros_like(rows);
+    rose = torch::zeros_like(rows);
+    torch::Tensor best = e.clone(), last = e.clone();
+    torch::Tensor x_dip = x.clone(), x_armijo = x.clone();
+    for (int64_t ls = 0; ls < ladder.trials && going.any().item<bool>(); ++ls) {
       torch::Tensor trial = x + by_row(step) * d;
       torch::Tensor e_trial = eval(trial);
       ++info.line_search_steps;
       torch::Tensor finite = torch::isfinite(e_trial);
-      torch::Tensor lower = finite & (e_trial < best - e_noise * e_scale) & growing;
       // (a trial within round-off of the best neither moves nor ends the run: in float32 the shortest trials'
       // changes are below it)
-      torch::Tensor rose = (finite.logical_not() | (e_trial > best + e_noise * e_scale)) & growing;
-      x_next = torch::where(by_row(lower), trial, x_next);
+      torch::Tensor lower = finite & (e_trial < best - noise) & dipping;
+      torch::Tensor up = (finite.logical_not() | (e_trial > last + noise)) & going;
+      x_dip = torch::where(by_row(lower), trial, x_dip);
       best = torch::where(lower, e_trial, best);
-      // after a decrease, until a trial rises; and no further than 1 of d
-      growing = growing & (rose & (lowered | rise_ends)).logical_not();
+      fell_again = fell_again | (rose & finite & (e_trial < last - noise) & going);
+      torch::Tensor ok = finite & (e_trial <= e + opt.ls_c1 * step * slope + noise) & going & whole;
+      x_armijo = torch::where(by_row(ok), trial, x_armijo);
+      armijo = armijo | ok;
+      rose = rose | up;
+      last = torch::where(going, torch::where(finite, e_trial, torch::full_like(e_trial, inf)), last);
+      // the first run: after a decrease, until a trial rises (a long step's, at its first rise)
+      dipping = dipping & (up & (lowered | whole)).logical_not();
       lowered = lowered | lower;
       step = step / ladder.ratio;
-      growing = growing & (step <= 1 / std::sqrt(ladder.ratio));  // (1, as round-off leaves it)
+      const torch::Tensor in_reach = step <= 1 / std::sqrt(ladder.ratio);  // (1, as round-off leaves it)
+      dipping = dipping & in_reach;
+      going = (dipping | (whole & rows)) & in_reach;
     }
-    return x_next;
+    const torch::Tensor by_armijo = whole & fell_again.logical_not();
+    moved = torch::where(by_armijo, armijo, lowered);
+    return torch::where(by_row(by_armijo), x_armijo, x_dip);
   };
 
   info = SolveInfo();
@@ -272,10 +290,12 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
           // step first left a maximum of a periodic energy for a well as far away as x is long).
           d = torch::where((row_dot(g, d) > 0).unsqueeze(1), -d, d);
           d = d * (torch::clamp_min(row_norm(x), 1.0) / torch::where(has, d_norm, torch::ones_like(d_norm))).unsqueeze(1);
-          torch::Tensor moved;
-          torch::Tensor x_next = first_dip(x, d, e, e_scale, per_problem ? has : torch::ones_like(e, torch::kBool),
-                                           torch::zeros_like(e), torch::zeros_like(e, torch::kBool), per_problem,
-                                           moved);
+          torch::Tensor moved, rose;
+          const DipLadder ladder = dip_ladder(opt, x.scalar_type());
+          torch::Tensor x_next =
+              ladder_search(x, d, e, e_scale, per_problem ? has : torch::ones_like(e, torch::kBool),
+                            torch::full_like(e, std::pow(ladder.ratio, double(ladder.trials - 1))),
+                            torch::zeros_like(e, torch::kBool), torch::zeros_like(e), per_problem, moved, rose);
           if (!torch::equal(x_next, x)) {
             x = x_next;
             probe_factorizations = 0;  // counted: that point is left
@@ -352,22 +372,23 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
 
     // The step's length. Where CG met non-positive curvature, or gave no descent, the direction's length is no
     // Newton step's: a truncated iterate whose curvature was nearly 0, or the gradient. Without a preconditioner
-    // (minimize's energies; the simulator's block-Jacobi one carries the inertia's scale) that is the energy's
-    // scale: an Armijo search from step 1 took a long one wherever the energy was lower, many wells away on a
-    // periodic energy, and a short one crept (1e-4 cos(x) from 0.3 stopped at max_iter). A Newton step longer
-    // than x over a curvature near 0 leapt wells too. So, without a preconditioner, the step is the line's first
-    // dip (first_dip), on trials r^j of a direction d:
-    // - non-positive curvature or no descent: d is the direction made as long as x (or 1); from the shortest trial
-    //   where the direction is longer, else from its own step 1 (the ladder's step below it: the same trials
-    //   whatever the energy's scale, so the same dip);
-    // - a Newton step longer than x (or 1): d is the step, from x's length (the ladder's step below it) up to 1;
-    // where a search from its own step (not the shortest) does not lower the energy there, backtracking below that
-    // step. Elsewhere, backtracking from step 1. Both per problem when the energy gives per-problem values (a
-    // summed energy's one search serves every problem); non-finite trial energies are rejected. A problem whose
-    // search fails is frozen and reported; the others go on.
-    torch::Tensor unscaled_rows = torch::zeros_like(active);  // scaled to x's length
-    torch::Tensor shortest_rows = torch::zeros_like(active);  // of them, those from the shortest trial
-    torch::Tensor long_rows = torch::zeros_like(active);      // long Newton steps
+    // (minimize's energies; the fused simulator's block-Jacobi one carries the inertia's scale) that is the
+    // energy's scale: an Armijo search from step 1 took a long one wherever the energy was lower, many wells
+    // away on a periodic energy, and a short one crept (1e-4 cos(x) from 0.3 stopped at max_iter). A Newton step
+    // longer than x over a curvature near 0 leapt wells too. So, without a preconditioner, the step is the line's
+    // first dip (ladder_search):
+    // - non-positive curvature or no descent: along the direction made as long as x (or 1), from the shortest
+    //   trial up: the trials are the same whatever the energy's scale, and so is the dip;
+    // - a Newton step longer than x (or 1): along the step, from x's length (the ladder's trial below it) up to
+    //   the step, or as far as the ladder's trials reach, where the energy along them has more than one valley;
+    //   in one, the longest trial with Armijo's decrease (the step itself, where it has it). Where no trial is
+    //   taken, backtracking below the first trial where one rose, else (every change within round-off) from the
+    //   step itself.
+    // Elsewhere, backtracking from step 1. Both per problem when the energy gives per-problem values (a summed
+    // energy's one search serves every problem); non-finite trial energies are rejected. A problem whose search
+    // fails is frozen and reported; the others go on.
+    torch::Tensor unscaled_rows = torch::zeros_like(active);  // made as long as x, from the shortest trial
+    torch::Tensor long_rows = torch::zeros_like(active);      // long Newton steps, from x's length
     torch::Tensor reach, p_norm;
     if (!point.precondition) {
       reach = torch::clamp_min(row_norm(x), 1.0);
@@ -375,36 +396,40 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       const torch::Tensor unscaled =
           (cg.indefinite.defined() ? cg.indefinite : torch::zeros_like(active)) | descent.logical_not();
       unscaled_rows = active & unscaled & (p_norm > 0);
-      shortest_rows = unscaled_rows & (p_norm > reach);
-      long_rows = active & unscaled.logical_not() & (p_norm > reach);
+      long_rows = active & unscaled.logical_not() & (p_norm > reach) & torch::isfinite(p_norm);
     }
     auto any = [&](const torch::Tensor& rows) { return per_problem ? rows : rows.any().reshape({1}); };
     const torch::Tensor dip = any(unscaled_rows | long_rows);
-    const torch::Tensor from_shortest = any(shortest_rows);
+    const torch::Tensor from_shortest = any(unscaled_rows);
+    const int64_t trials_before = info.line_search_steps;
     torch::Tensor x_next = x.clone();
     torch::Tensor accepted = per_problem ? active.logical_not() : torch::zeros_like(e, torch::kBool);
     torch::Tensor searched = accepted.clone();
-    torch::Tensor scale = torch::ones_like(g_norm);  // d = scale p
-    torch::Tensor step = torch::ones_like(e);        // backtracking's first step, of d
-    if (dip.any().item<bool>()) {
-      scale = torch::where(unscaled_rows, reach / torch::where(unscaled_rows, p_norm, reach), scale);
-      // the first trial (of d), before the ladder's rounding: step 1 of p, or x's length along a long step
-      torch::Tensor own = torch::where(unscaled_rows, 1 / scale, torch::ones_like(scale));
-      own = torch::where(long_rows, reach / torch::where(long_rows, p_norm, reach), own);
-      const double ratio = dip_ladder(opt, x.scalar_type()).ratio;
-      own = torch::pow(ratio, torch::ceil(torch::log(own) / std::log(ratio) - 1e-9));
-      torch::Tensor first = per_problem ? own : own.min().reshape({1});  // a shared search: its shortest
-      first = torch::where(from_shortest, torch::zeros_like(first), first);
-      torch::Tensor lowered;
-      x_next = first_dip(x, p * scale.unsqueeze(1), e, e_scale, dip, first, from_shortest.logical_not(), per_problem,
-                         lowered);
-      searched = searched | (dip & (from_shortest | lowered));
-      accepted = accepted | lowered;
-      step = torch::where(dip, first * opt.ls_shrink, step);  // (below the trial that rose)
+    // d = scale p: the unscaled directions made as long as x
+    const bool dips = dip.any().item<bool>();
+    const torch::Tensor scale = dips
+        ? torch::where(unscaled_rows, reach / torch::where(unscaled_rows, p_norm, reach), torch::ones_like(g_norm))
+        : torch::ones_like(g_norm);
+    const torch::Tensor d = p * scale.unsqueeze(1);
+    const torch::Tensor d_slope = row_slope * scale;
+    const torch::Tensor slope = per_problem ? d_slope : d_slope.sum().reshape({1});
+    torch::Tensor step = torch::ones_like(e);  // backtracking's first step, of d
+    if (dips) {
+      // a long step's first trial: x's length, down to the ladder's trial below it (a shared search: its
+      // shortest); from the shortest trial where any row's direction is unscaled
+      const DipLadder ladder = dip_ladder(opt, x.scalar_type());
+      torch::Tensor own = torch::where(long_rows, reach / torch::where(long_rows, p_norm, reach), torch::ones_like(reach));
+      own = torch::pow(ladder.ratio, torch::ceil(torch::log(own) / std::log(ladder.ratio) - 1e-9));
+      torch::Tensor first = per_problem ? own : own.min().reshape({1});
+      first = torch::where(from_shortest, torch::full_like(first, std::pow(ladder.ratio, double(ladder.trials - 1))),
+                           first);
+      torch::Tensor moved, rose;
+      x_next = ladder_search(x, d, e, e_scale, dip, first, from_shortest.logical_not(), slope, per_problem, moved,
+                             rose);
+      searched = searched | (dip & (from_shortest | moved));
+      accepted = accepted | moved;
+      step = torch::where(dip & rose, first * opt.ls_shrink, step);
     }
-    torch::Tensor d = p * scale.unsqueeze(1);
-    torch::Tensor d_slope = row_slope * scale;
-    torch::Tensor slope = per_problem ? d_slope : d_slope.sum().reshape({1});
     for (int64_t ls = 0; ls < opt.ls_max_iter && !searched.all().item<bool>(); ++ls) {
       torch::Tensor trial = x + (per_problem ? step : step.expand({batch})).unsqueeze(1) * d;
       torch::Tensor e_trial = eval(trial);
@@ -419,11 +444,9 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     x = x_next;
     torch::Tensor stuck = (per_problem ? accepted.logical_not() : accepted.logical_not().expand({batch})) & active;
     if (stuck.any().item<bool>()) {
-      // (the first dip's trials where every stuck problem took one)
-      const torch::Tensor by_dip = per_problem ? from_shortest : from_shortest.expand({batch});
-      const bool dipped = !(stuck & by_dip.logical_not()).any().item<bool>();
-      const int64_t trials = dipped ? dip_ladder(opt, x.scalar_type()).trials : opt.ls_max_iter;
-      why << "the line search found no decrease of the energy after " << trials << " trials at Newton iteration "
+      // (the energies this iteration's search evaluated: a first dip's, then backtracking's)
+      why << "the line search found no decrease of the energy after " << info.line_search_steps - trials_before
+          << " trials at Newton iteration "
           << it << " for problem(s) " << indices(stuck) << " (||g|| = "
           << torch::where(stuck, g_norm, torch::zeros_like(g_norm)).max().item<double>() << ", tolerance "
           << torch::where(stuck, threshold, torch::zeros_like(threshold)).max().item<double>() << "); ";
