@@ -53,7 +53,6 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import diffsoft  # noqa: E402
 from diffsoft import creatures, training  # noqa: E402
 from diffsoft.body import SoftBody  # noqa: E402
 from diffsoft.mesh import box, rectangle  # noqa: E402
