@@ -78,13 +78,15 @@ torch::Tensor SecondOrderPoint::hvp(const torch::Tensor& v) const {
   torch::AutoGradMode grad_mode(true);
   auto hv = torch::autograd::grad({grad_graph_}, {x_}, {v}, /*retain_graph=*/true, /*create_graph=*/false,
                                   /*allow_unused=*/true)[0];
-  return hv.defined() ? hv : zero_hessian(v);
+  // (torch 1.13's derivative of sgn, abs's, is a zero tensor whose data cannot be read: H = 0 there)
+  return hv.defined() && !hv._is_zerotensor() ? hv : zero_hessian(v);
 }
 
 torch::Tensor SecondOrderPoint::hvps(const torch::Tensor& v, const BatchedVjp& batched_vjp) const {
   if (!grad_graph_.requires_grad()) return zero_hessian(v);
   torch::AutoGradMode grad_mode(true);
-  return batched_vjp(grad_graph_, x_, v);
+  torch::Tensor hv = batched_vjp(grad_graph_, x_, v);
+  return hv._is_zerotensor() ? zero_hessian(v) : hv;
 }
 
 std::vector<torch::Tensor> SecondOrderPoint::mixed_vjp(const torch::Tensor& w,
@@ -93,8 +95,12 @@ std::vector<torch::Tensor> SecondOrderPoint::mixed_vjp(const torch::Tensor& w,
     return std::vector<torch::Tensor>(wrt.size());
   }
   torch::AutoGradMode grad_mode(true);
-  return torch::autograd::grad({grad_graph_}, wrt, {w}, /*retain_graph=*/true, /*create_graph=*/false,
-                               /*allow_unused=*/true);
+  std::vector<torch::Tensor> out = torch::autograd::grad({grad_graph_}, wrt, {w}, /*retain_graph=*/true,
+                                                         /*create_graph=*/false, /*allow_unused=*/true);
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i].defined() && out[i]._is_zerotensor()) out[i] = torch::zeros_like(wrt[i]);  // (as in hvp)
+  }
+  return out;
 }
 
 torch::Tensor gradient_at(const EnergyFn& energy, const torch::Tensor& y_rows, at::IntArrayRef shape,

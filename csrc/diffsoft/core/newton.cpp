@@ -381,9 +381,9 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     //   trial up: the trials are the same whatever the energy's scale, and so is the dip;
     // - a Newton step longer than x (or 1): along the step, from x's length (the ladder's trial below it) up to
     //   the step, or as far as the ladder's trials reach, where the energy along them has more than one valley;
-    //   in one, the longest trial with Armijo's decrease (the step itself, where it has it). Where no trial is
-    //   taken, backtracking below the first trial where one rose, else (every change within round-off) from the
-    //   step itself.
+    //   in one, the longest trial with Armijo's decrease (the step itself, where it has it).
+    // Where no trial is taken, backtracking below the first trial where one rose; else (every change within
+    // round-off) a long step backtracks from the step itself, and an unscaled direction has failed.
     // Elsewhere, backtracking from step 1. Both per problem when the energy gives per-problem values (a summed
     // energy's one search serves every problem); non-finite trial energies are rejected. A problem whose search
     // fails is frozen and reported; the others go on.
@@ -426,7 +426,9 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       torch::Tensor moved, rose;
       x_next = ladder_search(x, d, e, e_scale, dip, first, from_shortest.logical_not(), slope, per_problem, moved,
                              rose);
-      searched = searched | (dip & (from_shortest | moved));
+      // (an unscaled direction whose trials all rose backtracks below the shortest, as a long step below its
+      // first: a well narrower than the shortest trial, which is x's length's, is still found)
+      searched = searched | (dip & (moved | (from_shortest & rose.logical_not())));
       accepted = accepted | moved;
       step = torch::where(dip & rose, first * opt.ls_shrink, step);
     }
