@@ -19,6 +19,8 @@ def test_the_build_records_its_torch_and_its_commit():
 def test_the_source_line_names_a_build_from_another_commit(monkeypatch):
     monkeypatch.setattr(provenance, "checkout_commit", lambda: "1111111")
     monkeypatch.setattr(provenance, "built_commit", lambda: "1111111")
+    # an editable install, whatever this venv's is (the pip leg's is a copy)
+    monkeypatch.setattr(diffsoft, "__file__", str(Path(provenance.ROOT) / "python" / "diffsoft" / "__init__.py"))
     assert provenance.commit() == "commit 1111111"
     monkeypatch.setattr(provenance, "built_commit", lambda: "2222222 with uncommitted changes")
     assert provenance.commit() == "commit 1111111 (diffsoft's compiled core built at 2222222 with uncommitted changes)"
