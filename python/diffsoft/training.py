@@ -432,6 +432,10 @@ def _resumes(found, ckpt_path, world):
     return found
 
 
+_LAST_COLLECTIVE = None
+"""The handle of :func:`train`'s last barrier, in a process of several (see there)."""
+
+
 def _all_reduce_mean(tensors, world):
     if world > 1:
         import torch.distributed as dist
@@ -998,4 +1002,14 @@ def train(cfg, resume=False, progress=True, log=print):
             # (a skipped step's non-finite critic loss or gradient norm is written null: strict JSON)
             json.dump(finite_or_null({"config": dataclasses.asdict(cfg), "history": history}), f, indent=1,
                       allow_nan=False)
+    if world > 1:
+        # A gloo thread frees a collective's tensors (their Python objects) when it drops its handle, after the
+        # call returned; in a process that had gone on to exit, in the interpreter's teardown, where taking the
+        # GIL for that aborted it ("terminate called without an active exception"; one two-process run in about
+        # six under torch 2.15). A last barrier holds the collectives before it, and its handle, kept until
+        # exit, is freed by the main thread.
+        import torch.distributed as dist
+        global _LAST_COLLECTIVE
+        _LAST_COLLECTIVE = dist.barrier(async_op=True)
+        _LAST_COLLECTIVE.wait()
     return policy, history
