@@ -1006,7 +1006,7 @@ def train(cfg, resume=False, progress=True, log=print):
         # A gloo thread frees a collective's tensors (their Python objects) when it drops its handle, after the
         # call returned; in a process that had gone on to exit, in the interpreter's teardown, where taking the
         # GIL for that aborted it ("terminate called without an active exception"; one two-process run in about
-        # six under torch 2.15). A last barrier holds the collectives before it, and its handle, kept until
+        # nine under torch 2.15). A last barrier holds the collectives before it, and its handle, kept until
         # exit, is freed by the main thread.
         import torch.distributed as dist
         global _LAST_COLLECTIVE
