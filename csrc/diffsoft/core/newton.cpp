@@ -114,6 +114,7 @@ torch::Tensor negative_curvature(const LinearOperator& hvp, const torch::Tensor&
 struct DipLadder {
   double ratio;
   int64_t trials;
+  double shortest() const { return std::pow(ratio, double(trials - 1)); }  // (of 1)
 };
 DipLadder dip_ladder(const SolverOptions& opt, torch::ScalarType t) {
   const double eps = t == torch::kFloat64 ? std::numeric_limits<double>::epsilon()
@@ -294,7 +295,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
           const DipLadder ladder = dip_ladder(opt, x.scalar_type());
           torch::Tensor x_next =
               ladder_search(x, d, e, e_scale, per_problem ? has : torch::ones_like(e, torch::kBool),
-                            torch::full_like(e, std::pow(ladder.ratio, double(ladder.trials - 1))),
+                            torch::full_like(e, ladder.shortest()),
                             torch::zeros_like(e, torch::kBool), torch::zeros_like(e), per_problem, moved, rose);
           if (!torch::equal(x_next, x)) {
             x = x_next;
@@ -421,7 +422,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       torch::Tensor own = torch::where(long_rows, reach / torch::where(long_rows, p_norm, reach), torch::ones_like(reach));
       own = torch::pow(ladder.ratio, torch::ceil(torch::log(own) / std::log(ladder.ratio) - 1e-9));
       torch::Tensor first = per_problem ? own : own.min().reshape({1});
-      first = torch::where(from_shortest, torch::full_like(first, std::pow(ladder.ratio, double(ladder.trials - 1))),
+      first = torch::where(from_shortest, torch::full_like(first, ladder.shortest()),
                            first);
       torch::Tensor moved, rose;
       x_next = ladder_search(x, d, e, e_scale, dip, first, from_shortest.logical_not(), slope, per_problem, moved,
