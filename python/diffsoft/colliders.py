@@ -7,6 +7,8 @@ with its own contact stiffness and friction; ``ground=h`` is shorthand for a hor
   sampled from ``x0`` every ``dx``; in 3D ``heights`` is ``(nx, nz)`` over x and z, ``x0`` and ``dx`` per axis,
   and each grid cell is two triangles (split along the diagonal from ``(i + 1, j)`` to ``(i, j + 1)``). Beyond its
   samples the terrain continues flat at its edge's heights.
+* :class:`SmoothHeightField` ``(x0, dx, heights)``: the same terrain made C2, the cubic B-spline of the samples
+  (no kinks for Newton to stall at; the terrain :mod:`diffsoft.terrain` makes).
 * :class:`Sphere` ``(center, radius)``: a ball; a disc in 2D.
 * :class:`Capsule` ``(start, end, radius)``: the points within ``radius`` of a segment; a stadium in 2D.
 
@@ -246,13 +248,13 @@ class HeightField(Collider):
         heights = self.heights if isinstance(self.heights, torch.Tensor) else torch.as_tensor(self.heights)
         samples = tuple(heights.shape[heights.dim() - axes:]) if heights.dim() >= axes else ()
         if len(samples) != axes or min(samples) < 2:
-            raise ValueError(f"HeightField.heights must have at least 2 samples along each of its {axes} axes "
+            raise ValueError(f"{type(self).__name__}.heights must have at least 2 samples along each of its {axes} axes "
                              f"({'(nx,)' if axes == 1 else '(nx, nz)'}, or with a leading B), got shape "
                              f"{tuple(heights.shape)}")
         heights = self._field("heights", self.heights, samples, dtype, device, batch)
         origin, spacing = (self._per_axis(name, getattr(self, name), axes, dtype, device, batch) for name in ("x0", "dx"))
         if not bool((spacing.detach() > 0).all()):
-            raise ValueError(f"HeightField.dx must be > 0, got {self.dx!r}")
+            raise ValueError(f"{type(self).__name__}.dx must be > 0, got {self.dx!r}")
         return origin, spacing, heights
 
     def _per_axis(self, name, value, axes, dtype, device, batch):
@@ -331,6 +333,94 @@ class HeightField(Collider):
         up = [-slope[..., 0], torch.ones_like(length)] + ([] if d == 2 else [-slope[..., 1]])
         n = torch.stack(up, -1) / length[..., None]
         return (q[..., 1] - h) / length, n
+
+
+class SmoothHeightField(HeightField):
+    """A :class:`HeightField`'s terrain made smooth: ``h`` is the uniform cubic B-spline whose control points are
+    ``heights``, placed at the samples (a tensor product in 3D), the same fields and shapes. It is C2, so a vertex
+    on it meets no kink (a piecewise linear field's slope jumps at every sample, which stalls Newton there). The
+    spline smooths the samples (at a sample it is ``(h[i-1] + 4 h[i] + h[i+1]) / 6`` along each axis) and
+    reproduces linear ones exactly (a sloped field is its plane); beyond the samples it continues flat.
+    ``phi = (y - h) / |(-dh/dx, 1, -dh/dz)|``: the signed distance to first order in ``y - h``, exact on planes; its
+    gradient ``n`` is the unit normal on the surface."""
+    KIND = "smooth_height_field"
+
+    def mesh(self, dim, lo, hi):
+        """The spline sampled 4 times per sample spacing (2D: the polygon down to the box's floor; 3D: the surface's
+        triangles, as :class:`HeightField`'s)."""
+        origin, spacing, heights = self.step_params_for_one(dim)
+        fine = 4  # from 2 samples before the first to 2 after the last, where it is flat
+        axes = [torch.arange(-2 * fine, (n + 1) * fine + 1, dtype=torch.float64) / fine for n in heights.shape]
+        coords = axes[0][:, None] if dim == 2 else torch.stack(torch.meshgrid(*axes, indexing="ij"), -1)
+        h = _spline(coords, heights, 0)[0].numpy()
+        start, step = (origin - 2 * spacing).tolist(), (spacing / fine).tolist()
+        return HeightField(*((start[0], step[0]) if dim == 2 else (start, step)), h).mesh(dim, lo, hi)
+
+    @staticmethod
+    def surface(q, origin, spacing, heights):
+        """``(phi, n)`` at ``q`` ``(..., F, d)``; origin, spacing ``([B,] d - 1)``, heights ``([B,] nx[, nz])``,
+        as the C++ kernels' (``colliders.h``): ``n = d phi / dq``, through the spline's value, gradient and
+        Hessian."""
+        d = q.shape[-1]
+        horizontal = q[..., [0]] if d == 2 else q[..., [0, 2]]  # (..., F, A)
+        origin = origin.unsqueeze(-2) if origin.dim() > 1 else origin
+        spacing = spacing.unsqueeze(-2) if spacing.dim() > 1 else spacing
+        h, g, hess = _spline((horizontal - origin) / spacing, heights, 2)
+        g = g / spacing
+        hess = hess / (spacing[..., :, None] * spacing[..., None, :])
+        length = torch.sqrt(1 + (g * g).sum(-1))
+        u = q[..., 1] - h
+        rate = (hess @ g[..., None])[..., 0] / length[..., None]  # dL/dx
+        across = -g / length[..., None] - (u / length ** 2)[..., None] * rate
+        up = [across[..., 0], 1 / length] + ([] if d == 2 else [across[..., 1]])
+        return u / length, torch.stack(up, -1)
+
+
+def _spline(coord, heights, orders):
+    """The uniform cubic B-spline of ``heights`` ``([B,] nx[, nz])`` at ``coord`` ``(..., A)`` (in samples, control
+    point i at i; beyond the edges the control points repeat the edge's): its value ``(...)``, and for ``orders``
+    >= 1 its gradient ``(..., A)`` and for 2 its Hessian ``(..., A, A)`` in these coordinates."""
+    axes = coord.shape[-1]
+    counts = heights.shape[heights.dim() - axes:]
+    hi = torch.tensor([n + 1 for n in counts], dtype=coord.dtype, device=coord.device)
+    coord = torch.where(coord >= -2, coord, torch.full_like(coord, -2))  # NaN too: flat beyond the edges
+    coord = torch.minimum(coord, hi)
+    cell = torch.floor(coord.detach())
+    t = coord - cell
+    r = 1 - t
+    basis = [torch.stack([r ** 3 / 6, (3 * t ** 3 - 6 * t ** 2 + 4) / 6, (-3 * t ** 3 + 3 * t ** 2 + 3 * t + 1) / 6,
+                          t ** 3 / 6], -1),
+             torch.stack([-r ** 2 / 2, (3 * t ** 2 - 4 * t) / 2, (-3 * t ** 2 + 2 * t + 1) / 2, t ** 2 / 2], -1),
+             torch.stack([r, 3 * t - 2, 1 - 3 * t, t], -1)]  # (..., A, 4) per order
+    offsets = torch.arange(-1, 3, device=coord.device)
+    index = torch.minimum(torch.clamp(cell.long()[..., None] + offsets, min=0),
+                          torch.tensor(counts, device=coord.device)[:, None] - 1)  # (..., A, 4)
+    flat = heights.reshape(*heights.shape[:heights.dim() - axes], -1)
+    if axes == 1:
+        points = index[..., 0, :]
+    else:
+        points = (index[..., 0, :, None] * counts[1] + index[..., 1, None, :]).flatten(-2)  # (..., 16)
+    if flat.dim() == 1:
+        values = flat[points]
+    else:  # per problem: points (B, F, K) against flat (B, P)
+        values = torch.gather(flat, -1, points.flatten(-2)).view(points.shape)
+
+    def weights(o):  # the control points' weights differentiated o[a] times along axis a, (..., K)
+        w = basis[o[0]][..., 0, :]
+        if axes == 2:
+            w = (w[..., :, None] * basis[o[1]][..., 1, None, :]).flatten(-2)
+        return w
+
+    def at(o):
+        return (weights(o) * values).sum(-1)
+
+    unit = [[int(a == b) for b in range(axes)] for a in range(axes)]
+    out = [at([0] * axes)]
+    if orders >= 1:
+        out.append(torch.stack([at(e) for e in unit], -1))
+    if orders >= 2:
+        out.append(torch.stack([torch.stack([at([x + y for x, y in zip(ea, eb)]) for eb in unit], -1) for ea in unit], -2))
+    return out
 
 
 class Sphere(Collider):
@@ -474,7 +564,7 @@ def _scalar(value):
     return isinstance(value, numbers.Real) or (isinstance(value, torch.Tensor) and value.dim() == 0)
 
 
-KINDS = (Plane, HeightField, Sphere, Capsule)
+KINDS = (Plane, HeightField, Sphere, Capsule, SmoothHeightField)
 """The collider kinds, in the C++ kernels' order (``Collider::kind``, ``_C.COLLIDER_KINDS``)."""
 _BY_KIND = {cls.KIND: cls for cls in KINDS}
 for _code, _cls in enumerate(KINDS):

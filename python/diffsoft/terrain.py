@@ -1,5 +1,5 @@
 """Terrain for a creature: random hilly ground (training with ``TrainConfig.terrain``, evaluation on held-out
-draws) and ramps, as :class:`~diffsoft.colliders.HeightField` s in place of the flat ground.
+draws) and ramps, as :class:`~diffsoft.colliders.SmoothHeightField` s in place of the flat ground.
 
 The generator. Along x, a creature's terrain is a profile of ``PIECES[d]`` pieces, each half the length of its
 body at rest, from ``x0`` (one piece ahead of its body's front) on: 96 ahead of the biped (1.5 long), whose
@@ -14,10 +14,12 @@ profile along x and one along z on each side of a flat band under the body (``SI
 each profile's slopes drawn within ``±atan(tan(max_slope) / sqrt(2))``, so that no triangle is steeper than
 ``max_slope``.
 
-A height field is piecewise linear, so its contact energy has a kink at every sample, and a vertex held in one
-keeps Newton from its tolerance: with slopes within 5 degrees about 1 training creature-step in 1,200 stops
-short (the trainer leaves it out, ``on_failure="skip"``), against none on the flat ground; pieces of constant
-slope missed a third more often (docs/training.md, "Terrain").
+The ground is the samples' :class:`~diffsoft.colliders.SmoothHeightField`: the C2 cubic B-spline whose control
+points they are, within ``dx^2 h'' / 6`` of them, no steeper than their pieces, and flat up to one sample before
+``x0``. On a piecewise linear :class:`~diffsoft.colliders.HeightField` of the same samples a vertex held at a kink
+keeps Newton from its tolerance: training the biped on 5-degree terrain left out about 1 creature-step in 1,000
+there, none on the smooth field, and replays stall there (docs/training.md, "Terrain"; ``benchmarks/terrain.py
+--solver``).
 """
 import contextlib
 import math
@@ -25,7 +27,7 @@ import math
 import torch
 
 from ._checks import is_finite_real
-from .colliders import HeightField
+from .colliders import SmoothHeightField
 from .policy import distance_covered, run_policy
 
 PIECES = {2: 128, 3: 64}
@@ -113,7 +115,7 @@ def ramp_heights(sim, degrees):
 
 
 def height_field(sim, heights):
-    """The :class:`~diffsoft.colliders.HeightField` of ``heights`` (``([B,] *samples)``: :func:`random_heights`'
+    """The :class:`~diffsoft.colliders.SmoothHeightField` of ``heights`` (``([B,] *samples)``: :func:`random_heights`'
     or :func:`ramp_heights`') on ``sim``'s creature's grid, raised by its ground's height, in its dtype and on
     its device; its contact constants are the simulator's."""
     x0, dx, samples = grid(sim)
@@ -128,7 +130,7 @@ def height_field(sim, heights):
                          f"height for every creature (a number), got ground={ground!r}")
     # (a tensor ground stays one: its gradient flows through the terrain, as through the flat ground)
     ground = ground.to(dtype=sim.body.dtype, device=sim.body.device) if isinstance(ground, torch.Tensor) else ground
-    return HeightField(x0, dx, heights.to(dtype=sim.body.dtype, device=sim.body.device) + ground)
+    return SmoothHeightField(x0, dx, heights.to(dtype=sim.body.dtype, device=sim.body.device) + ground)
 
 
 @contextlib.contextmanager

@@ -71,7 +71,9 @@ Problem make(int d, int64_t material, bool per_problem = false) {
       collider("capsule", 45.0, 3.5, 0.05,
                {d == 2 ? torch::tensor({0.2, -0.5}, f64) : torch::tensor({0.2, -0.5, 0.1}, f64),
                 d == 2 ? torch::tensor({1.3, -0.4}, f64) : torch::tensor({1.3, -0.4, -0.1}, f64),
-                torch::tensor(0.45, f64)})};
+                torch::tensor(0.45, f64)}),
+      collider("smooth_height_field", 35.0, 2.5, 0.05,
+               {torch::full({d - 1}, -0.4, f64), torch::full({d - 1}, 0.25, f64), 2 * samples - 0.03})};
   if (per_problem) {
     std::vector<Tensor*> model_params = {&p.model.mass, &p.model.Dm_inv, &p.model.mu, &p.model.lam,
                                          &p.model.rest_length, &p.model.stiffness, &p.model.h, &p.model.gravity};

@@ -14,7 +14,7 @@ from torch.autograd import gradcheck
 
 from diffsoft import fused
 from diffsoft.body import SoftBody
-from diffsoft.colliders import Capsule, HeightField, Plane, Sphere
+from diffsoft.colliders import Capsule, HeightField, Plane, SmoothHeightField, Sphere
 from diffsoft.creatures import biped, tetrapod
 from diffsoft.mesh import grid, rectangle, voxels
 from diffsoft.simulator import Simulator
@@ -49,10 +49,13 @@ def _every_kind(dim, per_creature=None):
         Sphere([0.2, -0.295, 0.1][:dim], 0.3, stiffness=5e3, friction=50.0, friction_eps=0.02),
         # its ends' caps under the sheet's first and last columns, its side under the middle ones
         Capsule([0.05, -0.19, 0.05][:dim], [0.35, -0.2, 0.15][:dim], 0.2, stiffness=6e3, friction=60.0,
-                friction_eps=0.02)]
+                friction_eps=0.02),
+        # bumpier than the other: its curvature matters; the body's columns span its samples and its edges
+        SmoothHeightField(-0.05 if dim == 2 else [-0.05, 0.02], 0.06 if dim == 2 else [0.06, 0.05], 3 * heights + 0.004,
+                          stiffness=2e3, friction=20.0, friction_eps=0.02)]
     if per_creature:
         scale = 1 + 0.05 * torch.rand(per_creature, 1, generator=g, dtype=F64)
-        c0, c1, c2, c3 = colliders
+        c0, c1, c2, c3, c4 = colliders
         colliders = [Plane(torch.as_tensor(c0.point, dtype=F64) * scale, torch.as_tensor(c0.normal, dtype=F64) * scale,
                            stiffness=4e3 * scale[:, 0], friction=c0.friction, friction_eps=c0.friction_eps),
                      HeightField(torch.full((per_creature,) + (() if dim == 2 else (2,)), -0.1, dtype=F64),
@@ -62,7 +65,10 @@ def _every_kind(dim, per_creature=None):
                             friction=c2.friction, friction_eps=0.02 * scale[:, 0]),
                      Capsule(torch.as_tensor(c3.start, dtype=F64) * scale, torch.as_tensor(c3.end, dtype=F64) * scale,
                              0.2 * scale[:, 0], stiffness=6e3 * scale[:, 0], friction=c3.friction,
-                             friction_eps=c3.friction_eps)]
+                             friction_eps=c3.friction_eps),
+                     SmoothHeightField(c4.x0, torch.as_tensor(c4.dx, dtype=F64) * scale.view(-1, *[1] * (dim - 2)),
+                                       c4.heights * scale.view(-1, *[1] * heights.dim()), stiffness=c4.stiffness,
+                                       friction=c4.friction, friction_eps=0.02 * scale[:, 0])]
     return colliders
 
 
@@ -117,6 +123,68 @@ def test_kernels_match_the_reference_for_every_kind(dim, batch, per_creature):
             r = torch.zeros_like(g) if r is None else r
             torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10 * max(r.abs().max().item(), 1e-12),
                                        msg=f"order {order}, parameter {name}")
+
+
+@pytest.mark.parametrize("dim", (2, 3))
+@pytest.mark.parametrize("per_creature", (False, True))
+def test_a_smooth_height_field_is_c2_its_normal_is_the_gradient_and_linear_heights_are_their_plane(dim, per_creature):
+    """SmoothHeightField's reference surface (the kernels' oracle): n is d phi/dq by autograd, at points over the
+    samples and beyond the edges (flat there, at the edge's control point); h, its slope and its curvature are
+    continuous across the knots (C2), where a HeightField's slope jumps; heights sampled from a plane give that
+    plane's phi and n away from the edges."""
+    g = torch.Generator().manual_seed(5)
+    shape = (7,) if dim == 2 else (7, 6)
+    batch = (3,) if per_creature else ()
+    heights = 0.2 * torch.rand(batch + shape, generator=g, dtype=F64)
+    origin = torch.tensor(-0.3 if dim == 2 else [-0.3, 0.2], dtype=F64).expand(batch + ((2,) if dim == 3 else ()))
+    spacing = torch.tensor(0.25 if dim == 2 else [0.25, 0.3], dtype=F64).expand(batch + ((2,) if dim == 3 else ()))
+    field = SmoothHeightField(origin, spacing, heights)
+    o, s, h = field.geometry(dim, F64, torch.device("cpu"), batch[0] if batch else None)
+    # points from 3 spacings before the first sample to 3 after the last, above and below the terrain
+    lo = torch.tensor([-0.3 - 0.75, -0.3, 0.2 - 0.9][:dim], dtype=F64)
+    span = torch.tensor([6 * 0.25 + 1.5, 0.6, 5 * 0.3 + 1.8][:dim], dtype=F64)
+    q = (lo + span * torch.rand(batch + (200, dim), generator=g, dtype=F64)).requires_grad_()
+    phi, n = SmoothHeightField.surface(q, o, s, h)
+    grad, = torch.autograd.grad(phi.sum(), q)
+    torch.testing.assert_close(n, grad, rtol=1e-12, atol=1e-12)
+    far = (q[..., 0] < -0.3 - 0.5) | (q[..., 0] > -0.3 + 6 * 0.25 + 0.5)  # 2 spacings beyond the edges
+    assert far.any() and bool((n[far][:, 0] == 0).all())
+
+    # C2 across the knots along x (away from the edges' repeated points): on the surface, phi, n and the
+    # curvature are continuous (off it phi's Hessian has the spline's third derivative, times y - h)
+    knots = -0.3 + 0.25 * torch.arange(1, 6, dtype=F64)
+    point = torch.zeros(batch + (2 * len(knots), dim), dtype=F64)
+    point[..., 0] = torch.cat([knots - 1e-9, knots + 1e-9])
+    if dim == 3:
+        point[..., 2] = 0.2 + 0.3 * 2.4
+    phi, n = SmoothHeightField.surface(point, o, s, h)
+    point[..., 1] = -phi / n[..., 1]  # y = h there (phi = -h / L, n_y = 1 / L)
+    point.requires_grad_()
+    phi, n = SmoothHeightField.surface(point, o, s, h)
+    assert phi.abs().max() < 1e-15
+    curvature, = torch.autograd.grad(n[..., 0].sum(), point)
+    for value in (phi, n[..., 0], curvature[..., 0]):
+        left, right = value[..., :len(knots)], value[..., len(knots):]
+        torch.testing.assert_close(left, right, rtol=0, atol=1e-6)
+    _, n_linear = HeightField.surface(point, o, s, h)
+    jumps = (n_linear[..., :len(knots), 0] - n_linear[..., len(knots):, 0]).abs()
+    assert jumps.max() > 1e-3  # the piecewise linear field's slope jumps there
+
+    # a plane sampled: its phi and n wherever the four control points along each axis are samples
+    slope = torch.tensor([0.3, -0.2][:dim - 1], dtype=F64)
+    grid_axes = [o[..., a, None] + s[..., a, None] * torch.arange(n_, dtype=F64) for a, n_ in enumerate(shape)]
+    plane_heights = 0.1 + slope[0] * grid_axes[0] if dim == 2 else \
+        0.1 + slope[0] * grid_axes[0][..., :, None] + slope[1] * grid_axes[1][..., None, :]
+    inner = lo + span * torch.rand(batch + (100, dim), generator=g, dtype=F64)
+    inner[..., 0] = -0.3 + 0.25 * (1 + 4 * torch.rand(batch + (100,), generator=g, dtype=F64))
+    if dim == 3:
+        inner[..., 2] = 0.2 + 0.3 * (1 + 3 * torch.rand(batch + (100,), generator=g, dtype=F64))
+    normal = torch.cat([-slope[:1], torch.ones(1, dtype=F64), -slope[1:]])
+    plane = Plane([0.0, 0.1, 0.0][:dim], normal.tolist())
+    plane_phi, plane_n = Plane.surface(inner, *plane.geometry(dim, F64, torch.device("cpu"), None))
+    phi, n = SmoothHeightField.surface(inner, o, s, plane_heights)
+    torch.testing.assert_close(phi, plane_phi, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(n, plane_n, rtol=1e-12, atol=1e-12)
 
 
 def _same_world(sim, backend, world):
@@ -290,17 +358,18 @@ def _steps_loss(sim, x, v, steps=3):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dim", (2, 3))
-def test_gradients_with_respect_to_slope_heights_centre_and_radius_match_central_differences(dim, backend):
-    """Three steps of a block sliding with friction onto a tilted plane, a height field and a sphere at once; the
-    loss differentiated with respect to the plane's normal (its slope) and point, the heights, the height field's
-    origin and spacing, the sphere's centre and radius and the colliders' contact constants (stiffness, friction,
-    friction band), by gradcheck."""
+@pytest.mark.parametrize("terrain", (HeightField, SmoothHeightField))
+def test_gradients_with_respect_to_slope_heights_centre_and_radius_match_central_differences(terrain, dim, backend):
+    """Three steps of a block sliding with friction onto a tilted plane, a height field (piecewise linear or
+    smooth) and a sphere at once; the loss differentiated with respect to the plane's normal (its slope) and point,
+    the heights, the height field's origin and spacing, the sphere's centre and radius and the colliders' contact
+    constants (stiffness, friction, friction band), by gradcheck."""
     body = _block(dim, stiffness=2e4)
     body_x = body.rest_positions + torch.tensor([0.0, 0.004, 0.0][:dim], dtype=F64)
 
     def loss(normal, point, heights, origin, spacing, center, radius, kc, kf, eps):
         colliders = [Plane(point, normal, stiffness=kc, friction=kf, friction_eps=eps),
-                     HeightField(origin, spacing, heights, stiffness=kc, friction=kf, friction_eps=eps),
+                     terrain(origin, spacing, heights, stiffness=kc, friction=kf, friction_eps=eps),
                      Sphere(center, radius, stiffness=kc, friction=kf, friction_eps=eps)]
         sim = _tight(Simulator(body, dt=0.01, ground=None, colliders=colliders, backend=backend))
         v = torch.zeros_like(body_x) + torch.tensor([0.4, -0.3, 0.1][:dim], dtype=F64)
@@ -452,7 +521,9 @@ def _world(dim):
                      HeightField(1.0 if dim == 2 else [1.0, -0.5], 0.2, heights if dim == 2 else heights.outer(
                          torch.ones(4, dtype=F64)), stiffness=3e3),
                      Sphere([2.0, -0.3, 0.0][:dim], 0.4, friction_eps=0.02),
-                     Capsule([2.5, -0.3, -0.2][:dim], [3.0, -0.2, 0.2][:dim], 0.3, friction=10.0)]
+                     Capsule([2.5, -0.3, -0.2][:dim], [3.0, -0.2, 0.2][:dim], 0.3, friction=10.0),
+                     SmoothHeightField(-3.0 if dim == 2 else [-3.0, -0.5], 0.25, (heights.flip(0) if dim == 2 else
+                                       heights.flip(0).outer(torch.ones(4, dtype=F64))) - 0.1)]
     return sim
 
 
@@ -465,7 +536,7 @@ def test_creature_files_keep_the_colliders(dim, tmp_path):
     sim = _world(dim)
     creatures.save(sim, str(tmp_path / "c.json"))
     loaded = creatures.load(str(tmp_path / "c.json"), dtype=F64)
-    assert [type(c) for c in loaded.colliders] == [Plane, HeightField, Sphere, Capsule]
+    assert [type(c) for c in loaded.colliders] == [Plane, HeightField, Sphere, Capsule, SmoothHeightField]
     assert loaded.colliders[0].friction == 20.0 and loaded.colliders[1].stiffness == 3e3
     assert loaded.colliders[2].friction_eps == 0.02 and loaded.colliders[2].stiffness is None
     x, v = sim.rest_state
@@ -498,8 +569,8 @@ def test_render_and_vtk_files_show_the_colliders(dim, tmp_path):
     assert (np.asarray(render.render_frame(alone, x, bounds=bounds)) != with_colliders).any(axis=-1).mean() > 0.01
     pvd = mesh.write_vtk_series(str(tmp_path), xs, sim.body.elements, colliders=sim.all_colliders)
     text = open(pvd).read()
-    assert text.count('part="1"') == text.count('part="5"') == len(xs)
-    for k in range(5):  # the ground, then the four
+    assert text.count('part="1"') == text.count('part="6"') == len(xs)
+    for k in range(6):  # the ground, then the five
         surface = meshio.read(str(tmp_path / f"frame_collider{k}.vtu"))
         assert len(surface.points) >= 2 and surface.cells[0].type == ("line" if dim == 2 else "triangle")
 

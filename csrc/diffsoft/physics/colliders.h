@@ -15,7 +15,7 @@ namespace diffsoft::kernels {
 // planar pieces of planes and height fields), and, when asked for, the derivatives of phi and n with respect to
 // the entries of the geometry's parameters that they depend on here (param: the geometry parameter's position,
 // index: the entry's flat index in one problem's value).
-constexpr int kMaxSurfaceEntries = 8;
+constexpr int kMaxSurfaceEntries = 20;  // a smooth height field's in 3D: 16 heights, 2 origins, 2 spacings
 template <typename S, int D>
 struct Surface {
   struct Entry {
@@ -158,6 +158,156 @@ struct HeightField {
   }
 };
 
+// The terrain of a HeightField's parameters made smooth: y = h(x) (2D) or y = h(x, z) (3D) is the uniform cubic
+// B-spline whose control points are the heights, placed at the samples (a tensor product in 3D). It is C2, so the
+// contact's energy has a continuous Hessian where a piecewise linear field's has a kink at every sample. The
+// spline smooths the samples (at a sample it is (h[i-1] + 4 h[i] + h[i+1]) / 6 along each axis) and reproduces
+// linear ones exactly: a sloped field is its plane. Beyond the samples the control points repeat the edge's, so
+// the terrain continues flat. phi = (y - h) / L with L = |(-dh/dx, 1, -dh/dz)|, the signed distance to first order
+// in y - h (exact on planes); n = d phi/dq exactly (unit on the surface) and hess = d2 phi/dq2, with the spline's
+// third derivatives.
+struct SmoothHeightField {
+  static constexpr const char* name = "smooth_height_field";
+  static constexpr std::array<const char*, 3> params = HeightField::params;
+  static Shape shape(size_t j, int64_t d) { return HeightField::shape(j, d); }
+
+  template <typename S, int D>
+  static void at(const ColliderParams<S>& c, const Vec<S, D>& q, bool entries, Surface<S, D>& out) {
+    constexpr int A = D - 1;   // horizontal axes: x (component 0), and z (component 2) in 3D
+    constexpr int K1 = A == 2 ? 4 : 1;  // control points along the second axis
+    using VA = Eigen::Matrix<S, A, 1>;
+    using MA = Eigen::Matrix<S, A, A>;
+    const S* origin = c.geometry[0];
+    const S* spacing = c.geometry[1];
+    const S* heights = c.geometry[2];
+    // Per axis: the coordinate in samples (clamped to where the terrain is flat beyond the edges: NaN too), the
+    // four control points' indices, and their basis functions' values and derivatives (orders 0 to 3) along the
+    // axis in physical units (divided by spacing^order).
+    S coord[2] = {0, 0};
+    int64_t index[2][4] = {};
+    S basis[2][4][4] = {};  // [axis][point][order]
+    for (int a = 0; a < A; ++a) {
+      const int64_t count = c.sizes[2][a];
+      S x = (q(a == 0 ? 0 : 2) - origin[a]) / spacing[a];
+      if (!(x >= -2)) x = -2;
+      if (x > S(count + 1)) x = S(count + 1);
+      coord[a] = x;
+      const S i = std::floor(x), t = x - i, r = 1 - t, t2 = t * t;
+      for (int k = 0; k < 4; ++k)
+        index[a][k] = std::min<int64_t>(std::max<int64_t>(static_cast<int64_t>(i) - 1 + k, 0), count - 1);
+      const S values[4][4] = {{r * r * r / 6, -r * r / 2, r, S(-1)},
+                              {(3 * t2 * t - 6 * t2 + 4) / 6, (3 * t2 - 4 * t) / 2, 3 * t - 2, S(3)},
+                              {(-3 * t2 * t + 3 * t2 + 3 * t + 1) / 6, (-3 * t2 + 2 * t + 1) / 2, 1 - 3 * t, S(-3)},
+                              {t2 * t / 6, t2 / 2, t, S(1)}};
+      const S scale[4] = {S(1), 1 / spacing[a], 1 / (spacing[a] * spacing[a]),
+                          1 / (spacing[a] * spacing[a] * spacing[a])};
+      for (int k = 0; k < 4; ++k)
+        for (int m = 0; m < 4; ++m) basis[a][k][m] = values[k][m] * scale[m];
+    }
+    if (A == 1) basis[1][0][0] = 1;  // one point of weight 1 along the missing axis
+    const int64_t nz = A == 2 ? c.sizes[2][1] : 1;
+    auto point = [&](int k, int l) { return index[0][k] * nz + (A == 2 ? index[1][l] : 0); };
+    // The spline differentiated m times along x and n along z, spline[m][n] (m + n <= 3): the sums along z first.
+    S along[4][4] = {};  // [k][n]
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < K1; ++l) {
+        const S value = heights[point(k, l)];
+        for (int n = 0; n < (A == 2 ? 4 : 1); ++n) along[k][n] += basis[1][l][n] * value;
+      }
+    S spline[4][4] = {};
+    for (int m = 0; m < 4; ++m)
+      for (int n = 0; m + n < 4; ++n)
+        for (int k = 0; k < 4; ++k) spline[m][n] += basis[0][k][m] * along[k][n];
+    // h, its gradient g, Hessian H and third derivatives T (T[a](b, c)): the spline at the orders along x and z that the
+    // axes given count (axis 0 is x, axis 1 is z).
+    auto order = [&](std::initializer_list<int> axes) {
+      int o[2] = {0, 0};
+      for (int x : axes) ++o[x];
+      return std::array<int, 2>{o[0], o[1]};
+    };
+    auto at_order = [&](std::initializer_list<int> axes) {
+      const auto o = order(axes);
+      return spline[o[0]][o[1]];
+    };
+    const S h = spline[0][0];
+    VA g;
+    MA H;
+    std::array<MA, A> T;
+    for (int a = 0; a < A; ++a) {
+      g(a) = at_order({a});
+      for (int b = 0; b < A; ++b) {
+        H(a, b) = at_order({a, b});
+        for (int d3 = 0; d3 < A; ++d3) T[a](b, d3) = at_order({a, b, d3});
+      }
+    }
+    const S L = std::sqrt(1 + g.squaredNorm());
+    const S u = q(1) - h;
+    const VA La = H * g / L;  // dL/dx
+    auto horizontal = [](int a) { return a == 0 ? 0 : 2; };
+    out.phi = u / L;
+    out.n = Vec<S, D>::Zero();
+    out.n(1) = 1 / L;
+    for (int a = 0; a < A; ++a) out.n(horizontal(a)) = -g(a) / L - u * La(a) / (L * L);
+    // d2 phi: phi_ab = -H_ab / L + (g_a La_b + g_b La_a) / L^2 - u L_ab / L^2 + 2 u La_a La_b / L^3, with
+    // L_ab = (T_ab . g + (H H)_ab - La_a La_b) / L; phi_ay = -La_a / L^2; phi_yy = 0.
+    out.curved = true;
+    out.hess = Mat<S, D>::Zero();
+    const MA HH = H * H;
+    for (int a = 0; a < A; ++a) {
+      out.hess(horizontal(a), 1) = out.hess(1, horizontal(a)) = -La(a) / (L * L);
+      for (int b = 0; b < A; ++b) {
+        S tg = 0;
+        for (int d3 = 0; d3 < A; ++d3) tg += T[a](b, d3) * g(d3);
+        const S Lab = (tg + HH(a, b) - La(a) * La(b)) / L;
+        out.hess(horizontal(a), horizontal(b)) = -H(a, b) / L + (g(a) * La(b) + g(b) * La(a)) / (L * L) -
+                                                 u * Lab / (L * L) + 2 * u * La(a) * La(b) / (L * L * L);
+      }
+    }
+    if (!entries) return;
+    // A parameter that moves h, g and H by dh, dg, dH moves phi and n by
+    //   dphi = (-dh - phi dL) / L, dL = g . dg / L,
+    //   dn_a = -dg_a / L + g_a dL / L^2 + dh La_a / L^2 - u dLa_a / L^2 + 2 u La_a dL / L^3, dn_y = -dL / L^2,
+    // with dLa = (dH g + H dg) / L - La dL / L.
+    auto add = [&](int param, int64_t index_, S dh, const VA& dg, const MA& dH) {
+      const S dL = g.dot(dg) / L;
+      const VA dLa = (dH * g + H * dg) / L - La * dL / L;
+      Vec<S, D> dn = Vec<S, D>::Zero();
+      dn(1) = -dL / (L * L);
+      for (int a = 0; a < A; ++a)
+        dn(horizontal(a)) = -dg(a) / L + g(a) * dL / (L * L) + dh * La(a) / (L * L) - u * dLa(a) / (L * L) +
+                            2 * u * La(a) * dL / (L * L * L);
+      out.add(param, index_, (-dh - out.phi * dL) / L, dn);
+    };
+    auto weight = [&](int k, int l, std::initializer_list<int> axes) {  // a control point's, differentiated
+      const auto o = order(axes);
+      return basis[0][k][o[0]] * basis[1][l][o[1]];
+    };
+    for (int k = 0; k < 4; ++k) {  // the heights at the control points (a repeated edge point once per use)
+      for (int l = 0; l < K1; ++l) {
+        VA dg;
+        MA dH;
+        for (int a = 0; a < A; ++a) {
+          dg(a) = weight(k, l, {a});
+          for (int b = 0; b < A; ++b) dH(a, b) = weight(k, l, {a, b});
+        }
+        add(2, point(k, l), weight(k, l, {}), dg, dH);
+      }
+    }
+    for (int a = 0; a < A; ++a) {
+      // The origin shifts the terrain: (dh, dg, dH) = -(g_a, H_a., T_a..). The spacing stretches it about the
+      // origin, the coordinate c_a = (x_a - origin_a) / spacing_a held: h moves by -c_a g_a, and each derivative
+      // along a also by its 1 / spacing_a.
+      add(0, a, -g(a), -H.col(a), -T[a]);
+      VA dg = -coord[a] * H.col(a);
+      dg(a) -= g(a) / spacing[a];
+      MA dH = -coord[a] * T[a];
+      dH.row(a) -= H.row(a) / spacing[a];
+      dH.col(a) -= H.col(a) / spacing[a];
+      add(1, a, -coord[a] * g(a), dg, dH);
+    }
+  }
+};
+
 // A ball (a disc in 2D): phi = |q - center| - radius, n = (q - center) / |q - center|, with the Hessian
 // (I - n n^T) / |q - center|. At the centre itself (no normal) n is +y.
 struct Sphere {
@@ -235,6 +385,6 @@ struct Capsule {
 };
 
 // The registered kinds: Collider::kind indexes this list; diffsoft.colliders has a class per entry, in order.
-using ColliderKinds = KindList<Plane, HeightField, Sphere, Capsule>;
+using ColliderKinds = KindList<Plane, HeightField, Sphere, Capsule, SmoothHeightField>;
 
 }  // namespace diffsoft::kernels
