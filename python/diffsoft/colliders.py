@@ -346,10 +346,10 @@ class SmoothHeightField(HeightField):
     KIND = "smooth_height_field"
 
     def mesh(self, dim, lo, hi):
-        """The spline sampled 4 times per sample spacing (2D: the polygon down to the box's floor; 3D: the surface's
-        triangles, as :class:`HeightField`'s)."""
+        """The spline sampled 4 times per sample spacing in 2D (the polygon down to the box's floor), at the samples
+        in 3D (the surface's triangles, as :class:`HeightField`'s: finer would multiply a picture's triangles)."""
         origin, spacing, heights = self.step_params_for_one(dim)
-        fine = 4  # from 2 samples before the first to 2 after the last, where it is flat
+        fine = 4 if dim == 2 else 1  # from 2 samples before the first to 2 after the last, where it is flat
         axes = [torch.arange(-2 * fine, (n + 1) * fine + 1, dtype=torch.float64) / fine for n in heights.shape]
         coords = axes[0][:, None] if dim == 2 else torch.stack(torch.meshgrid(*axes, indexing="ij"), -1)
         h = _spline(coords, heights, 0)[0].numpy()
