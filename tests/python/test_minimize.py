@@ -353,6 +353,36 @@ def test_per_problem_energies_give_each_problem_its_own_line_search():
     assert g[0].norm() < 1e-6 and g[2].norm() < 1e-6
 
 
+@pytest.mark.parametrize("batched", (False, True))
+def test_a_taken_trial_step_is_not_evaluated_again(batched):
+    """The line search evaluates each backtracking trial with its graph, and Newton's next iteration builds its
+    gradient from the trial it took rather than calling the energy again: one call per trial, one for the
+    start, and one for the captured-tensor check; the same minimiser and implicit gradient as differentiating
+    the optimality condition at it."""
+    calls = []
+
+    def energy(x, k, b):
+        calls.append(torch.is_grad_enabled())
+        e = 0.5 * (k * x * x).sum(-1) + 0.25 * (x ** 4).sum(-1) - (b * x).sum(-1)
+        return e if batched else e.sum()
+
+    g = torch.Generator().manual_seed(0)
+    shape = (3, 5) if batched else (5,)
+    # Newton's steps shorter than 1 (longer ones are first tried along a ladder of trials without graphs)
+    k = (torch.rand(shape, generator=g, dtype=F64) + 1).requires_grad_()
+    b = (0.6 * torch.rand(shape, generator=g, dtype=F64) + 0.2).requires_grad_()
+    x, info = diffsoft.minimize(energy, torch.zeros(shape, dtype=F64), k, b, batched=batched, return_info=True)
+    assert info.converged and info.iterations >= 3
+    assert len(calls) == 2 + info.line_search_steps, (len(calls), info.iterations, info.line_search_steps)
+    assert all(calls)  # every trial with its graph
+    torch.testing.assert_close(k * x + x ** 3, b.detach(), rtol=0, atol=1e-9)
+    # dx/db = (k + 3 x^2)^-1 elementwise, dx/dk = -x (k + 3 x^2)^-1
+    gk, gb = torch.autograd.grad(x.sum(), (k, b))
+    curvature = k.detach() + 3 * x.detach() ** 2
+    torch.testing.assert_close(gb, 1 / curvature, rtol=1e-8, atol=0)
+    torch.testing.assert_close(gk, -x.detach() / curvature, rtol=1e-8, atol=0)
+
+
 def test_per_problem_energy_shape_needs_batched():
     with pytest.raises(ValueError, match="0-dim tensor, got shape \\[2\\]"):
         diffsoft.minimize(lambda x: (x * x).sum(1), torch.ones(2, 3, dtype=F64))

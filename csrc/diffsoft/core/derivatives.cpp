@@ -17,8 +17,17 @@ std::string shape_str(const torch::Tensor& t) {
 
 }  // namespace
 
+namespace {
+
+const char* const kNoGraph =
+    "the energy does not depend on x: its value has no autograd graph to x (a constant, or computed from a "
+    "detached copy, .item() or under torch.no_grad()), so every x would be a minimum. Compute it from x "
+    "with torch ops";
+
+}  // namespace
+
 SecondOrderPoint::SecondOrderPoint(const EnergyFn& energy, const torch::Tensor& x_rows, at::IntArrayRef shape,
-                                   const std::vector<torch::Tensor>& params, bool batched)
+                                   const std::vector<torch::Tensor>& params, bool batched, bool lazy)
     : energy_fn_(energy), shape_(shape.vec()), params_(params) {
   torch::AutoGradMode grad_mode(true);
   x_ = x_rows.detach().requires_grad_(true);
@@ -33,17 +42,22 @@ SecondOrderPoint::SecondOrderPoint(const EnergyFn& energy, const torch::Tensor& 
         ", got " + (e.defined() ? "shape " + shape_str(e) : std::string("an undefined tensor")));
   }
   if (!e.is_floating_point()) throw std::invalid_argument("energy must return a floating-point tensor");
-  // An energy with no graph to x would have a zero gradient everywhere, and Newton would report any x as
-  // converged: a silent wrong answer, so it is refused.
-  const char* no_graph =
-      "the energy does not depend on x: its value has no autograd graph to x (a constant, or computed from a "
-      "detached copy, .item() or under torch.no_grad()), so every x would be a minimum. Compute it from x "
-      "with torch ops";
-  if (!e.requires_grad()) throw std::invalid_argument(no_graph);
-  grad_graph_ = torch::autograd::grad({e.sum()}, {x_}, {}, /*retain_graph=*/true, /*create_graph=*/true,
-                                      /*allow_unused=*/true)[0];
-  if (!grad_graph_.defined()) throw std::invalid_argument(no_graph);
   energy_ = e.detach();
+  // An energy with no graph to x would have a zero gradient everywhere, and Newton would report any x as
+  // converged: a silent wrong answer, so it is refused (a lazy point's, when its gradient is asked for).
+  if (e.requires_grad()) energy_graph_ = e;
+  else if (!lazy) throw std::invalid_argument(kNoGraph);
+  if (!lazy) build_gradient();
+}
+
+void SecondOrderPoint::build_gradient() {
+  if (grad_graph_.defined()) return;
+  if (!energy_graph_.defined()) throw std::invalid_argument(kNoGraph);
+  torch::AutoGradMode grad_mode(true);
+  grad_graph_ = torch::autograd::grad({energy_graph_.sum()}, {x_}, {}, /*retain_graph=*/true,
+                                      /*create_graph=*/true, /*allow_unused=*/true)[0];
+  energy_graph_ = torch::Tensor();  // (the gradient's graph holds what it needs of it)
+  if (!grad_graph_.defined()) throw std::invalid_argument(kNoGraph);
   grad_ = grad_graph_.detach();
 }
 
@@ -117,7 +131,11 @@ AnalyticDerivatives derivatives_at(const EnergyFn& energy, const AnalyticEnergy*
                                    const torch::Tensor& x_rows, at::IntArrayRef shape,
                                    const std::vector<torch::Tensor>& params, bool batched) {
   if (analytic) return analytic->derivatives(x_rows);
-  auto point = std::make_shared<SecondOrderPoint>(energy, x_rows, shape, params, batched);
+  return derivatives_of(std::make_shared<SecondOrderPoint>(energy, x_rows, shape, params, batched));
+}
+
+AnalyticDerivatives derivatives_of(const std::shared_ptr<SecondOrderPoint>& point) {
+  point->build_gradient();
   AnalyticDerivatives out;
   out.energy = point->energy();
   out.grad = point->grad();

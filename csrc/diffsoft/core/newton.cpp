@@ -241,8 +241,14 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
   int64_t reuse_iter = 0;
   bool probed = false;  // for negative curvature at a stationary start
   int64_t probe_factorizations = 0;
+  // By autograd, the backtracking's last trial, evaluated with its graph: where Newton takes it (every row, as
+  // it mostly does), the next iteration builds its gradient from that forward instead of evaluating again.
+  std::shared_ptr<SecondOrderPoint> last_trial;
   for (int64_t it = 0;; ++it) {
-    AnalyticDerivatives point = derivatives_at(energy, analytic, x, shape, consts, opt.batched);
+    const bool reuse = last_trial && last_trial->has_graph() && torch::equal(last_trial->x(), x);
+    AnalyticDerivatives point = reuse ? derivatives_of(last_trial)
+                                      : derivatives_at(energy, analytic, x, shape, consts, opt.batched);
+    last_trial.reset();
     const torch::Tensor& g = point.grad;
     const torch::Tensor e = groups(point.energy);
     const torch::Tensor e_scale = point.energy_scale.defined() ? groups(point.energy_scale) : e.abs();
@@ -435,7 +441,13 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     }
     for (int64_t ls = 0; ls < opt.ls_max_iter && !searched.all().item<bool>(); ++ls) {
       torch::Tensor trial = x + (per_problem ? step : step.expand({batch})).unsqueeze(1) * d;
-      torch::Tensor e_trial = eval(trial);
+      torch::Tensor e_trial;
+      if (analytic) {
+        e_trial = eval(trial);
+      } else {
+        last_trial = std::make_shared<SecondOrderPoint>(energy, trial, shape, consts, opt.batched, /*lazy=*/true);
+        e_trial = groups(last_trial->energy());
+      }
       ++info.line_search_steps;
       torch::Tensor ok = torch::isfinite(e_trial) & (e_trial <= e + opt.ls_c1 * step * slope + e_noise * e_scale) &
                          searched.logical_not();

@@ -140,8 +140,16 @@ using BatchedVjp =
 // backward can follow without re-evaluating the energy. Vectors are (B, n) rows: B problems of n unknowns.
 class SecondOrderPoint {
  public:
+  // The energy at x_rows with its graph, and its gradient's (lazy: only on build_gradient(), as a line search's
+  // trial, whose forward Newton's next iteration reuses when the trial is taken).
   SecondOrderPoint(const EnergyFn& energy, const torch::Tensor& x_rows, at::IntArrayRef shape,
-                   const std::vector<torch::Tensor>& params, bool batched = false);
+                   const std::vector<torch::Tensor>& params, bool batched = false, bool lazy = false);
+  // The gradient's graph from the energy's (once; a lazy point's first call), by the energy's backward.
+  void build_gradient();
+  // Whether the energy's value had a graph to x (a lazy point's may not: where it did not, its gradient is
+  // built by evaluating afresh, which says what is wrong).
+  bool has_graph() const { return energy_graph_.defined() || grad_graph_.defined(); }
+  const torch::Tensor& x() const { return x_; }            // (B, n), the point (requires grad)
   const torch::Tensor& energy() const { return energy_; }  // 0-dim or (B,) per problem, detached
   const torch::Tensor& grad() const { return grad_; }      // (B, n), detached
   torch::Tensor hvp(const torch::Tensor& v) const;          // (B, n) -> (B, n)
@@ -160,7 +168,7 @@ class SecondOrderPoint {
   std::vector<int64_t> shape_;
   std::vector<torch::Tensor> params_;
   mutable bool linear_checked_ = false;
-  torch::Tensor x_, grad_graph_, energy_, grad_;
+  torch::Tensor x_, energy_graph_, grad_graph_, energy_, grad_;
 };
 
 // Row-wise 2-norms of (B, n) rows, scale-safe: each row is divided by its largest magnitude before squaring
@@ -237,6 +245,8 @@ torch::Tensor gradient_at(const EnergyFn& energy, const torch::Tensor& y_rows, a
 AnalyticDerivatives derivatives_at(const EnergyFn& energy, const AnalyticEnergy* analytic,
                                    const torch::Tensor& x_rows, at::IntArrayRef shape,
                                    const std::vector<torch::Tensor>& params, bool batched);
+// The same by autograd at a point already evaluated (its gradient built here, if it was not).
+AnalyticDerivatives derivatives_of(const std::shared_ptr<SecondOrderPoint>& point);
 
 void check_options(const SolverOptions& options);
 
