@@ -185,6 +185,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
   // valley: a convex line's), takes the longest trial with Armijo's decrease (slope: (G,), g . d) instead, as
   // backtracking from 1 would (Newton's full step where it holds). A group that no trial moved keeps x (`moved`
   // receives the groups that moved, `rose` those where a trial rose).
+  torch::Tensor tried;  // (G,) the trials each group's line search took this iteration (for the message)
   auto ladder_search = [&](const torch::Tensor& x, const torch::Tensor& d, const torch::Tensor& e,
                            const torch::Tensor& e_scale, const torch::Tensor& rows, const torch::Tensor& first,
                            const torch::Tensor& whole, const torch::Tensor& slope, bool per_problem,
@@ -205,6 +206,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       torch::Tensor trial = x + by_row(step) * d;
       torch::Tensor e_trial = eval(trial);
       ++info.line_search_steps;
+      tried += going.to(torch::kLong);
       torch::Tensor finite = torch::isfinite(e_trial);
       // (a trial within round-off of the best neither moves nor ends the run: in float32 the shortest trials'
       // changes are below it)
@@ -251,6 +253,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     last_trial.reset();
     const torch::Tensor& g = point.grad;
     const torch::Tensor e = groups(point.energy);
+    tried = torch::zeros(e.sizes(), e.options().dtype(torch::kLong));  // (the stationary probe's too; reset below)
     const torch::Tensor e_scale = point.energy_scale.defined() ? groups(point.energy_scale) : e.abs();
     const bool per_problem = e.size(0) == batch && batch > 1;
     g_norm = row_norm(g);
@@ -408,7 +411,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     auto any = [&](const torch::Tensor& rows) { return per_problem ? rows : rows.any().reshape({1}); };
     const torch::Tensor dip = any(unscaled_rows | long_rows);
     const torch::Tensor from_shortest = any(unscaled_rows);
-    const int64_t trials_before = info.line_search_steps;
+    tried = torch::zeros(e.sizes(), e.options().dtype(torch::kLong));
     torch::Tensor x_next = x.clone();
     torch::Tensor accepted = per_problem ? active.logical_not() : torch::zeros_like(e, torch::kBool);
     torch::Tensor searched = accepted.clone();
@@ -449,6 +452,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
         e_trial = groups(last_trial->energy());
       }
       ++info.line_search_steps;
+      tried += searched.logical_not().to(torch::kLong);
       torch::Tensor ok = torch::isfinite(e_trial) & (e_trial <= e + opt.ls_c1 * step * slope + e_noise * e_scale) &
                          searched.logical_not();
       x_next = torch::where((per_problem ? ok : ok.expand({batch})).unsqueeze(1), trial, x_next);
@@ -459,8 +463,11 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     x = x_next;
     torch::Tensor stuck = (per_problem ? accepted.logical_not() : accepted.logical_not().expand({batch})) & active;
     if (stuck.any().item<bool>()) {
-      // (the energies this iteration's search evaluated: a first dip's, then backtracking's)
-      why << "the line search found no decrease of the energy after " << info.line_search_steps - trials_before
+      // (the trials the stuck problems' own searches took this iteration: a first dip's, then backtracking's;
+      // the most among them)
+      const torch::Tensor stuck_groups = per_problem ? stuck : stuck.any().reshape({1});
+      why << "the line search found no decrease of the energy after "
+          << torch::where(stuck_groups, tried, torch::zeros_like(tried)).max().item<int64_t>()
           << " trials at Newton iteration "
           << it << " for problem(s) " << indices(stuck) << " (||g|| = "
           << torch::where(stuck, g_norm, torch::zeros_like(g_norm)).max().item<double>() << ", tolerance "
