@@ -15,10 +15,6 @@ std::string shape_str(const torch::Tensor& t) {
   return s.str();
 }
 
-}  // namespace
-
-namespace {
-
 const char* const kNoGraph =
     "the energy does not depend on x: its value has no autograd graph to x (a constant, or computed from a "
     "detached copy, .item() or under torch.no_grad()), so every x would be a minimum. Compute it from x "
