@@ -43,6 +43,20 @@ def test_random_terrain_keeps_its_slopes_and_starts_flat_under_the_creature(sim)
     k = terrain.SAMPLES_PER_PIECE[sim.body.dim]
     along = heights.diff(dim=1) / dx  # along x (2D: the profile; 3D: each row across z)
     assert along.diff(dim=1).abs().max() <= 2 * bound / k * (1 + 1e-9)
+    # the smooth ground through these samples is no steeper than they are (points on it, over the whole grid)
+    field = terrain.height_field(sim, heights)
+    origin, spacing, h = field.geometry(sim.body.dim, F64, torch.device("cpu"), 8)
+    span = torch.tensor(samples, dtype=F64) * dx
+    q = torch.rand(8, 400, sim.body.dim, generator=g, dtype=F64)
+    q[..., 0] = (x0 if sim.body.dim == 2 else x0[0]) - dx + q[..., 0] * (span[0] + 2 * dx)
+    if sim.body.dim == 3:
+        q[..., 2] = x0[1] - dx + q[..., 2] * (span[1] + 2 * dx)
+    q[..., 1] = 0
+    phi, n = type(field).surface(q, origin, spacing, h)
+    q[..., 1] = -phi / n[..., 1]  # on the surface (phi = -h / L, n_y = 1 / L at y = 0), where n_x / n_y = -dh/dx
+    _, n = type(field).surface(q, origin, spacing, h)
+    horizontal = n[..., [0]] if sim.body.dim == 2 else n[..., [0, 2]]
+    assert (horizontal.norm(dim=-1) / n[..., 1]).max() <= bound * (1 + 1e-9)
     # every creature's terrain is its own
     assert not torch.equal(heights[0], heights[1])
     # Flat (at 0) under the creature at rest, and up to one piece ahead of its front: the first sample sits there.
