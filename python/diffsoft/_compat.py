@@ -96,7 +96,7 @@ def own_graphs():
     (``torch.utils.checkpoint``'s non-reentrant mode, offloading to another device): for the solvers' graphs of
     their own, which they differentiate several times within one call and which never join the caller's. Where
     the caller has disabled hooks (torch >= 2.0's ``disable_saved_tensors_hooks``), there are none to bypass."""
-    hooks = torch.autograd.graph.saved_tensors_hooks(_same, _same)
+    hooks = torch.autograd.graph.saved_tensors_hooks(_detached, _same)
     try:
         hooks.__enter__()
     except RuntimeError:
@@ -110,3 +110,11 @@ def own_graphs():
 
 def _same(t):
     return t
+
+
+def _detached(t):
+    """What a saved tensor is packed as: an alias without its autograd metadata, which autograd restores on
+    unpacking. The tensor itself would make an op that saves its own output (exp, tanh, sqrt, norm) hold its
+    graph node through it: a reference cycle across C++ that Python's collector cannot break, so every graph
+    built in these contexts leaked (2 GB in 21 solves of an energy with an 8 MB intermediate)."""
+    return t.detach()

@@ -245,7 +245,11 @@ class HeightField(Collider):
     def geometry(self, dim, dtype, device, batch):
         """``origin`` and ``spacing`` (``([B,] A)``, A = d - 1 horizontal axes) and ``heights``."""
         axes = dim - 1
-        heights = self.heights if isinstance(self.heights, torch.Tensor) else torch.as_tensor(self.heights)
+        try:
+            heights = self.heights if isinstance(self.heights, torch.Tensor) else torch.as_tensor(self.heights)
+        except (TypeError, ValueError, RuntimeError):  # ragged lists, strings, None: torch's message names nothing
+            raise TypeError(f"{type(self).__name__}.heights must be a tensor or a (nested) sequence of numbers, "
+                            f"{'(nx,)' if axes == 1 else '(nx, nz)'} (or with a leading B), got {self.heights!r}") from None
         samples = tuple(heights.shape[heights.dim() - axes:]) if heights.dim() >= axes else ()
         if len(samples) != axes or min(samples) < 2:
             raise ValueError(f"{type(self).__name__}.heights must have at least 2 samples along each of its {axes} axes "
@@ -340,9 +344,11 @@ class SmoothHeightField(HeightField):
     ``heights``, placed at the samples (a tensor product in 3D), the same fields and shapes. It is C2, so a vertex
     on it meets no kink (a piecewise linear field's slope jumps at every sample, which stalls Newton there). The
     spline smooths the samples (at a sample it is ``(h[i-1] + 4 h[i] + h[i+1]) / 6`` along each axis) and
-    reproduces linear ones exactly (a sloped field is its plane); beyond the samples it continues flat.
+    reproduces linear ones exactly a sample or more in from the edges (a sloped field is its plane there); it bends
+    to flat within a sample of the edges, and beyond the samples continues flat.
     ``phi = (y - h) / |(-dh/dx, 1, -dh/dz)|``: the signed distance to first order in ``y - h``, exact on planes; its
-    gradient ``n`` is the unit normal on the surface."""
+    gradient is the unit normal on the surface, and off it not quite unit, so the friction's plane is normal to
+    the gradient made unit."""
     KIND = "smooth_height_field"
 
     def mesh(self, dim, lo, hi):
@@ -359,8 +365,9 @@ class SmoothHeightField(HeightField):
     @staticmethod
     def surface(q, origin, spacing, heights):
         """``(phi, n)`` at ``q`` ``(..., F, d)``; origin, spacing ``([B,] d - 1)``, heights ``([B,] nx[, nz])``,
-        as the C++ kernels' (``colliders.h``): ``n = d phi / dq``, through the spline's value, gradient and
-        Hessian."""
+        as the C++ kernels' (``colliders.h``): ``n`` is the unit vector along ``d phi / dq`` (which is unit on the
+        surface only; the contact's force is autograd's of ``phi``, the friction's plane is ``n``'s), through the
+        spline's value, gradient and Hessian."""
         d = q.shape[-1]
         horizontal = q[..., [0]] if d == 2 else q[..., [0, 2]]  # (..., F, A)
         origin = origin.unsqueeze(-2) if origin.dim() > 1 else origin
@@ -373,7 +380,8 @@ class SmoothHeightField(HeightField):
         rate = (hess @ g[..., None])[..., 0] / length[..., None]  # dL/dx
         across = -g / length[..., None] - (u / length ** 2)[..., None] * rate
         up = [across[..., 0], 1 / length] + ([] if d == 2 else [across[..., 1]])
-        return u / length, torch.stack(up, -1)
+        grad = torch.stack(up, -1)
+        return u / length, grad / torch.linalg.vector_norm(grad, dim=-1, keepdim=True)
 
 
 def _spline(coord, heights, orders):

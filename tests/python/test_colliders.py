@@ -128,10 +128,10 @@ def test_kernels_match_the_reference_for_every_kind(dim, batch, per_creature):
 @pytest.mark.parametrize("dim", (2, 3))
 @pytest.mark.parametrize("per_creature", (False, True))
 def test_a_smooth_height_field_is_c2_its_normal_is_the_gradient_and_linear_heights_are_their_plane(dim, per_creature):
-    """SmoothHeightField's reference surface (the kernels' oracle): n is d phi/dq by autograd, at points over the
-    samples and beyond the edges (flat there, at the edge's control point); h, its slope and its curvature are
-    continuous across the knots (C2), where a HeightField's slope jumps; heights sampled from a plane give that
-    plane's phi and n away from the edges."""
+    """SmoothHeightField's reference surface (the kernels' oracle): n is the unit vector along d phi/dq (by
+    autograd), at points over the samples and beyond the edges (flat there, at the edge's control point), and
+    d phi/dq itself on the surface; h, its slope and its curvature are continuous across the knots (C2), where a
+    HeightField's slope jumps; heights sampled from a plane give that plane's phi and n away from the edges."""
     g = torch.Generator().manual_seed(5)
     shape = (7,) if dim == 2 else (7, 6)
     batch = (3,) if per_creature else ()
@@ -146,7 +146,8 @@ def test_a_smooth_height_field_is_c2_its_normal_is_the_gradient_and_linear_heigh
     q = (lo + span * torch.rand(batch + (200, dim), generator=g, dtype=F64)).requires_grad_()
     phi, n = SmoothHeightField.surface(q, o, s, h)
     grad, = torch.autograd.grad(phi.sum(), q)
-    torch.testing.assert_close(n, grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(n, grad / grad.norm(dim=-1, keepdim=True), rtol=1e-12, atol=1e-12)
+    assert (grad.norm(dim=-1) - 1).abs().max() > 1e-3  # off the surface d phi/dq is not unit
     far = (q[..., 0] < -0.3 - 0.5) | (q[..., 0] > -0.3 + 6 * 0.25 + 0.5)  # 2 spacings beyond the edges
     assert far.any() and bool((n[far][:, 0] == 0).all())
 
@@ -157,11 +158,16 @@ def test_a_smooth_height_field_is_c2_its_normal_is_the_gradient_and_linear_heigh
     point[..., 0] = torch.cat([knots - 1e-9, knots + 1e-9])
     if dim == 3:
         point[..., 2] = 0.2 + 0.3 * 2.4
+    point.requires_grad_()
     phi, n = SmoothHeightField.surface(point, o, s, h)
-    point[..., 1] = -phi / n[..., 1]  # y = h there (phi = -h / L, n_y = 1 / L)
+    slope, = torch.autograd.grad(phi.sum(), point)
+    point = point.detach()
+    point[..., 1] = -phi.detach() / slope[..., 1]  # y = h there (phi = -h / L and d phi/dy = 1 / L at y = 0)
     point.requires_grad_()
     phi, n = SmoothHeightField.surface(point, o, s, h)
     assert phi.abs().max() < 1e-15
+    grad, = torch.autograd.grad(phi.sum(), point, retain_graph=True)
+    torch.testing.assert_close(n, grad, rtol=1e-12, atol=1e-12)  # on the surface n is d phi/dq
     curvature, = torch.autograd.grad(n[..., 0].sum(), point)
     for value in (phi, n[..., 0], curvature[..., 0]):
         left, right = value[..., :len(knots)], value[..., len(knots):]
@@ -498,6 +504,7 @@ def test_bad_colliders_are_refused_by_name():
              (Plane([0.0, 0.0, 0.0], [0.0, 1.0]), ValueError, r"Plane.point has shape \(3,\), but it must be \(2,\)"),
              (HeightField(0.0, 0.1, [0.0]), ValueError, "HeightField.heights must have at least 2 samples"),
              (HeightField(0.0, -0.1, [0.0, 0.0]), ValueError, "HeightField.dx must be > 0"),
+             (SmoothHeightField(0.0, 0.1, [0.0, None]), TypeError, "SmoothHeightField.heights must be a tensor or a"),
              (Sphere([0.0, 0.0], -1.0), ValueError, "Sphere.radius must be finite and >= 0"),
              (Sphere([0.0, float("nan")], 1.0), ValueError, "Sphere.center must be finite"),
              (Sphere([0.0, 0.0], 1.0, friction=-1.0), ValueError, "Sphere.friction must be finite and >= 0"),
@@ -612,8 +619,8 @@ def _moved_by(collider, offset):
                      collider.friction, collider.friction_eps)
     if isinstance(collider, HeightField):
         x0 = torch.as_tensor(collider.x0, dtype=F64) + (offset[0] if d == 2 else offset[[0, 2]])
-        return HeightField(x0, collider.dx, collider.heights, collider.stiffness, collider.friction,
-                           collider.friction_eps)
+        return type(collider)(x0, collider.dx, collider.heights, collider.stiffness, collider.friction,
+                              collider.friction_eps)
     if isinstance(collider, Sphere):
         return Sphere(torch.as_tensor(collider.center, dtype=F64) + offset, collider.radius, collider.stiffness,
                       collider.friction, collider.friction_eps)
@@ -642,8 +649,8 @@ def test_a_step_far_from_the_origin_is_the_step_near_it_moved(dim, per_creature,
         if per_creature:  # each creature's world moved by its own offset
             world = torch.stack([offset_of(b) for b in range(batch)])
             kinds = [_moved_by(c, world) if not isinstance(c, HeightField) else
-                     HeightField(torch.as_tensor(c.x0, dtype=F64) + (world[:, 0] if dim == 2 else world[:, [0, 2]]),
-                                 c.dx, c.heights, c.stiffness, c.friction, c.friction_eps) for c in kinds]
+                     type(c)(torch.as_tensor(c.x0, dtype=F64) + (world[:, 0] if dim == 2 else world[:, [0, 2]]),
+                             c.dx, c.heights, c.stiffness, c.friction, c.friction_eps) for c in kinds]
         else:
             world = offset_of(0).expand(batch, -1)
             kinds = [_moved_by(c, offset_of(0)) for c in kinds]

@@ -417,6 +417,8 @@ TRIGGERS = [
     ("ValueError: HeightField.heights must have at least 2 samples along each of its A axes ((nx,), or with a "
      "leading B), got shape S", lambda tmp: _collider_step(colliders.HeightField(0.0, 0.1, [0.0]))),
     ("HeightField.dx must be > 0, got ...", lambda tmp: _collider_step(colliders.HeightField(0.0, -0.1, [0.0, 1.0]))),
+    ("TypeError: HeightField.heights must be a tensor or a (nested) sequence of numbers, (nx,) (or with a leading B), "
+     "got ...", lambda tmp: _collider_step(colliders.HeightField(0.0, 0.1, [0.0, [1.0, 2.0]]))),
     ("ValueError: NAME must be finite, got v", lambda tmp: _collider_step(colliders.Sphere([0.0, float("nan")], 1.0))),
     ("TypeError: NAME must be a number, a sequence of numbers or a tensor, got ...",
      lambda tmp: _collider_step(colliders.Sphere("centre", 1.0))),

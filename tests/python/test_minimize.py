@@ -383,6 +383,29 @@ def test_a_taken_trial_step_is_not_evaluated_again(batched):
     torch.testing.assert_close(gk, -x.detach() / curvature, rtol=1e-8, atol=0)
 
 
+def test_the_solvers_graphs_are_freed_after_the_solve_and_its_backward():
+    """The graphs that Newton builds of its own (under identity-like saved-tensor hooks that keep the caller's
+    hooks off them) are freed: an op that saves its output (exp) saved as itself held its own graph node, a
+    reference cycle across C++ that leaked every graph (2 GB in 21 solves of an 8 MB intermediate)."""
+    import gc
+    import weakref
+
+    refs = []
+    line = torch.linspace(0, 1e-3, 1000, dtype=F64)
+
+    def energy(x, b):
+        big = torch.exp(x.unsqueeze(-1) * line)
+        refs.append(weakref.ref(big))
+        return torch.sqrt(1 + (x - b) ** 2).sum() + 1e-6 * big.sum()
+
+    b = torch.ones(20, dtype=F64, requires_grad=True)
+    x = diffsoft.minimize(energy, torch.full((20,), 1.8, dtype=F64), b)
+    x.sum().backward()
+    del x
+    gc.collect()
+    assert len(refs) > 3 and not [r for r in refs if r() is not None]
+
+
 def test_per_problem_energy_shape_needs_batched():
     with pytest.raises(ValueError, match="0-dim tensor, got shape \\[2\\]"):
         diffsoft.minimize(lambda x: (x * x).sum(1), torch.ones(2, 3, dtype=F64))

@@ -52,9 +52,12 @@ def test_random_terrain_keeps_its_slopes_and_starts_flat_under_the_creature(sim)
     if sim.body.dim == 3:
         q[..., 2] = x0[1] - dx + q[..., 2] * (span[1] + 2 * dx)
     q[..., 1] = 0
-    phi, n = type(field).surface(q, origin, spacing, h)
-    q[..., 1] = -phi / n[..., 1]  # on the surface (phi = -h / L, n_y = 1 / L at y = 0), where n_x / n_y = -dh/dx
-    _, n = type(field).surface(q, origin, spacing, h)
+    q.requires_grad_()
+    phi, _ = type(field).surface(q, origin, spacing, h)
+    up, = torch.autograd.grad(phi.sum(), q)
+    q = q.detach()
+    q[..., 1] = -phi.detach() / up[..., 1]  # on the surface (phi = -h / L, d phi/dy = 1 / L at y = 0)
+    _, n = type(field).surface(q, origin, spacing, h)  # where n_x / n_y = -dh/dx
     horizontal = n[..., [0]] if sim.body.dim == 2 else n[..., [0, 2]]
     assert (horizontal.norm(dim=-1) / n[..., 1]).max() <= bound * (1 + 1e-9)
     # every creature's terrain is its own

@@ -29,6 +29,14 @@ SecondOrderPoint::SecondOrderPoint(const EnergyFn& energy, const torch::Tensor& 
   x_ = x_rows.detach().requires_grad_(true);
   torch::Tensor e = energy(x_.view(shape), params);
   const bool per_problem = batched && e.defined() && e.dim() == 1 && e.size(0) == x_rows.size(0);
+  const bool valid = e.defined() && (e.dim() == 0 || per_problem) && e.is_floating_point();
+  if (lazy && e.defined()) {
+    // A trial's value is compared as it comes, as a value without a graph would be (its checks, and the refusal
+    // of an energy without a graph to x, come where Newton takes the trial and asks for its gradient)
+    energy_ = e.detach();
+    if (valid && e.requires_grad()) energy_graph_ = e;
+    return;
+  }
   if (!e.defined() || (e.dim() != 0 && !per_problem)) {
     throw std::invalid_argument(
         "energy must return a 0-dim tensor" +
@@ -40,10 +48,10 @@ SecondOrderPoint::SecondOrderPoint(const EnergyFn& energy, const torch::Tensor& 
   if (!e.is_floating_point()) throw std::invalid_argument("energy must return a floating-point tensor");
   energy_ = e.detach();
   // An energy with no graph to x would have a zero gradient everywhere, and Newton would report any x as
-  // converged: a silent wrong answer, so it is refused (a lazy point's, when its gradient is asked for).
-  if (e.requires_grad()) energy_graph_ = e;
-  else if (!lazy) throw std::invalid_argument(kNoGraph);
-  if (!lazy) build_gradient();
+  // converged: a silent wrong answer, so it is refused.
+  if (!e.requires_grad()) throw std::invalid_argument(kNoGraph);
+  energy_graph_ = e;
+  build_gradient();
 }
 
 void SecondOrderPoint::build_gradient() {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "diffsoft/physics/kernels.h"
 
@@ -32,6 +33,29 @@ struct Surface {
   int count = 0;
   void add(int param, int64_t index, S dphi, const Vec<S, D>& dn) { entries[count++] = {param, index, dphi, dn}; }
 };
+
+// Whether a kind's n is a unit vector everywhere (a distance's gradient): the default. A kind whose phi is a
+// distance only to first order off its surface sets `static constexpr bool unit_normal = false`: its n (still
+// d phi/dq, for the contact's force) is unit on the surface only, and the friction's tangent plane takes
+// unit_normal() of it.
+template <typename G, typename = void>
+struct HasUnitNormal : std::true_type {};
+template <typename G>
+struct HasUnitNormal<G, std::void_t<decltype(G::unit_normal)>> : std::bool_constant<G::unit_normal> {};
+
+// The surface with n / |n| in place of n, and its derivatives: with P = (I - u u^T) / |n| (u = n / |n|),
+// d(n / |n|) = P dn, so each entry's dn becomes P dn, and hess, which contact.h applies as the transposed
+// Jacobian of n along q (hess w = (dn/dq)^T w; hess is symmetric), becomes hess P. phi and its derivatives stay.
+template <typename S, int D>
+void unit_normal(Surface<S, D>& s) {
+  const S length = s.n.norm();
+  if (!(length > 0)) return;
+  const Vec<S, D> u = s.n / length;
+  const Mat<S, D> P = (Mat<S, D>::Identity() - u * u.transpose()) / length;
+  s.n = u;
+  if (s.curved) s.hess = s.hess * P;
+  for (int k = 0; k < s.count; ++k) s.entries[k].dn = P * s.entries[k].dn;
+}
 
 // A half-space n . q >= offset: phi = n . q - offset, with n a unit vector (diffsoft.colliders.Plane
 // normalises the user's normal and folds the user's point into the offset, by autograd).
@@ -159,15 +183,17 @@ struct HeightField {
 };
 
 // The terrain of a HeightField's parameters made smooth: y = h(x) (2D) or y = h(x, z) (3D) is the uniform cubic
-// B-spline whose control points are the heights, placed at the samples (a tensor product in 3D). It is C2, so the
-// contact's energy has a continuous Hessian where a piecewise linear field's has a kink at every sample. The
-// spline smooths the samples (at a sample it is (h[i-1] + 4 h[i] + h[i+1]) / 6 along each axis) and reproduces
-// linear ones exactly: a sloped field is its plane. Beyond the samples the control points repeat the edge's, so
-// the terrain continues flat. phi = (y - h) / L with L = |(-dh/dx, 1, -dh/dz)|, the signed distance to first order
-// in y - h (exact on planes); n = d phi/dq exactly (unit on the surface) and hess = d2 phi/dq2, with the spline's
-// third derivatives.
+// B-spline whose control points are the heights, placed at the samples (a tensor product in 3D). It is C2, so a
+// vertex on it meets no kink, where a piecewise linear field's slope jumps at every sample. The spline smooths the
+// samples (at a sample it is (h[i-1] + 4 h[i] + h[i+1]) / 6 along each axis) and reproduces linear ones exactly a
+// sample or more in from the edges: a sloped field is its plane there. Beyond the samples the control points
+// repeat the edge's, so the terrain bends to flat within a sample of its edges and continues flat. phi = (y - h) /
+// L with L = |(-dh/dx, 1, -dh/dz)|, the signed distance to first order in y - h (exact on planes); n = d phi/dq
+// exactly (unit on the surface only: unit_normal) and hess = d2 phi/dq2, with the spline's third derivatives,
+// which jump at the knots: off the surface (y != h) so does hess, by (y - h) times that jump.
 struct SmoothHeightField {
   static constexpr const char* name = "smooth_height_field";
+  static constexpr bool unit_normal = false;  // (n is d phi/dq: unit on the surface, |n| - 1 ~ (y - h) curvature)
   static constexpr std::array<const char*, 3> params = HeightField::params;
   static Shape shape(size_t j, int64_t d) { return HeightField::shape(j, d); }
 

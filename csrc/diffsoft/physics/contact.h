@@ -1,6 +1,6 @@
-// Contact and friction of one free vertex s against one collider c (colliders.h: phi, its unit gradient n):
+// Contact and friction of one free vertex s against one collider c (colliders.h: phi, its gradient n):
 //   E = k_c min(phi(y_s), 0)^2 + w_s |t_s|^2 / h^2,  t_s = P0 (y_s - x0_s),  P0 = I - n0 n0^T,
-//   w_s = k_f max(eps - phi(x0_s), 0),  n0 = n(x0_s):
+//   w_s = k_f max(eps - phi(x0_s), 0),  n0 = n(x0_s) / |n(x0_s)| (n itself where the kind's n is unit):
 // a penalty on the depth inside the collider, and a lagged friction on the slip in the collider's tangent plane
 // at the start of the step, acting within eps of its surface. Both the weight and the plane depend on the start of
 // the step only, so the friction is quadratic in y: its vertex block is 2 w P0^2 / h^2 (= 2 w P0 / h^2: the
@@ -55,6 +55,7 @@ struct Contact {
     Surface<S, D> at_y, at_0;
     G::at(c, yi, false, at_y);
     G::at(c, xi0, false, at_0);
+    if constexpr (!HasUnitNormal<G>::value) unit_normal(at_0);
     const S depth = std::min(at_y.phi, S(0));
     const S wf = c.friction * std::max(c.friction_eps - at_0.phi, S(0));
     S out = c.stiffness * depth * depth;
@@ -76,6 +77,7 @@ struct Contact {
     Surface<S, D> at_y, at_0;
     G::at(c, yi, false, at_y);
     G::at(c, xi0, false, at_0);
+    if constexpr (!HasUnitNormal<G>::value) unit_normal(at_0);
     const S depth = std::min(at_y.phi, S(0));
     gi += (2 * c.stiffness * depth) * at_y.n;
     if (depth < 0) {
@@ -106,6 +108,8 @@ struct Contact {
     if (m == 0 && b == 0) return;  // neither in contact nor in the friction band: every derivative is 0
     G::at(c, yi, true, at_y);
     G::at(c, xi0, true, at_0);
+    const Vec<S, D> grad0 = at_0.n;  // d phi(x0)/dx0, the friction weight's; n0 below is its plane's normal
+    if constexpr (!HasUnitNormal<G>::value) unit_normal(at_0);
     const Vec<S, D>&n = at_y.n, &n0 = at_0.n;
     const S in_contact = m < 0 ? S(1) : S(0), in_band = b > 0 ? S(1) : S(0);
     const Vec<S, D> sl = yi - xi0;
@@ -119,7 +123,7 @@ struct Contact {
       *eps += weight * in_band * kf * tt / h2;
       *step += -2 * weight * kf * b * tt / (h2 * h);
       // x0: through s (d|t|^2/ds = 2 P0 t), phi(x0) (its gradient n0) and n0 (d|t|^2/dn0 = -2 ns t - 2 tn s).
-      Vec<S, D> d_x0 = -in_band * tt * n0 - 2 * b * (t - n0 * tn);
+      Vec<S, D> d_x0 = -in_band * tt * grad0 - 2 * b * (t - n0 * tn);
       if (at_0.curved) d_x0 += b * at_0.hess * (-2 * ns * t - 2 * tn * sl);
       gx0 += (weight * kf / h2) * d_x0;
       for (int k = 0; k < at_y.count; ++k) *geometry(at_y.entries[k]) += weight * 2 * kc * m * at_y.entries[k].dphi;
@@ -140,7 +144,7 @@ struct Contact {
     // dz = (dP0 s) . u + t . (dP0 v), dP0 = -(dn0 n0^T + n0 dn0^T): dz/dn0 = -ns u - (n0 . u) s - (n0 . v) t -
     // tn v; and through s, dz/ds = P0 u.
     const Vec<S, D> dz_dn0 = -ns * u - n0u * sl - n0v * t - tn * vi;
-    Vec<S, D> d_x0 = -in_band * z * n0 - b * (u - n0 * n0u);
+    Vec<S, D> d_x0 = -in_band * z * grad0 - b * (u - n0 * n0u);
     if (at_0.curved) d_x0 += b * at_0.hess * dz_dn0;
     gx0 += (2 * kf / h2) * d_x0;
     for (int k = 0; k < at_y.count; ++k) {
