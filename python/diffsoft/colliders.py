@@ -249,11 +249,12 @@ class HeightField(Collider):
             heights = self.heights if isinstance(self.heights, torch.Tensor) else torch.as_tensor(self.heights)
         except (TypeError, ValueError, RuntimeError):  # ragged lists, strings, None: torch's message names nothing
             raise TypeError(f"{type(self).__name__}.heights must be a tensor or a (nested) sequence of numbers, "
-                            f"{'(nx,)' if axes == 1 else '(nx, nz)'} (or with a leading B), got {self.heights!r}") from None
+                            f"{'(nx,)' if axes == 1 else '(nx, nz)'} (or with a leading B), "
+                            f"got {self.heights!r}") from None
         samples = tuple(heights.shape[heights.dim() - axes:]) if heights.dim() >= axes else ()
         if len(samples) != axes or min(samples) < 2:
-            raise ValueError(f"{type(self).__name__}.heights must have at least 2 samples along each of its {axes} axes "
-                             f"({'(nx,)' if axes == 1 else '(nx, nz)'}, or with a leading B), got shape "
+            raise ValueError(f"{type(self).__name__}.heights must have at least 2 samples along each of its {axes} "
+                             f"axes ({'(nx,)' if axes == 1 else '(nx, nz)'}, or with a leading B), got shape "
                              f"{tuple(heights.shape)}")
         heights = self._field("heights", self.heights, samples, dtype, device, batch)
         origin, spacing = (self._per_axis(name, getattr(self, name), axes, dtype, device, batch) for name in ("x0", "dx"))
@@ -427,7 +428,8 @@ def _spline(coord, heights, orders):
     if orders >= 1:
         out.append(torch.stack([at(e) for e in unit], -1))
     if orders >= 2:
-        out.append(torch.stack([torch.stack([at([x + y for x, y in zip(ea, eb)]) for eb in unit], -1) for ea in unit], -2))
+        out.append(torch.stack([torch.stack([at([x + y for x, y in zip(ea, eb)]) for eb in unit], -1)
+                                for ea in unit], -2))
     return out
 
 

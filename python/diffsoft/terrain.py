@@ -15,12 +15,12 @@ each profile's slopes drawn within ``±atan(tan(max_slope) / sqrt(2))``, so that
 ``max_slope``.
 
 The ground is the samples' :class:`~diffsoft.colliders.SmoothHeightField`: the C2 cubic B-spline whose control
-points they are, within ``dx^2 h'' / 6`` of them (the profile is flat at its ends), along each axis no steeper than they are (so within
-``max_slope``: in 3D each axis' slope is within ``tan(max_slope) / sqrt(2)``), and flat up to one sample before
-``x0``. On a piecewise linear :class:`~diffsoft.colliders.HeightField` of the same samples a vertex held at a kink
-keeps Newton from its tolerance: training the biped on 5-degree terrain left out about 1 creature-step in 1,000
-there, none on the smooth field, and replays stall there (docs/training.md, "Terrain"; ``benchmarks/terrain.py
---solver``).
+points they are, within ``dx^2 h'' / 6`` of them (the profile is flat at its ends), along each axis no steeper
+than they are (so within ``max_slope``: in 3D each axis' slope is within ``tan(max_slope) / sqrt(2)``), and flat
+up to one sample before ``x0``. On a piecewise linear :class:`~diffsoft.colliders.HeightField` of the same
+samples a vertex held at a kink keeps Newton from its tolerance: training the biped on 5-degree terrain left out
+about 1 creature-step in 1,000 there, none on the smooth field, and replays stall there (docs/training.md,
+"Terrain"; ``benchmarks/terrain.py --solver``).
 """
 import contextlib
 import math
