@@ -48,14 +48,23 @@ struct Contact {
   }
 
  private:
+  // The surface at the start of the step as the friction takes it: n made unit where the kind's is not
+  // (unit_normal: P0's normal), and d phi/dq there returned (the weight's gradient).
+  template <typename G, typename S, int D>
+  static Vec<S, D> at_start(const ColliderParams<S>& c, const Vec<S, D>& q, bool entries, Surface<S, D>& out) {
+    G::at(c, q, entries, out);
+    const Vec<S, D> grad = out.n;
+    if constexpr (!HasUnitNormal<G>::value) unit_normal(out);
+    return grad;
+  }
+
   template <typename G, typename S, int D>
   static S energy_with(const View<S, D>& v, const Point<S>& pt, int64_t s, const ColliderParams<S>& c) {
     const S h2 = v.h * v.h;
     const Vec<S, D> yi = Eigen::Map<const Vec<S, D>>(pt.y + s * D), xi0 = Eigen::Map<const Vec<S, D>>(pt.x0_free + s * D);
     Surface<S, D> at_y, at_0;
     G::at(c, yi, false, at_y);
-    G::at(c, xi0, false, at_0);
-    if constexpr (!HasUnitNormal<G>::value) unit_normal(at_0);
+    at_start<G>(c, xi0, false, at_0);
     const S depth = std::min(at_y.phi, S(0));
     const S wf = c.friction * std::max(c.friction_eps - at_0.phi, S(0));
     S out = c.stiffness * depth * depth;
@@ -76,8 +85,7 @@ struct Contact {
     Eigen::Map<Mat<S, D>> K(block);
     Surface<S, D> at_y, at_0;
     G::at(c, yi, false, at_y);
-    G::at(c, xi0, false, at_0);
-    if constexpr (!HasUnitNormal<G>::value) unit_normal(at_0);
+    at_start<G>(c, xi0, false, at_0);
     const S depth = std::min(at_y.phi, S(0));
     gi += (2 * c.stiffness * depth) * at_y.n;
     if (depth < 0) {
@@ -107,9 +115,7 @@ struct Contact {
     const S m = std::min(at_y.phi, S(0)), b = std::max(c.friction_eps - at_0.phi, S(0));
     if (m == 0 && b == 0) return;  // neither in contact nor in the friction band: every derivative is 0
     G::at(c, yi, true, at_y);
-    G::at(c, xi0, true, at_0);
-    const Vec<S, D> grad0 = at_0.n;  // d phi(x0)/dx0, the friction weight's; n0 below is its plane's normal
-    if constexpr (!HasUnitNormal<G>::value) unit_normal(at_0);
+    const Vec<S, D> grad0 = at_start<G>(c, xi0, true, at_0);  // the friction weight's; n0 below is its plane's
     const Vec<S, D>&n = at_y.n, &n0 = at_0.n;
     const S in_contact = m < 0 ? S(1) : S(0), in_band = b > 0 ? S(1) : S(0);
     const Vec<S, D> sl = yi - xi0;
