@@ -67,10 +67,11 @@ def with_more_ppo_seeds(summary, path):
     return dict(summary, sources=summary["sources"] + more["sources"], runs=runs)
 
 
-def headline_rows(creature, summary, peer="ppo", peer_name=CORRECTED):
+def headline_rows(creature, summary, peer="ppo", peer_name=CORRECTED, link=None):
     """One row of the headline: the PPO ``peer``'s (a method of ``summary``) mean final distance over its
     seeds, the creature-steps and the training seconds (wall-clock, evaluations excluded) each method needs to
-    reach it (medians over seeds), their ratios, and both methods' final distances (medians)."""
+    reach it (medians over seeds), their ratios, both methods' final distances (medians), and ``link``, the
+    row's table (whose first line holds its runs' commands and commits)."""
     runs = {"differentiable": summary["runs"]["differentiable"], "ppo": summary["runs"][peer]}
     finals = {m: [evaluations(r)[-1][2] for r in rs.values()] for m, rs in runs.items()}
     target = sum(finals["ppo"]) / len(finals["ppo"])
@@ -97,22 +98,24 @@ def headline_rows(creature, summary, peer="ppo", peer_name=CORRECTED):
     ppo_seeds = sorted(runs["ppo"], key=int)
     return (f"| {creature} | {peer_name}, {ppo_seeds[0]}-{ppo_seeds[-1]} | {target:.2f} | {cells['differentiable']} | "
             f"{cells['ppo']} | {ratio(steps, reached)} | {seconds['differentiable']} / {seconds['ppo']} | "
-            f"{ratio(secs, reached_secs)} | {_median(finals['differentiable']):.2f} / {_median(finals['ppo']):.2f} |")
+            f"{ratio(secs, reached_secs)} | {_median(finals['differentiable']):.2f} / {_median(finals['ppo']):.2f} |"
+            + (f" {link} |" if link else ""))
 
 
 def headline(results):
-    rows, sources = [], []
+    """The headline table: a row per :data:`HEADLINE` entry, each linking its run's table, where its commands,
+    commits and machine are."""
+    rows = []
     for creature, name, peer, peer_name in HEADLINE:
         summary = _load(os.path.join(results, name, "summary.json"))
-        rows.append(headline_rows(creature, summary, peer, peer_name))
-        sources += [s for s in summary["sources"] if s not in sources]
+        rows.append(headline_rows(creature, summary, peer, peer_name,
+                                  link=f"[{name}](results/sample_efficiency/{name}/results.md)"))
     return "\n".join([
         "| creature | PPO, its seeds | PPO's final distance (mean over its seeds) | creature-steps to reach it: "
         "differentiable (median, 3 seeds) | PPO (median) | PPO / differentiable | training seconds to reach it "
         "(wall-clock, evaluations excluded): differentiable / PPO (medians) | PPO / differentiable | distance at "
-        "409,600: differentiable / PPO (medians) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |", *rows, "",
-        "Runs: " + "; ".join(sources) + "."])
+        "409,600: differentiable / PPO (medians) | runs: commands, commits |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |", *rows])
 
 
 def make(out):
