@@ -2,8 +2,11 @@
 ``csrc/bindings.cpp``)."""
 import contextlib
 import functools
+import pickle
+import pickletools
 import re
 import sys
+import zipfile
 
 import torch
 from torch.autograd import forward_ad
@@ -14,10 +17,40 @@ TORCH_VERSION = tuple(int(n) for n in re.findall(r"\d+", torch.__version__)[:2])
 
 def load_checkpoint(path):
     """``torch.load`` of a diffsoft checkpoint (tensors, numbers, strings, lists and dicts only) onto the CPU.
-    From torch 2.4, with ``weights_only=True``: what torch 2.6 does by default, and 2.4-2.5 warn about; torch
-    1.13's ``weights_only`` loader cannot read floats, so it is not asked for there."""
-    extra = {"weights_only": True} if TORCH_VERSION >= (2, 4) else {}
-    return torch.load(path, map_location="cpu", **extra)
+    From torch 2.4, with ``weights_only=True``: what torch 2.6 does by default, and 2.4-2.5 warn about. Torch
+    1.13's ``weights_only`` loader cannot read floats (and its ``torch.load`` ignores a ``pickle_module``), so
+    there the file's pickle is read first, and one that would import anything but a tensor's or a dict's
+    rebuilding (a foreign file could run any code: end the process) is refused (pickle.UnpicklingError)."""
+    if TORCH_VERSION >= (2, 4):
+        return torch.load(path, map_location="cpu", weights_only=True)
+    _refuse_foreign_globals(path)
+    return torch.load(path, map_location="cpu")
+
+
+_CHECKPOINT_GLOBALS = {("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_parameter"),
+                       ("collections", "OrderedDict"), ("torch", "Size")}
+"""What a checkpoint's pickle may import, besides torch's storage classes (``torch.FloatStorage``, ...)."""
+
+
+def _refuse_foreign_globals(path):
+    """A pickle.UnpicklingError unless ``path`` is a zip of torch.save whose pickle imports only
+    :data:`_CHECKPOINT_GLOBALS` and storage classes, by name (``GLOBAL``, as torch.save's protocol 2 writes it;
+    the opcodes that import by other means are refused)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            pickles = [n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+            if len(pickles) != 1:
+                raise pickle.UnpicklingError("not a torch.save archive (no data.pkl)")
+            data = z.read(pickles[0])
+    except zipfile.BadZipFile:
+        raise pickle.UnpicklingError("not a torch.save archive (not a zip file)") from None
+    for op, arg, _ in pickletools.genops(data):
+        if op.name in ("STACK_GLOBAL", "INST", "OBJ", "EXT1", "EXT2", "EXT4"):
+            raise pickle.UnpicklingError(f"its pickle imports by {op.name}, which torch.save does not write")
+        if op.name == "GLOBAL":
+            module, name = arg.split(" ", 1)
+            if (module, name) not in _CHECKPOINT_GLOBALS and not (module == "torch" and name.endswith("Storage")):
+                raise pickle.UnpicklingError(f"it would import {module}.{name}")
 
 
 def batched_vjp(output, input, v, create_graph=False):
@@ -73,6 +106,11 @@ def eager_under_compile(fn):
 def is_transformed(t):
     """Whether ``t`` is a wrapper of torch.func's transforms (functorch's ``vmap``, ``grad``, ``jacrev``, ...)."""
     return torch._C._functorch.is_functorch_wrapped_tensor(t)
+
+
+def in_dual_level():
+    """Whether a ``forward_ad.dual_level()`` is open (where a closure may hold a dual tensor)."""
+    return getattr(forward_ad, "_current_level", -1) >= 0
 
 
 def is_dual(t):

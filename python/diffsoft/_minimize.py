@@ -6,7 +6,8 @@ import warnings
 import torch
 
 from ._checks import is_finite_real
-from ._compat import batched_vjp, eager_under_compile, is_batched, is_dual, is_transformed, own_graphs
+from ._compat import (batched_vjp, eager_under_compile, in_dual_level, is_batched, is_dual, is_transformed,
+                      own_graphs)
 from ._extension import ConvergenceError, SolveInfo, SolverOptions, _C
 
 
@@ -234,8 +235,8 @@ def minimize(
         tensors = [t.clone() if t.is_inference() else t for t in tensors]
         # (diffsoft's own energies, such as the step's with fused=False, take every tensor as a param)
         origin = getattr(energy, "__module__", None) or ""
-        if _analytic is None and torch.is_grad_enabled() and not origin.startswith("diffsoft."):
-            _warn_of_captured_tensors(fn, x0, tensors)
+        if _analytic is None and (torch.is_grad_enabled() or in_dual_level()) and not origin.startswith("diffsoft."):
+            _check_captured_tensors(fn, x0, tensors)
     info = SolveInfo()
     # Newton's products by double backward build graphs of the solver's own, which the caller's saved-tensor hooks
     # (non-reentrant checkpointing) must leave alone; the identity hooks that ensure it also reach the tensors
@@ -271,17 +272,23 @@ def default_backward_rtol(dtype):
     return 1e-10 if dtype == torch.float64 else 1e-5
 
 
-def _warn_of_captured_tensors(fn, x0, tensors):
-    """A RuntimeWarning when the energy depends on a tensor that requires grad but is not among its params (one
-    its closure captured): the implicit backward gives it no gradient, and a loss that reaches it by another way
-    too would get a gradient wrong by that part. One evaluation, on detached inputs: what still requires grad
-    came from elsewhere."""
+def _check_captured_tensors(fn, x0, tensors):
+    """Where the energy depends on a tensor that is not among its params (one its closure captured): a
+    RuntimeWarning when it requires grad (the implicit backward gives it no gradient, and a loss that reaches it
+    by another way too would get a gradient wrong by that part); a NotImplementedError when it is a forward-mode
+    dual tensor (its tangent would flow through Newton's iterations into x*, a wrong tangent). One evaluation,
+    on detached inputs: what still requires grad, or is dual, came from elsewhere."""
     try:
         with own_graphs():
             e = fn(x0.detach(), *[t.detach() for t in tensors])
     except Exception:  # noqa: BLE001 - the solve's own first evaluation says what is wrong with the energy
         return
-    if isinstance(e, torch.Tensor) and e.requires_grad:
+    if not isinstance(e, torch.Tensor):
+        return
+    if is_dual(e):
+        raise NotImplementedError(f"diffsoft.minimize: the energy reads a forward-mode dual tensor that is not among "
+                                  f"its params (one its closure captured): {REVERSE_MODE_ONLY}")
+    if e.requires_grad:
         warnings.warn("diffsoft.minimize: the energy depends on a tensor that requires grad and is not among its "
                       "params (one its closure captured): the implicit backward gives it no gradient. Pass it as a "
                       "param (minimize(energy, x0, ..., t)), or detach it if it needs none", RuntimeWarning,

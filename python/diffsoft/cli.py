@@ -98,12 +98,31 @@ def _with_passive_openmp():
     importing torch; docs/training.md, "Threads")."""
     if "OMP_WAIT_POLICY" in os.environ:
         return
+    started = os.path.basename(sys.argv[0]) if sys.argv else ""
+    if started != "diffsoft-train" and os.path.abspath(sys.argv[0] if sys.argv else "") != os.path.abspath(__file__):
+        # called from the user's own script, a notebook or stdin: re-executing would run (or lose) the caller's
+        # own work again
+        warnings.warn("OMP_WAIT_POLICY is not set: idle OpenMP threads spin and can slow training several times over "
+                      "on a shared machine; set OMP_WAIT_POLICY=PASSIVE in the environment before Python starts "
+                      "(docs/training.md, 'Threads')", RuntimeWarning, stacklevel=3)
+        return
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     # sys.orig_argv (Python >= 3.10): the interpreter's options and the script or -m module as started
     args = sys.orig_argv[1:] if hasattr(sys, "orig_argv") else ["-m", "diffsoft.cli", *sys.argv[1:]]
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, *args])
+
+
+def _run_name(creature):
+    """A run's folder name under ``runs/`` for ``--creature``: a name as it is (``biped``); a file as its folder
+    and its name (``examples/data/algovivo/biped/mesh.json``: ``biped_mesh``), so that files of one name in
+    other folders, or a file named like a built-in creature, do not share a run's folder."""
+    stem = os.path.splitext(os.path.basename(creature))[0]
+    if not creature.endswith(".json") and os.sep not in creature:
+        return stem
+    folder = os.path.basename(os.path.dirname(os.path.abspath(creature)))
+    return f"{folder}_{stem}" if folder else stem
 
 
 def _counting_short_steps(fn, *args, **kwargs):
@@ -145,7 +164,7 @@ def main(argv=None):
         p.error(f"--threads must be a positive integer, got {args.threads}")
     values = dict(QUICK) if args.quick else {}
     if args.creature is not None and args.out_dir is None:
-        values["out_dir"] = os.path.join("runs", os.path.splitext(os.path.basename(args.creature))[0])
+        values["out_dir"] = os.path.join("runs", _run_name(args.creature))
     values.update({f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                    if getattr(args, f.name) is not None})
     cfg = TrainConfig(**values)

@@ -170,6 +170,7 @@ def read(path, dim=None, dtype=None):
         raise IsADirectoryError(f"{path}: a directory, not a mesh file")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such mesh file")
+    _refuse_hanging_format(path)
     try:
         m = meshio.read(path)
     except SystemExit:  # some of meshio's readers exit the process on a file they cannot parse
@@ -184,6 +185,9 @@ def read(path, dim=None, dtype=None):
         raise ValueError(f"{path}: no triangle or tetra cells (found {sorted(blocks) or 'none'})")
     cells = np.concatenate(blocks[kind])
     points = np.asarray(m.points, dtype=np.float64)
+    if cells.size and (cells.min() < 0 or cells.max() >= len(points)):  # (numpy would take -1 as the last point)
+        bad = cells.min() if cells.min() < 0 else cells.max()
+        raise ValueError(f"{path}: a {kind} cell has vertex index {bad}, out of range for its {len(points)} points")
     if kind == "tetra":
         dim = 3 if dim is None else dim
         if dim != 3 or points.shape[1] != 3:
@@ -202,6 +206,18 @@ def read(path, dim=None, dtype=None):
     return _tensors(points, orient(points, cells), dtype)
 
 
+_HANGING_FORMATS = (".ele", ".node")
+"""Extensions whose meshio reader (tetgen's) loops for good on some files: on one that ends in blank lines, and
+on what meshio itself writes for triangles (measured with meshio 5.0)."""
+
+
+def _refuse_hanging_format(path):
+    """A ValueError naming ``path`` for a format of :data:`_HANGING_FORMATS`, before meshio is called."""
+    if os.path.splitext(path)[1].lower() in _HANGING_FORMATS:
+        raise ValueError(f"{path}: tetgen's .ele/.node format is not supported (meshio's reader can hang on it): "
+                         f"use .vtu, .vtk or .msh")
+
+
 def write(path, vertices, elements, point_data=None):
     """Writes a mesh with meshio; the format follows the file's extension. 2D vertices get z = 0.
 
@@ -211,6 +227,7 @@ def write(path, vertices, elements, point_data=None):
     meshio = require("meshio", "io")
 
     points, cells, data = _meshio_arrays(vertices, elements, point_data, "vertices")
+    _refuse_hanging_format(path)
     meshio.write(path, meshio.Mesh(points, cells, point_data=data))
     # Some formats drop cells they cannot hold (tetrahedra in .stl, .off, .ply), meshio only printing a warning.
     kind, count = cells[0][0], len(cells[0][1])

@@ -530,13 +530,22 @@ class Simulator:
         gradients; the others are shared by the batch. A batch dimension that is not ``B`` is refused by name.
         """
         refuse_transforms("Simulator.step", (x0, v0, activation))
+        if not torch.is_inference_mode_enabled():  # inference tensors keep no version, which autograd saves: copies do
+            x0, v0, activation = (t.clone() if isinstance(t, torch.Tensor) and t.is_inference() else t
+                                  for t in (x0, v0, activation))
         batched = self._check_state(x0, v0)
         params, top = self.step_problem(x0, v0, self._check_activation(activation, x0))
         refuse_transforms("Simulator.step", params)
+        users = params.colliders[len(params.colliders) - len(self._colliders):]  # (after the ground's)
+        for kind, groups in (("terms", params.terms), ("colliders", users)):
+            for k, tensors in enumerate(groups):
+                refuse_transforms(f"Simulator.step (sim.{kind}[{k}])", tensors)
         if top.terms and self._terms_checked is not top:  # once per topology: its terms are fixed
             for term in top.terms:
                 term.check(params, top.free_index >= 0)
             self._terms_checked = top
+        for k, term in enumerate(self._terms):  # their closures may change between steps
+            term.check_closure(params, f"sim.terms[{k}]")
         params, shift = self._recentred(params, top)
         backend = self._backend_for(x0)
         try:

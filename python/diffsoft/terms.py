@@ -23,10 +23,12 @@ time step, ``()`` or ``(B, 1)``)::
 """
 import copy
 import math
+import warnings
 
 import torch
 
-from ._compat import own_graphs
+from ._compat import in_dual_level, is_dual, own_graphs
+from ._minimize import REVERSE_MODE_ONLY
 from .body import Copies
 from .energies import StepTerm
 from .step import per_problem
@@ -256,6 +258,29 @@ class Term:
         out._copies = Copies()
         out._params = tuple(out._copies.to(i, t, dtype, device) for i, t in enumerate(self._params))
         return out
+
+    def check_closure(self, p, where):
+        """Where the energy reads a tensor that is not among its params (one its closure captured), at the step's
+        start ``p.x0`` (:class:`~diffsoft.step.StepParams`) on detached inputs: a RuntimeWarning naming ``where``
+        (e.g. ``sim.terms[0]``) when that tensor requires grad (the implicit backward gives it no gradient), a
+        NotImplementedError when it is a forward-mode dual tensor (its tangent would be lost). Evaluated at
+        every step while grad mode is on or a dual level is open, since a closure's tensors may change between
+        steps; as :func:`diffsoft.minimize` checks its energy."""
+        if not (torch.is_grad_enabled() or in_dual_level()):
+            return
+        x0 = p.x0.detach()[..., self.stencil(p.x0.shape[-2], p.x0.device), :]
+        with own_graphs():
+            e = self.energy(x0, x0, per_problem(p.h).detach(), *[t.detach() for t in self.params])
+        if not isinstance(e, torch.Tensor):
+            return
+        if is_dual(e):
+            raise NotImplementedError(f"Simulator.step: {where} (Term {self.name!r}) reads a forward-mode dual tensor "
+                                      f"that is not among its params (one its closure captured): {REVERSE_MODE_ONLY}")
+        if e.requires_grad:
+            warnings.warn(f"Simulator.step: {where} (Term {self.name!r}) depends on a tensor that requires grad and is "
+                          f"not among its params (one its energy's closure captured): the implicit backward gives it "
+                          f"no gradient. Pass it in the term's params, or detach it if it needs none",
+                          RuntimeWarning, stacklevel=4)
 
     def check_copies(self, where):
         """A ValueError naming ``where`` (e.g. ``sim.terms[0]``) where a parameter of this copy (:meth:`to`) was

@@ -626,8 +626,10 @@ def _cholesky_solve(L, rhs):
 def _scale(hess, b, n):
     """The diagonal of the vertex blocks (inertia ``m / h^2``, contact, friction), positive: the scaling of the
     fallback gradient steps (an inertia-scaled gradient step is an explicit step of the dynamics)."""
-    diag = torch.diagonal(hess.vertex, dim1=-2, dim2=-1)
-    return diag.reshape(b, n).clamp_min(torch.finfo(diag.dtype).tiny)
+    diag = torch.diagonal(hess.vertex, dim1=-2, dim2=-1).reshape(b, n).abs()
+    # |diag|, floored relative to the row's largest as the C++ Jacobi preconditioner is: a negative entry (inside
+    # a sphere, contact's curvature term) clamped to the smallest float made the step leap out of reach
+    return torch.max(diag, 1e-8 * diag.amax(1, keepdim=True)).clamp_min(torch.finfo(diag.dtype).tiny)
 
 
 def _hessian_product(hess, b, f, d):

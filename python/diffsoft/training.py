@@ -892,6 +892,12 @@ def train(cfg, resume=False, progress=True, log=print):
         raise ValueError(f"batch ({cfg.batch}) must be divisible by the number of processes ({world})")
     dtype = getattr(torch, cfg.dtype)
     sim = make_creature(cfg.creature, dtype, cfg.device)
+    if sim.body.num_muscles == 0:
+        raise ValueError(f"creature {cfg.creature!r} has no muscles: a policy has nothing to control")
+    if cfg.terrain > 0 and cfg.steer:
+        warnings.warn(f"terrain ({cfg.terrain}) with steer: the terrain is laid out along +x (diffsoft.terrain; in 3D "
+                      f"within a few metres of z = 0), so creatures commanded other headings walk part of the "
+                      f"way, or all of it, on flat ground", UserWarning, stacklevel=2)
     cfg = for_creature(cfg, sim)  # recorded: a checkpoint compares them, whichever way they were given
     sim.solver_options["backward_rtol"] = cfg.backward_rtol
     torch.manual_seed(cfg.seed)
@@ -907,6 +913,11 @@ def train(cfg, resume=False, progress=True, log=print):
     pool = Pool.at_rest(sim, b, cfg.episode, cfg.terrain > 0)
     ckpt_path = os.path.join(cfg.out_dir, "checkpoint.pt")
     history, start, train_seconds, best = [], 0, 0.0, _Best()
+    if resume and not os.path.exists(ckpt_path) and rank == 0:
+        log(f"no checkpoint at {ckpt_path}: a new run")
+    elif not resume and os.path.exists(ckpt_path) and rank == 0:
+        warnings.warn(f"{ckpt_path} exists and this run does not resume it: the new run's files replace it (resume "
+                      f"with resume=True, --resume; or give another out_dir)", UserWarning, stacklevel=2)
     if _resumes(resume and os.path.exists(ckpt_path), ckpt_path, world):
         ckpt = _load_checkpoint(ckpt_path, cfg, sim)
         ckpt["critic_optimizer"] = _flat_adam_state(ckpt["critic_optimizer"])

@@ -21,7 +21,7 @@ from diffsoft.simulator import Simulator
 from diffsoft.step import unpack
 from diffsoft.term_blocks import gradient_and_hessian
 
-from conftest import assert_fused_matches_reference, F64, param_names, reference_param_grads, sheet_sim
+from conftest import assert_fused_matches_reference, F64, param_names, reference_param_grads, sheet_sim, small_sim
 
 BACKENDS = ("cpp", "torch")
 
@@ -732,3 +732,18 @@ def test_a_height_field_with_spacings_per_creature_and_a_shared_origin(backend):
     for k in range(4):
         one = Simulator(body, ground=None, colliders=[HeightField(-0.1, dx[k], h)], **options)
         torch.testing.assert_close(one.step(x, vel)[0], x1[k], rtol=0, atol=1e-12)
+
+
+def test_the_torch_backend_steps_near_a_spheres_centre_as_the_cpp_one_does():
+    # Inside a sphere the contact's curvature term makes vertex blocks indefinite; the torch backend's fallback
+    # step divided by their diagonal clamped to the smallest float, leapt out of reach, and its line search
+    # failed (x1 = x0) where the C++ backend converges.
+    out = []
+    for backend in ("cpp", "torch"):
+        sim = small_sim(backend=backend, ground=None)
+        x, v = sim.rest_state
+        sim.colliders = [Sphere((x[0] + torch.tensor([1e-3, 5e-4], dtype=F64)).tolist(), 0.05)]
+        x1, _, info = sim.step(x, v, return_info=True)
+        assert info.converged, (backend, info.message)
+        out.append(x1)
+    torch.testing.assert_close(out[1], out[0], rtol=0, atol=1e-8)

@@ -96,3 +96,17 @@ def test_each_example_says_how_to_run_it_with_the_venvs_python(name):
         doc = ast.get_docstring(ast.parse(f.read()))
     assert re.search(rf"^\s*\.venv/bin/python examples/{name}\.py", doc, flags=re.M), doc
     assert not re.search(r"(?<![/\w])python3? (examples|-m)", doc), doc
+
+
+def test_the_training_command_called_from_a_users_script_does_not_run_it_again(tmp_path):
+    # Re-executing the command line to set OMP_WAIT_POLICY ran the caller's own script twice (or, from stdin,
+    # replaced the process by an empty one): from another script, main() warns instead.
+    script = tmp_path / "mine.py"
+    script.write_text("open('count.txt', 'a').write('x')\nimport sys\nsys.argv = ['mine', '--help']\n"
+                      "from diffsoft.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "count.txt").read_text() == "x"
+    assert "OMP_WAIT_POLICY is not set" in out.stderr and "usage:" in out.stdout

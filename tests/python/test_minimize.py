@@ -604,3 +604,22 @@ def test_flags_must_be_booleans_and_inference_tensors_are_params_like_any():
     x = diffsoft.minimize(quartic, torch.zeros(2, dtype=F64), k, b)
     x.sum().backward()
     torch.testing.assert_close(k.grad, -(x / (k + 3 * x * x)).sum().detach())  # d x*/dk = -x / (k + 3 x^2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_solve_started_at_its_own_answer_says_to_set_atol(dtype):
+    # There ||g0|| is round-off, and with atol 0 the tolerance, rtol times it, lies below what any x reaches: the
+    # failure says why and what to set; with atol the warm start converges at once.
+    def energy(x, k, b):
+        return (0.5 * k * x * x + 0.25 * x ** 4 - b * x).sum(-1)
+    k, b = torch.linspace(1.0, 2.0, 4, dtype=dtype), torch.ones(4, dtype=dtype)
+    x1 = diffsoft.minimize(energy, torch.zeros(4, dtype=dtype), k, b)
+    if dtype == torch.float64:  # (float32's round-off may land below it)
+        with pytest.raises(diffsoft.ConvergenceError, match=r"atol is 0, so the tolerance is rtol x \|\|g0\|\|.*"
+                                                            r"smaller than the gradient's round-off; set atol"):
+            diffsoft.minimize(energy, x1, k, b, on_failure="raise", max_iter=5)
+    again, info = diffsoft.minimize(energy, x1, k, b, atol=1e3 * torch.finfo(dtype).eps, on_failure="raise",
+                                    return_info=True)
+    assert info.converged and info.iterations <= 2, info.message
+    close = 1e-8 if dtype == torch.float64 else 1e-5  # (x1 is within the first solve's tolerance of x*)
+    torch.testing.assert_close(again, x1, rtol=0, atol=close)

@@ -303,3 +303,70 @@ def test_a_corrupt_checkpoint_on_resume_says_so(tmp_path, content):
     (tmp_path / "checkpoint.pt").write_bytes(content)
     with pytest.raises(ValueError, match="checkpoint.pt is corrupt or not a diffsoft checkpoint.*delete it"):
         training.train(cfg, resume=True, progress=False)
+
+
+def test_a_checkpoint_that_would_import_other_code_is_refused_before_it_runs(tmp_path):
+    # torch 1.13's torch.load (no weights_only there) ran a foreign file's code: os._exit ended the process.
+    import os
+    import pickle
+    from diffsoft import training
+
+    class Foreign:
+        def __reduce__(self):
+            return os.mkdir, (str(tmp_path / "ran"),)
+    (tmp_path / "run").mkdir()
+    torch.save({"version": 2, "x": Foreign()}, str(tmp_path / "run" / "checkpoint.pt"))
+    cfg = training.TrainConfig(batch=2, window=2, episode=4, iterations=1, critic_minibatches=1,
+                               out_dir=str(tmp_path / "run"))
+    with pytest.raises(ValueError, match="checkpoint.pt is corrupt or not a diffsoft checkpoint"):
+        training.train(cfg, resume=True, progress=False)
+    with open(tmp_path / "run" / "checkpoint.pt", "wb") as f:  # a plain pickle, not torch.save's archive
+        pickle.dump({"version": 2, "x": Foreign()}, f)
+    with pytest.raises(ValueError, match="checkpoint.pt is corrupt or not a diffsoft checkpoint"):
+        training.train(cfg, resume=True, progress=False)
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_run_says_when_it_resumes_nothing_or_replaces_a_run(tmp_path):
+    from diffsoft import training
+    cfg = training.TrainConfig(batch=2, window=2, episode=4, iterations=1, critic_minibatches=1,
+                               out_dir=str(tmp_path))
+    said = []
+    training.train(cfg, resume=True, progress=False, log=said.append)  # (a typo'd out_dir trained anew silently)
+    assert f"no checkpoint at {tmp_path / 'checkpoint.pt'}: a new run" in said
+    with pytest.warns(UserWarning, match="checkpoint.pt exists and this run does not resume it"):
+        training.train(cfg, progress=False, log=said.append)
+
+
+def test_a_creature_without_muscles_is_refused_before_training(tmp_path):
+    v, t = mesh.rectangle(0.4, 0.2, 2, 1, dtype=torch.float64)
+    path = str(tmp_path / "still.json")
+    creatures.save(Simulator(SoftBody(v, t, density=100.0, youngs_modulus=2e3, poisson_ratio=0.3)), path)
+    from diffsoft import training
+    cfg = training.TrainConfig(creature=path, batch=2, window=2, episode=4, iterations=1, critic_minibatches=1,
+                               out_dir=str(tmp_path / "run"))
+    with pytest.raises(ValueError, match="has no muscles: a policy has nothing to control"):
+        training.train(cfg, progress=False)
+
+
+def test_the_training_commands_default_folders_keep_creature_files_apart():
+    from diffsoft.cli import _run_name
+    assert _run_name("biped") == "biped"
+    assert _run_name("examples/data/algovivo/biped/mesh.json") == "biped_mesh"
+    assert _run_name("examples/data/algovivo/quadruped/mesh.json") == "quadruped_mesh"
+    assert _run_name("mine/biped.json") == "mine_biped" != _run_name("biped")
+
+
+def test_mesh_files_with_an_index_out_of_range_or_a_format_that_hangs_are_refused(tmp_path):
+    path = tmp_path / "negative.vtk"
+    path.write_text("# vtk DataFile Version 4.2\nmesh\nASCII\nDATASET UNSTRUCTURED_GRID\nPOINTS 4 double\n"
+                    "0 0 0\n1 0 0\n0 1 0\n1 1 0\nCELLS 2 8\n3 0 1 2\n3 1 3 -1\nCELL_TYPES 2\n5\n5\n")
+    with pytest.raises(ValueError, match=r"negative.vtk: a triangle cell has vertex index -1, out of range"):
+        mesh.read(str(path))  # numpy took -1 as the last point: a quietly other mesh
+    v, t = mesh.rectangle(0.4, 0.2, 2, 1)
+    for name in ("out.ele", "out.node"):  # meshio's tetgen reader looped for good
+        with pytest.raises(ValueError, match=r"tetgen's .ele/.node format is not supported"):
+            mesh.write(str(tmp_path / name), v, t)
+        (tmp_path / name).write_text("")
+        with pytest.raises(ValueError, match=r"tetgen's .ele/.node format is not supported"):
+            mesh.read(str(tmp_path / name))

@@ -2,6 +2,7 @@
 backend (``backend="torch"``) and the plain step (``fused=False``). Each pair gives the right answer, or the same
 clear error on every path naming the supported way; none gives a quietly wrong result or breaks what follows."""
 import importlib
+import re
 from contextlib import nullcontext
 
 import pytest
@@ -11,6 +12,7 @@ from torch.utils.checkpoint import checkpoint
 
 import diffsoft
 from diffsoft import creatures
+from diffsoft.colliders import Plane
 from diffsoft._minimize import FIRST_ORDER_ONLY, ONE_GRADIENT_AT_A_TIME, REVERSE_MODE_ONLY
 
 from conftest import F64, small_sim
@@ -286,3 +288,50 @@ def test_a_gradient_at_an_unconverged_solve_is_reported_by_the_backward(problem)
         torch.autograd.grad(x.sum(), p)
     assert info.backward_ran and not info.backward_converged
     assert "the implicit gradient assumes grad E(x*) = 0" in info.backward_message
+
+
+def test_a_dual_tensor_in_the_energys_closure_is_refused_not_dropped():
+    # Its tangent flowed through Newton's iterations into x*: a wrong tangent (-0.40 against -0.23), or None from
+    # another start, without a word.
+    x0, b = torch.zeros(4, dtype=F64), torch.ones(4, dtype=F64)
+    with forward_ad.dual_level():
+        c = forward_ad.make_dual(torch.tensor(1.5, dtype=F64), torch.tensor(1.0, dtype=F64))
+        with pytest.raises(NotImplementedError, match=re.escape("closure captured): " + REVERSE_MODE_ONLY)):
+            diffsoft.minimize(lambda x: (0.5 * c * x * x + 0.25 * x ** 4 - b * x).sum(), x0)
+
+
+def _spring_to(target):
+    from diffsoft.terms import Term
+    return Term(lambda x, x0, h, k: 0.5 * k * ((x[..., 0, :] - target) ** 2).sum(-1), rows=[[5]],
+                params=(torch.tensor(50.0, dtype=F64),), name="spring")
+
+
+@pytest.mark.parametrize("path", [{}, {"backend": "torch"}, {"fused": False}], ids=["cpp", "torch", "unfused"])
+def test_a_terms_closure_is_checked_at_every_step_on_every_path(path):
+    target = torch.tensor([0.5, 0.3], dtype=F64, requires_grad=True)
+    sim = small_sim(terms=[_spring_to(target)], **path)
+    x, v = sim.rest_state
+    sim.body.mu = sim.body.mu.detach().clone().requires_grad_()
+    with pytest.warns(RuntimeWarning, match=r"sim.terms\[0\] \(Term 'spring'\) depends on a tensor that requires grad"):
+        sim.step(x, v)  # its gradient would be quietly missing
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(torch.tensor([0.5, 0.3], dtype=F64), torch.ones(2, dtype=F64))
+        sim = small_sim(terms=[_spring_to(dual)], **path)
+        with pytest.raises(NotImplementedError, match=r"sim.terms\[0\] \(Term 'spring'\) reads a forward-mode dual"):
+            sim.step(x, v)
+        sim = small_sim(colliders=[Plane(dual - 0.4, torch.tensor([0.0, 1.0], dtype=F64))],
+                        **path)
+        with pytest.raises(NotImplementedError, match=r"sim.colliders\[0\]"):
+            sim.step(x, v)
+
+
+@pytest.mark.parametrize("path", [{}, {"backend": "torch"}, {"fused": False}], ids=["cpp", "torch", "unfused"])
+def test_a_state_made_under_inference_mode_steps_with_gradients_on_every_path(path):
+    sim = small_sim(**path)
+    x, v = sim.rest_state
+    with torch.inference_mode():
+        xi, a = x.clone(), torch.tensor([0.8, 0.9], dtype=F64)
+    sim.body.mu = mu = sim.body.mu.detach().clone().requires_grad_()
+    (g,) = torch.autograd.grad(sim.step(xi, v, a)[0].sum(), mu)
+    (want,) = torch.autograd.grad(sim.step(x, v, a.clone())[0].sum(), mu)
+    torch.testing.assert_close(g, want)

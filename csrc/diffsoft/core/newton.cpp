@@ -332,7 +332,14 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       torch::Tensor ratio = g_norm / threshold.clamp_min(std::numeric_limits<double>::min());
       why << "max_iter = " << opt.max_iter << " Newton iterations reached with the gradient norm at "
           << torch::where(active, ratio, torch::zeros_like(ratio)).max().item<double>()
-          << " x its tolerance (||g|| = " << info.grad_norm << ") for problem(s) " << indices(active) << "; ";
+          << " x its tolerance (||g|| = " << info.grad_norm << ") for problem(s) " << indices(active);
+      // With atol 0 the tolerance is rtol times ||g0||: a start at or near the minimum (a solve warm-started from
+      // its own answer) puts it below the gradient's round-off, where no x reaches it.
+      if (opt.atol == 0)
+        why << " (atol is 0, so the tolerance is rtol x ||g0||, here down to "
+            << torch::where(active, threshold, torch::full_like(threshold, inf)).min().item<double>()
+            << ": a start at or near the minimum makes it smaller than the gradient's round-off; set atol)";
+      why << "; ";
       break;
     }
 
