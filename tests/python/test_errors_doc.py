@@ -242,6 +242,63 @@ def _checkpoint(tmp, edit=None, creature="biped", **kw):
     training.train(TrainConfig(**{**cfg, "iterations": 2, **kw}), resume=True, progress=False)
 
 
+def _warm_start():
+    """``minimize`` with atol 0 from its own answer: the relative tolerance below round-off."""
+    def energy(x):
+        return (0.5 * x * x + 0.25 * x ** 4 - x).sum()
+    diffsoft.minimize(energy, diffsoft.minimize(energy, torch.zeros(3, dtype=F64)), max_iter=3)
+
+
+def _dual_in_a_closure():
+    from torch.autograd import forward_ad
+    with forward_ad.dual_level():
+        c = forward_ad.make_dual(torch.tensor(1.5, dtype=F64), torch.tensor(1.0, dtype=F64))
+        diffsoft.minimize(lambda x: (0.5 * c * x * x + 0.25 * x ** 4 - x).sum(), torch.zeros(3, dtype=F64))
+
+
+def _grad_in_a_terms_closure():
+    target = torch.tensor([0.5, 0.3], dtype=F64, requires_grad=True)
+    sim = _sim()
+    sim.terms = [terms.Term(lambda x, x0, h: ((x[..., 0, :] - target) ** 2).sum(-1), rows=[[1]])]
+    sim.step(*sim.rest_state)
+
+
+def _negative_index(tmp):
+    path = tmp / "negative.vtk"
+    path.write_text("# vtk DataFile Version 4.2\nmesh\nASCII\nDATASET UNSTRUCTURED_GRID\nPOINTS 4 double\n"
+                    "0 0 0\n1 0 0\n0 1 0\n1 1 0\nCELLS 2 8\n3 0 1 2\n3 1 3 -1\nCELL_TYPES 2\n5\n5\n")
+    mesh.read(str(path))
+
+
+def _train(tmp, **kw):
+    from diffsoft import training
+    training.train(TrainConfig(**{**dict(batch=2, window=2, episode=4, iterations=1, critic_minibatches=1,
+                                         out_dir=str(tmp / "run")), **kw}), progress=False, log=lambda *a: None)
+
+
+def _without_muscles(tmp):
+    v, t = mesh.rectangle(0.4, 0.2, 2, 1, dtype=F64)
+    creatures.save(Simulator(SoftBody(v, t, density=100.0, youngs_modulus=2e3, poisson_ratio=0.3)),
+                   str(tmp / "still.json"))
+    _train(tmp, creature=str(tmp / "still.json"))
+
+
+def _over_another_run(tmp):
+    _train(tmp)
+    _train(tmp)
+
+
+def _main_from_a_script():
+    import os
+    from diffsoft import cli
+    saved = os.environ.pop("OMP_WAIT_POLICY", None)
+    try:
+        cli._with_passive_openmp()  # (pytest's own process: not the command)
+    finally:
+        if saved is not None:
+            os.environ["OMP_WAIT_POLICY"] = saved
+
+
 def _corrupt_checkpoint(tmp):
     from diffsoft import training
     (tmp / "run").mkdir()
@@ -296,6 +353,23 @@ TRIGGERS = [
      "norm at R x its tolerance ...", lambda tmp: _not_converging()),
     ("... the line search found no decrease of the energy after K trials at Newton iteration i for problem(s) ... "
      "(||g|| = ..., tolerance ...)", lambda tmp: _kink()),
+    ("... max_iter = N Newton iterations reached ... (atol is 0, so the tolerance is rtol x ||g0||, here down "
+     "to T: where that is below the gradient's round-off, as from a start at or near the minimum, no x reaches it; "
+     "set atol)", lambda tmp: _warm_start()),
+    ("NotImplementedError: ... reads a forward-mode dual tensor that is not among its params (one its closure "
+     "captured): ...", lambda tmp: _dual_in_a_closure()),
+    ("RuntimeWarning: ... depends on a tensor that requires grad and is not among its params",
+     lambda tmp: _grad_in_a_terms_closure()),
+    ("ValueError: PATH: a triangle cell has vertex index i, out of range for its N points",
+     lambda tmp: _negative_index(tmp)),
+    ("ValueError: PATH: tetgen's .ele/.node format is not supported (meshio's reader can hang on it)",
+     lambda tmp: mesh.write(str(tmp / "out.ele"), *mesh.rectangle(0.4, 0.2, 2, 1))),
+    ("ValueError: creature 'C' has no muscles: a policy has nothing to control", lambda tmp: _without_muscles(tmp)),
+    ("UserWarning: terrain (v) with steer: the terrain is laid out along +x ...",
+     lambda tmp: _train(tmp, terrain=5.0, steer=True)),
+    ("UserWarning: PATH exists and this run does not resume it: the new run's files replace it ...",
+     lambda tmp: _over_another_run(tmp)),
+    ("RuntimeWarning: OMP_WAIT_POLICY is not set: idle OpenMP threads spin ...", lambda tmp: _main_from_a_script()),
     ("... the gradient is not finite at Newton iteration i",
      lambda tmp: diffsoft.minimize(_NanGradientAbove.apply, torch.zeros(3, dtype=F64))),
     ("UserWarning: diffsoft: adjoint solve failed: the Hessian at x* is not positive definite ...",

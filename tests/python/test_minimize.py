@@ -616,7 +616,8 @@ def test_a_solve_started_at_its_own_answer_says_to_set_atol(dtype):
     x1 = diffsoft.minimize(energy, torch.zeros(4, dtype=dtype), k, b)
     if dtype == torch.float64:  # (float32's round-off may land below it)
         with pytest.raises(diffsoft.ConvergenceError, match=r"atol is 0, so the tolerance is rtol x \|\|g0\|\|.*"
-                                                            r"smaller than the gradient's round-off; set atol"):
+                                                            r"as from a start at or near the minimum, no x reaches "
+                                                            r"it; set atol"):
             diffsoft.minimize(energy, x1, k, b, on_failure="raise", max_iter=5)
     again, info = diffsoft.minimize(energy, x1, k, b, atol=1e3 * torch.finfo(dtype).eps, on_failure="raise",
                                     return_info=True)

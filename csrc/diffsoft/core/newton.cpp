@@ -338,7 +338,8 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       if (opt.atol == 0)
         why << " (atol is 0, so the tolerance is rtol x ||g0||, here down to "
             << torch::where(active, threshold, torch::full_like(threshold, inf)).min().item<double>()
-            << ": a start at or near the minimum makes it smaller than the gradient's round-off; set atol)";
+            << ": where that is below the gradient's round-off, as from a start at or near the minimum, no x "
+               "reaches it; set atol)";
       why << "; ";
       break;
     }
