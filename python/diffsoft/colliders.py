@@ -111,6 +111,11 @@ class Collider:
         """The collider as JSON values (creature files) for a ``dim``-dimensional body: its kind and its fields as
         numbers or nested lists, one creature's (a field with a batch dimension is a ValueError)."""
         self.step_params_for_one(dim)
+        for name in CONTACT_PARAMS:
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                raise ValueError(f"{type(self).__name__}.{name} has shape {tuple(value.shape)} (one per creature of a "
+                                 f"batch), but a file holds one creature's: save each creature's own")
         out = {"kind": self.KIND}
         for name in self.FIELDS + CONTACT_PARAMS:
             value = getattr(self, name)
@@ -129,6 +134,12 @@ class Collider:
         if missing:
             raise ValueError(f"{where}: a {data['kind']} needs the keys {cls.FIELDS}, missing {missing}")
         kwargs = {k: data[k] for k in cls.FIELDS + CONTACT_PARAMS if data.get(k) is not None}
+
+        def has_bool(v):
+            return isinstance(v, bool) or (isinstance(v, list) and any(has_bool(u) for u in v))
+        for k, v in kwargs.items():
+            if has_bool(v):
+                raise ValueError(f"{where}: key {k!r} must hold numbers (JSON's true is not 1), got {v!r}")
         try:
             return cls(**kwargs)
         except (ValueError, TypeError) as e:

@@ -26,6 +26,7 @@ import hashlib
 import json
 import numbers
 import os
+import warnings
 
 import numpy as np
 import torch
@@ -125,8 +126,12 @@ def save_algovivo(sim, path, x=None):
 def save(sim, path):
     """Writes ``sim`` (body and simulator constants, 2D or 3D) in diffsoft's JSON format: one creature, so
     fields and constants that hold one value per creature of a batch are refused. What is written is checked as
-    :func:`load` reads it, so that the file always reads back."""
+    :func:`load` reads it, so that the file always reads back. User terms (``sim.terms``) are code, not content:
+    they are not written (a UserWarning says so)."""
     b = sim.body
+    if sim.terms:
+        warnings.warn(f"creatures.save: sim.terms ({len(sim.terms)}) are code, not written to {path}: add them to the "
+                      f"simulator that creatures.load returns", UserWarning, stacklevel=2)
     _one_creature(sim, "creatures.save", ("mass", 1), ("Dm_inv", 3), ("mu", 1), ("lam", 1), ("muscle_rest_length", 1),
                   ("muscle_stiffness", 1))
     data = {
@@ -183,11 +188,14 @@ def _from_diffsoft(data, path, dtype):
         body = SoftBody(verts, elements, material=data.get("material"), muscles=muscles,
                         min_a=data.get("min_a", MIN_A), dtype=dtype, **fields)
         sim = Simulator(body, colliders=colliders, **{k: s[k] for k in keys})
-        for c in colliders:  # each one's fields fit the body
-            c.step_params_for_one(dim)
-        return sim
     except (ValueError, TypeError) as e:
         raise ValueError(f"{path}: {e}") from None
+    for k, c in enumerate(colliders):  # each one's fields fit the body, its contact constants in range
+        try:
+            c.step_params(sim, None)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{path}: key 'simulator.colliders[{k}]': {e}") from None
+    return sim
 
 
 def _one_creature(sim, writer, *fields):

@@ -7,6 +7,7 @@ A mesh is a pair ``(vertices, elements)``: ``vertices`` is ``(N, d)`` floating p
 import math
 import numbers
 import os
+import warnings
 from xml.sax.saxutils import escape
 
 import numpy as np
@@ -290,6 +291,11 @@ def write_vtk_series(directory, positions, elements, name="frame", dt=1.0, point
             else:
                 points, tris = collider.mesh(3, lo - pad, hi + pad)
                 cells = [("triangle", tris)]
+            if len(points) == 0:  # (a file of no points reads back nowhere)
+                warnings.warn(f"write_vtk_series: colliders[{k}] has no surface within the box around the "
+                              f"trajectory (its extent padded by half), so it is not written", UserWarning,
+                              stacklevel=2)
+                continue
             meshio.write(os.path.join(directory, fname), meshio.Mesh(points, cells))
             parts.append(fname)
     entries = []

@@ -540,12 +540,12 @@ class Simulator:
         for kind, groups in (("terms", params.terms), ("colliders", users)):
             for k, tensors in enumerate(groups):
                 refuse_transforms(f"Simulator.step (sim.{kind}[{k}])", tensors)
+        for k, term in enumerate(self._terms):  # (params and closures may change between steps)
+            term.check_at_start(params, f"sim.terms[{k}]")
         if top.terms and self._terms_checked is not top:  # once per topology: its terms are fixed
             for term in top.terms:
                 term.check(params, top.free_index >= 0)
             self._terms_checked = top
-        for k, term in enumerate(self._terms):  # their closures may change between steps
-            term.check_closure(params, f"sim.terms[{k}]")
         params, shift = self._recentred(params, top)
         backend = self._backend_for(x0)
         try:
@@ -619,8 +619,10 @@ class Simulator:
                         f"in x0 relative to its rest shape (det F = {J[where].item():.3g}; {len(bad)} such): the "
                         f"neo-Hookean energy is infinite there. Start from a state without inverted elements (e.g. "
                         f"the rest state), or check the rest shapes body.Dm_inv")
+        extra = "".join(f", {what}" for what, items in (("the colliders' fields (sim.colliders)", self._colliders),
+                                                          ("the terms' params (sim.terms)", self._terms)) if items)
         return ("The step's energy overflows at the start state: check x0, v0 and the constants (dt, gravity, ground, "
-                "contact_stiffness, friction, and the body's masses, moduli and muscles)")
+                f"contact_stiffness, friction, and the body's masses, moduli and muscles){extra}")
 
     @property
     def backend(self):

@@ -27,7 +27,7 @@ import warnings
 
 import torch
 
-from ._compat import in_dual_level, is_dual, own_graphs
+from ._compat import is_dual, own_graphs
 from ._minimize import REVERSE_MODE_ONLY
 from .body import Copies
 from .energies import StepTerm
@@ -128,9 +128,10 @@ class Term:
         """The rows on ``device``: :attr:`rows`, or one per vertex."""
         if self._rows is None:
             return torch.arange(num_vertices, device=device)[:, None]
-        if int(self._rows.max()) >= num_vertices:
-            raise ValueError(f"Term {self.name!r}: rows has vertex index {int(self._rows.max())}, but the body has "
-                             f"{num_vertices} vertices")
+        if int(self._rows.max()) >= num_vertices or int(self._rows.min()) < 0:  # (rows edited in place since)
+            bad = int(self._rows.max()) if int(self._rows.max()) >= num_vertices else int(self._rows.min())
+            raise ValueError(f"Term {self.name!r}: rows has vertex index {bad}, but the body has {num_vertices} "
+                             f"vertices")
         return self._rows.to(device)
 
     def check(self, p, free=None):
@@ -259,24 +260,33 @@ class Term:
         out._params = tuple(out._copies.to(i, t, dtype, device) for i, t in enumerate(self._params))
         return out
 
-    def check_closure(self, p, where):
-        """Where the energy reads a tensor that is not among its params (one its closure captured), at the step's
-        start ``p.x0`` (:class:`~diffsoft.step.StepParams`) on detached inputs: a RuntimeWarning naming ``where``
-        (e.g. ``sim.terms[0]``) when that tensor requires grad (the implicit backward gives it no gradient), a
-        NotImplementedError when it is a forward-mode dual tensor (its tangent would be lost). Evaluated at
-        every step while grad mode is on or a dual level is open, since a closure's tensors may change between
-        steps; as :func:`diffsoft.minimize` checks its energy."""
-        if not (torch.is_grad_enabled() or in_dual_level()):
-            return
+    def check_at_start(self, p, where):
+        """The energy at the step's start ``p.x0`` (:class:`~diffsoft.step.StepParams`) on detached inputs, at every
+        step (params and a closure's tensors may change between steps), naming ``where`` (e.g. ``sim.terms[0]``):
+        a ValueError where it fails or is not one energy per row (a param with a batch the state lacks, or of
+        another batch's length); where it reads a tensor that is not among its params (one its closure
+        captured), a RuntimeWarning when that requires grad (the implicit backward gives it no gradient) and a
+        NotImplementedError when it is a forward-mode dual tensor (its tangent would be lost), as
+        :func:`diffsoft.minimize` checks its energy."""
         x0 = p.x0.detach()[..., self.stencil(p.x0.shape[-2], p.x0.device), :]
-        with own_graphs():
-            e = self.energy(x0, x0, per_problem(p.h).detach(), *[t.detach() for t in self.params])
-        if not isinstance(e, torch.Tensor):
-            return
+        shapes = ", ".join(str(tuple(t.shape)) for t in self.params) or "none"
+        state = f"a batch of {x0.shape[0]}" if x0.dim() == 4 else "one creature"
+        try:
+            with own_graphs():
+                e = self.energy(x0, x0, per_problem(p.h).detach(), *[t.detach() for t in self.params])
+        except Exception as err:  # noqa: BLE001 - named, with what the step gave it
+            raise ValueError(f"{where} (Term {self.name!r}): its energy failed at the step's start "
+                             f"({type(err).__name__}: {err}); the state is {state}, its rows {tuple(x0.shape)}, its "
+                             f"params' shapes {shapes}") from err
+        if not isinstance(e, torch.Tensor) or tuple(e.shape) != tuple(x0.shape[:-2]):
+            raise ValueError(f"{where} (Term {self.name!r}): its energy must return one energy per row, shape "
+                             f"{tuple(x0.shape[:-2])} for rows of shape {tuple(x0.shape)} ({state}), got "
+                             f"{tuple(e.shape) if isinstance(e, torch.Tensor) else type(e).__name__}; its params' "
+                             f"shapes: {shapes} (a per-creature param has the state's batch as its first dimension)")
         if is_dual(e):
             raise NotImplementedError(f"Simulator.step: {where} (Term {self.name!r}) reads a forward-mode dual tensor "
                                       f"that is not among its params (one its closure captured): {REVERSE_MODE_ONLY}")
-        if e.requires_grad:
+        if e.requires_grad and torch.is_grad_enabled():
             warnings.warn(f"Simulator.step: {where} (Term {self.name!r}) depends on a tensor that requires grad and is "
                           f"not among its params (one its energy's closure captured): the implicit backward gives it "
                           f"no gradient. Pass it in the term's params, or detach it if it needs none",

@@ -788,6 +788,12 @@ def _load_checkpoint(path, cfg, sim):
         raise ValueError(f"{path} lacks key {(missing or ['config'])[0]!r}: an incomplete or hand-edited checkpoint "
                          f"(diffsoft writes {', '.join(_CHECKPOINT_KEYS)}); delete it to start over, or resume from "
                          f"a copy of the run")
+    it, seconds = ckpt["iteration"], ckpt.get("train_seconds")
+    if isinstance(it, bool) or not isinstance(it, int) or it < 0 or not isinstance(ckpt.get("history"), list) \
+            or isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+        raise ValueError(f"{path}: key 'iteration' must be an int >= 0, 'history' a list and 'train_seconds' a "
+                         f"finite number, got {it!r}, {type(ckpt.get('history')).__name__}, {seconds!r}: a hand-edited "
+                         f"checkpoint; delete it to start over, or resume from a copy of the run")
     # (drift_weight compared where it changes the reward, on either side: see _without_idle_drift)
     wanted = dataclasses.asdict(_without_idle_drift(cfg, sim))
     stored = dataclasses.asdict(_without_idle_drift(TrainConfig.recorded(ckpt["config"]), sim))
@@ -938,11 +944,12 @@ def train(cfg, resume=False, progress=True, log=print):
                  "terrain": torch.zeros(cfg.batch, 0, dtype=pool.x.dtype),
                  "heading": torch.zeros(cfg.batch, dtype=pool.x.dtype), **ckpt["pool"]}
         for k, t in state.items():
-            want = (cfg.batch,) + tuple(getattr(pool, k).shape[1:])
-            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want:
-                raise ValueError(f"{ckpt_path}: key 'pool.{k}' must be a tensor of shape {want}, got "
-                                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}; delete the "
-                                 f"checkpoint to start over, or resume from a copy of the run")
+            want, dtype = (cfg.batch,) + tuple(getattr(pool, k).shape[1:]), getattr(pool, k).dtype
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != dtype \
+                    or (t.is_floating_point() and not bool(torch.isfinite(t).all())):
+                raise ValueError(f"{ckpt_path}: key 'pool.{k}' must be a finite {dtype} tensor of shape {want}, got "
+                                 f"{f'{t.dtype} {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__}"
+                                 f"; delete the checkpoint to start over, or resume from a copy of the run")
         pool = Pool(**{k: t[rank * b:(rank + 1) * b].clone() for k, t in state.items()}).to(sim.body.device)
         history, start, train_seconds = ckpt["history"], ckpt["iteration"], ckpt["train_seconds"]
         if "best" in ckpt:  # checkpoints written before keep_best lack it

@@ -299,6 +299,43 @@ def _main_from_a_script():
             os.environ["OMP_WAIT_POLICY"] = saved
 
 
+def _term_of_another_batch():
+    sim = _sim()
+    sim.terms = [terms.Term(lambda x, x0, h, t: ((x[..., 0, :] - t) ** 2).sum(-1), rows=[[1]],
+                            params=(torch.zeros(2, 2, dtype=F64),))]
+    sim.step(*sim.rest_state)
+
+
+def _term_that_fails():
+    sim = _sim()
+    sim.terms = [terms.Term(lambda x, x0, h, t: ((x[..., 0, :] - t) ** 2).sum(-1), rows=[[1]],
+                            params=(torch.zeros(3, dtype=F64),))]
+    sim.step(*sim.rest_state)
+
+
+def _collider_file(tmp, **edit):
+    sim = _sim()
+    sim.colliders = [colliders.Sphere([0.0, -1.0], 0.5)]
+    path = tmp / "c.json"
+    creatures.save(sim, str(path))
+    data = json.loads(path.read_text())
+    data["simulator"]["colliders"][0].update(edit)
+    path.write_text(json.dumps(data))
+    creatures.load(str(path))
+
+
+def _save_per_creature_friction(tmp):
+    sim = _sim()
+    sim.colliders = [colliders.Plane([0.0, -0.01], [0.0, 1.0], friction=torch.tensor([1.0, 2.0], dtype=F64))]
+    creatures.save(sim, str(tmp / "c.json"))
+
+
+def _save_terms(tmp):
+    sim = _sim()
+    sim.terms = [terms.Term(lambda x, x0, h: (x ** 2).sum((-2, -1)))]
+    creatures.save(sim, str(tmp / "c.json"))
+
+
 def _corrupt_checkpoint(tmp):
     from diffsoft import training
     (tmp / "run").mkdir()
@@ -370,6 +407,19 @@ TRIGGERS = [
     ("UserWarning: PATH exists and this run does not resume it: the new run's files replace it ...",
      lambda tmp: _over_another_run(tmp)),
     ("RuntimeWarning: OMP_WAIT_POLICY is not set: idle OpenMP threads spin ...", lambda tmp: _main_from_a_script()),
+    ("ValueError: sim.terms[k] (Term 'NAME'): its energy must return one energy per row, shape S for rows of shape R "
+     "(...), got T ...", lambda tmp: _term_of_another_batch()),
+    ("sim.terms[k] (Term 'NAME'): its energy failed at the step's start (...)", lambda tmp: _term_that_fails()),
+    ("ValueError: PATH: key 'simulator.colliders[k]': key 'stiffness' must hold numbers (JSON's true is not 1), "
+     "got ...",
+     lambda tmp: _collider_file(tmp, stiffness=True)),
+    ("ValueError: creatures.save writes one creature, but sim.colliders[k]: NAME has shape (B,) (one per creature of "
+     "a batch), but a file holds one creature's: save each creature's own",
+     lambda tmp: _save_per_creature_friction(tmp)),
+    ("UserWarning: creatures.save: sim.terms (K) are code, not written to PATH ...", lambda tmp: _save_terms(tmp)),
+    ("UserWarning: write_vtk_series: colliders[k] has no surface within the box around the trajectory ...",
+     lambda tmp: mesh.write_vtk_series(str(tmp), torch.tensor([[[0.0, 2.0], [0.1, 2.0], [0.0, 2.1]]], dtype=F64),
+                                       torch.tensor([[0, 1, 2]]), colliders=[colliders.Plane([0.0, 0.0], [0.0, 1.0])])),
     ("... the gradient is not finite at Newton iteration i",
      lambda tmp: diffsoft.minimize(_NanGradientAbove.apply, torch.zeros(3, dtype=F64))),
     ("UserWarning: diffsoft: adjoint solve failed: the Hessian at x* is not positive definite ...",
@@ -589,7 +639,9 @@ TRIGGERS = [
      "the run", lambda tmp: _corrupt_checkpoint(tmp)),
     ("ValueError: PATH lacks key 'pool': an incomplete or hand-edited checkpoint (diffsoft writes ...); delete it to "
      "start over, or resume from a copy of the run", lambda tmp: _checkpoint(tmp, lambda c: c.pop("pool"))),
-    ("ValueError: PATH: key 'pool.x' must be a tensor of shape S, got T ...",
+    ("PATH: key 'iteration' must be an int >= 0, 'history' a list and 'train_seconds' a finite number, got "
+     "...", lambda tmp: _checkpoint(tmp, lambda c: c.update(iteration=-5))),
+    ("ValueError: PATH: key 'pool.x' must be a finite DTYPE tensor of shape S, got T ...",
      lambda tmp: _checkpoint(tmp, lambda c: c["pool"].update(x=c["pool"]["x"][:1]))),
     ("ValueError: PATH was trained with other settings (NAME=v); resume with the same ones (only iterations, "
      "out_dir, ... may change)", lambda tmp: _checkpoint(tmp, lr=0.1)),

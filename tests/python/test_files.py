@@ -161,7 +161,13 @@ def test_resume_refuses_another_creature_at_the_same_path_naming_what_changed(tm
 @pytest.mark.parametrize("edit, match", [
     (lambda c: c.pop("pool"), "checkpoint.pt lacks key 'pool': an incomplete or hand-edited checkpoint"),
     (lambda c: c["pool"].pop("age"), "checkpoint.pt lacks key 'pool.age'"),
-    (lambda c: c.update(pool={**c["pool"], "x": c["pool"]["x"][:1]}), r"key 'pool.x' must be a tensor of shape \(2, 26, 2\)"),
+    (lambda c: c.update(pool={**c["pool"], "x": c["pool"]["x"][:1]}),
+     r"key 'pool.x' must be a finite torch.float64 tensor of shape \(2, 26, 2\)"),
+    (lambda c: c.update(pool={**c["pool"], "x": c["pool"]["x"].float()}),
+     r"key 'pool.x' must be a finite torch.float64"),
+    (lambda c: c["pool"]["x"].fill_(float("nan")), r"key 'pool.x' must be a finite"),
+    (lambda c: c.update(iteration=-5), r"key 'iteration' must be an int >= 0"),
+    (lambda c: c.update(iteration="3"), r"key 'iteration' must be an int >= 0"),
     (lambda c: c.update(policy={"fc1.weight": torch.zeros(1)}), "key 'policy' does not fit this run's policy"),
     (lambda c: c.update(frame=[0, 1]), r"its policy observes the body frame of vertices \[0, 1\]"),
 ])
@@ -220,3 +226,38 @@ def test_a_diffsoft_creature_file_with_a_misspelt_format_is_refused_naming_the_k
     with pytest.raises(ValueError, match="key 'format' must be 'diffsoft.creature'"):  # was: missing key 'pos'
         creatures.make_creature(str(path))
 
+
+
+def test_creature_files_check_collider_constants_and_hold_one_creatures(tmp_path):
+    # Found by a review: stiffness true, NaN or -5 loaded, and failed only at the first step without the file's
+    # name; a per-creature friction was written into a one-creature file; terms were dropped without a word.
+    import json
+    from diffsoft.colliders import Plane
+    from diffsoft.terms import Term
+    sim = creatures.biped(dtype=F64)
+    sim.colliders = [Sphere([0.0, -1.0], 0.5)]
+    path = str(tmp_path / "c.json")
+    creatures.save(sim, path)
+    data = json.load(open(path))
+    for bad, why in ((True, "must hold numbers"), (float("nan"), "must be finite"), (-5, "must be finite and >= 0"),
+                     ("abc", "must be a number")):
+        data["simulator"]["colliders"][0]["stiffness"] = bad
+        json.dump(data, open(path, "w"))
+        with pytest.raises(ValueError, match=r"c.json: key 'simulator.colliders\[0\]': .*" + why):
+            creatures.load(path)
+    sim.colliders = [Plane([0.0, -0.01], [0.1, 1.0], friction=torch.tensor([10.0, 20.0], dtype=F64))]
+    with pytest.raises(ValueError, match=r"Plane.friction has shape \(2,\) \(one per creature of a batch\)"):
+        creatures.save(sim, path)
+    sim.colliders = []
+    sim.terms = [Term(lambda x, x0, h: (x ** 2).sum((-2, -1)))]
+    with pytest.warns(UserWarning, match=r"sim.terms \(1\) are code, not written"):
+        creatures.save(sim, path)
+
+
+def test_a_vtk_series_leaves_out_a_collider_with_no_surface_in_view(tmp_path):
+    from diffsoft.colliders import Plane
+    x = torch.tensor([[[0.0, 2.0], [0.1, 2.0], [0.0, 2.1]]], dtype=F64)  # 2 m above a ground at 0
+    with pytest.warns(UserWarning, match=r"colliders\[0\] has no surface within the box"):
+        mesh.write_vtk_series(str(tmp_path), x, torch.tensor([[0, 1, 2]]), colliders=[Plane([0.0, 0.0], [0.0, 1.0])])
+    assert not (tmp_path / "frame_collider0.vtu").exists()
+    mesh.read(str(tmp_path / "frame_00000.vtu"))

@@ -308,3 +308,28 @@ def test_a_term_whose_rows_read_each_other_is_refused_by_name(options):
     x1, _ = sim.step(*sim.rest_state)
     assert sim._terms_checked is sim.topology
     torch.testing.assert_close(sim.step(*sim.rest_state)[0], x1, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path", [{}, {"backend": "torch"}, {"fused": False}], ids=["cpp", "torch", "unfused"])
+def test_a_terms_params_of_another_batch_and_rows_edited_in_place_are_named(path):
+    # Found by a review: a target (2, d) on one creature was blamed on rows reading each other, or, assigned after
+    # the first step, failed in torch's reshapes; a batch of 3 broadcast against it; rows edited to -1 indexed
+    # (a param that cannot broadcast at all: 'its energy failed at the step's start (RuntimeError: ...)').
+    def spring(x, x0, h, target, k):
+        return 0.5 * k * ((x[..., 0, :] - target) ** 2).sum(-1)
+    k = torch.tensor(50.0, dtype=F64)
+    term = Term(spring, rows=[[5]], params=(torch.tensor([0.5, 0.3], dtype=F64), k), name="spring")
+    sim = small_sim(terms=[term], **path)
+    x, v = sim.rest_state
+    x1, v1 = sim.step(x, v)
+    term.params = (torch.tensor([[0.5, 0.3], [0.4, 0.3]], dtype=F64), k)
+    with pytest.raises(ValueError, match=r"sim.terms\[0\] \(Term 'spring'\): its energy must return one energy per "
+                                         r"row, shape \(1,\) .* \(one creature\), got \(2,\)"):
+        sim.step(x1, v1)
+    with pytest.raises(ValueError, match=r"sim.terms\[0\] \(Term 'spring'\): its energy must return one energy per "
+                                         r"row, shape \(3, 1\) .* \(a batch of 3\), got \(3, 2\)"):
+        sim.step(x1.expand(3, -1, -1), v1.expand(3, -1, -1))
+    term.params = (torch.tensor([0.5, 0.3], dtype=F64), k)
+    term.rows[0, 0] = -1
+    with pytest.raises(ValueError, match=r"Term 'spring': rows has vertex index -1"):
+        sim.step(x1, v1)
