@@ -187,13 +187,16 @@ class LocomotionEnv(gym.Env):
 
     def step(self, action):
         """One simulator step under ``action`` (the activation changes, clamped to ``max_abs_da``):
-        ``(observation, reward, False, truncated, {})``; the episode is truncated after ``horizon`` steps."""
+        ``(observation, reward, False, truncated, {"converged": c})``, ``c`` whether the simulator's step reached
+        Newton's tolerance (where not, the simulator also warns); the episode is truncated after ``horizon``
+        steps."""
         if self._state is None or bool(self.task.truncated(self._state)):
             raise RuntimeError("step() needs an episode in progress: call reset() first (and after each episode's "
                                f"{self.task.horizon} steps)")
         da = _actions(self.task, action, self.action_space.shape)
-        self._state, reward = self.task.step(self._state, da[None])
-        return self._observation(), float(reward), False, bool(self.task.truncated(self._state)), {}
+        self._state, reward, info = self.task.step(self._state, da[None], return_info=True)
+        truncated = bool(self.task.truncated(self._state))
+        return self._observation(), float(reward), False, truncated, {"converged": bool(info.problem_converged[0])}
 
     def render(self):
         """An RGB frame (``(H, W, 3)`` uint8) of the creature with ``render_mode="rgb_array"``; else None, with a
@@ -255,16 +258,20 @@ class LocomotionVectorEnv(gym.vector.VectorEnv):
 
     def step(self, actions):
         """One batched step under ``actions`` (``(num_envs, n_muscles)``), with next-step autoreset:
-        ``(observations, rewards, terminated (all False), truncated, {})``."""
+        ``(observations, rewards, terminated (all False), truncated, infos)``; ``infos["converged"]`` says whether
+        each creature's simulator step reached Newton's tolerance (True for a creature reset this step; where
+        not, the simulator also warns), with Gymnasium's mask ``infos["_converged"]`` (all True)."""
         if self._state is None:
             raise RuntimeError("step() needs reset() first")
         da = _actions(self.task, actions, self.action_space.shape)
         resetting = self._autoreset
+        converged = np.ones(self.num_envs, dtype=np.bool_)
         if resetting.all():  # the common case: every episode lasts `horizon` steps from the same reset
             self._state = self.task.reset(self.num_envs)
             reward = np.zeros(self.num_envs)
         else:
-            state, reward = self.task.step(self._state, da)
+            state, reward, info = self.task.step(self._state, da, return_info=True)
+            converged = np.asarray(info.problem_converged, dtype=np.bool_) | resetting
             reward = _numpy(reward).astype(np.float64)
             if resetting.any():
                 state = self.task.reset_where(state, torch.as_tensor(resetting))
@@ -272,7 +279,8 @@ class LocomotionVectorEnv(gym.vector.VectorEnv):
             self._state = state
         truncated = _numpy(self.task.truncated(self._state))
         self._autoreset = truncated.copy()
-        return self._observation(), reward, np.zeros(self.num_envs, dtype=np.bool_), truncated, {}
+        infos = {"converged": converged, "_converged": np.ones(self.num_envs, dtype=np.bool_)}
+        return self._observation(), reward, np.zeros(self.num_envs, dtype=np.bool_), truncated, infos
 
     def render(self):
         """One RGB frame per creature with ``render_mode="rgb_array"``; else None, with a warning."""

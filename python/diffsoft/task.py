@@ -98,10 +98,11 @@ class LocomotionTask:
         heading = x.new_zeros(x.shape[0]) if self.steered else None
         return observe(x, state.v, self.center_vertex_id, self.forward_vertex_id, heading)
 
-    def step(self, state, da):
+    def step(self, state, da, return_info=False):
         """Applies the activation changes ``da (B, M)`` (clamped to ``max_abs_da``) and steps the simulator
         once, without gradients. Returns the next state and the reward ``(B,)``: each centre of mass's
-        progress along +x."""
+        progress along +x; with ``return_info`` also the step's :class:`~diffsoft.SolveInfo` (its
+        ``problem_converged``: whether each creature's step reached Newton's tolerance)."""
         want = (state.x.shape[0], self.num_actions)
         if not isinstance(da, torch.Tensor) or tuple(da.shape) != want:  # (broadcast, (B, 1) gave every muscle one)
             raise ValueError(f"da must be a tensor of shape {want} (each creature's activation changes), got "
@@ -109,9 +110,10 @@ class LocomotionTask:
         with torch.no_grad():
             before = center_of_mass_x(self.sim, state.x)
             a = next_activation(state.a, da, self.min_a, self.max_abs_da)
-            x, v = self.sim.step(state.x, state.v, a)
+            x, v, info = self.sim.step(state.x, state.v, a, return_info=True)
             reward = center_of_mass_x(self.sim, x) - before
-        return LocomotionState(x, v, a, state.steps + 1, state.start), reward
+        state = LocomotionState(x, v, a, state.steps + 1, state.start)
+        return (state, reward, info) if return_info else (state, reward)
 
     def truncated(self, state):
         """Whether each creature's episode has reached the time limit ``horizon``: ``(B,)`` bool."""

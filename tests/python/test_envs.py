@@ -313,3 +313,18 @@ def test_the_creature_changed_after_the_environment_was_made_is_the_one_stepped(
     vec.task.sim.dt = torch.tensor([1 / 30, 1 / 60])
     with pytest.raises(ValueError, match=r"one dt for every creature .* sim.dt of shape \(2,\)"):
         vec.reset()
+
+
+def test_an_unconverged_step_is_flagged_in_the_info_not_only_by_a_warning():
+    # Found by a review: with the solver cut short (max_iter 1) the rewards were wrong by 4x, and only warnings
+    # (lost in RL loops and subprocesses) said so.
+    single, vector = LocomotionEnv(horizon=HORIZON), LocomotionVectorEnv(num_envs=2, horizon=HORIZON)
+    for env in (single, vector):
+        env.reset(seed=0)
+        _, _, _, _, info = env.step(env.action_space.sample())
+        assert np.all(info["converged"])
+        env.unwrapped.task.sim.solver_options["max_iter"] = 1
+        with pytest.warns(RuntimeWarning, match="did not converge"):
+            _, _, _, _, info = env.step(env.action_space.sample())
+        assert not np.any(info["converged"])
+    assert vector.step(vector.action_space.sample())[4]["_converged"].all()
