@@ -944,10 +944,10 @@ def train(cfg, resume=False, progress=True, log=print):
                  "terrain": torch.zeros(cfg.batch, 0, dtype=pool.x.dtype),
                  "heading": torch.zeros(cfg.batch, dtype=pool.x.dtype), **ckpt["pool"]}
         for k, t in state.items():
-            want, dtype = (cfg.batch,) + tuple(getattr(pool, k).shape[1:]), getattr(pool, k).dtype
-            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != dtype \
+            want, kind = (cfg.batch,) + tuple(getattr(pool, k).shape[1:]), getattr(pool, k).dtype
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != kind \
                     or (t.is_floating_point() and not bool(torch.isfinite(t).all())):
-                raise ValueError(f"{ckpt_path}: key 'pool.{k}' must be a finite {dtype} tensor of shape {want}, got "
+                raise ValueError(f"{ckpt_path}: key 'pool.{k}' must be a finite {kind} tensor of shape {want}, got "
                                  f"{f'{t.dtype} {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__}"
                                  f"; delete the checkpoint to start over, or resume from a copy of the run")
         pool = Pool(**{k: t[rank * b:(rank + 1) * b].clone() for k, t in state.items()}).to(sim.body.device)
