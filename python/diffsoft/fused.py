@@ -80,12 +80,17 @@ class _UserTerms:
         return grad.detach(), [(rows, k) for rows, k in hessian.blocks]
 
     def mixed_vjp(self, y_rows, w_rows, wanted):
+        """``d/dtheta [grad E . w]`` for the user's parameters at the positions ``wanted``, and for the step's
+        ``x0`` (-1) and ``h`` (-2), which the terms read too (their rows at the start, the time step): the C++
+        side adds those to the kernels' own."""
         leaves = [t.detach().requires_grad_(j in wanted) for j, t in enumerate(self.params)]
+        x0, h = (t.detach().requires_grad_(j in wanted) for t, j in ((self.p.x0, -1), (self.p.h, -2)))
         with torch.enable_grad(), own_graphs():
-            grad, _ = gradient_and_hessian(y_rows.view(self.shape), self._p(leaves), self.top, self.terms,
-                                           hessian=False)
-            grads = torch.autograd.grad(grad, [leaves[j] for j in wanted], w_rows.view(grad.shape), allow_unused=True)
-        return [torch.zeros_like(leaves[j]) if g is None else g for j, g in zip(wanted, grads)]
+            grad, _ = gradient_and_hessian(y_rows.view(self.shape), self._p(leaves)._replace(x0=x0, h=h), self.top,
+                                           self.terms, hessian=False)
+            targets = [x0 if j == -1 else h if j == -2 else leaves[j] for j in wanted]
+            grads = torch.autograd.grad(grad, targets, w_rows.view(grad.shape), allow_unused=True)
+        return [torch.zeros_like(t) if g is None else g for t, g in zip(targets, grads)]
 
 
 def _regroup(flat, groups):

@@ -118,8 +118,8 @@ class Simulator:
             ``fused=False`` (the paper's plain CG on double-backward products) uses CG. See ``backend`` for
             what it means on the torch backend.
         keep_factors: with the direct solver, each step keeps Newton's last factorization for its backward,
-            which then costs back-substitutions instead of a fresh factorization (about 4x cheaper on large
-            meshes), at the memory of one factor (and the Hessian blocks it was made from) per step of a
+            which then costs back-substitutions instead of a fresh factorization (about 3x cheaper on the sheets
+            of 40x40 and 70x70 vertices at commit d69349c, ``benchmarks/README.md``, "Step speed"), at the memory of one factor (and the Hessian blocks it was made from) per step of a
             rollout until its backward has run. On the torch backend: the Hessian blocks at the solution with
             their float64 factor (dense Cholesky) or block-Jacobi preconditioner (CG), which the backward
             then does not make again.
@@ -130,10 +130,11 @@ class Simulator:
             nonzeros, the Hessian's nonzeros), never a timing, so two runs give bit-identical iterates; where a
             factorization is cheap (creatures, small sheets) no CG is tried at all. ``None`` (default): on
             wherever the step factors its Hessian on the C++ backend (``solver="direct"`` or ``"auto"``), off
-            elsewhere (``solver="cg"``, ``fused=False``, the torch backend), where it does not apply: forwards
-            up to 2.1x faster on sheets of 40x40 vertices and up, but up to 1.46x slower on a 40x40 sheet
-            sagging under gravity, where a factorization costs about a Newton iteration (commit 37996ed,
-            ``benchmarks/README.md``). ``True``: the same, but a step where it cannot apply raises
+            elsewhere (``solver="cg"``, ``fused=False``, the torch backend), where it does not apply. Measured
+            against ``False`` on 2D sheets of 10x10 to 100x100 vertices under five loadings
+            (``benchmarks/README.md``, "Loadings nobody tuned for", commit 37996ed): within 20% of the best
+            solver on 19 of 20 cases, the 20th a 40x40 sheet sagging under gravity, where reuse's CG costs a
+            third Newton iteration. ``True``: the same, but a step where it cannot apply raises
             ``ValueError``. ``False``: one factorization per Newton iteration. The backward is unchanged by it (a fresh factorization at the solution, or with
             ``keep_factors`` the forward's last one, then possibly made a few Newton iterations before it).
         backend: where the fused step is solved (``docs/design.md``, "Backends and devices"): ``"cpp"``, the
@@ -515,7 +516,7 @@ class Simulator:
 
         Args:
             x0, v0: ``(N, d)`` or ``(B, N, d)`` positions and velocities, in the body's dtype and device.
-            activation: ``(M,)`` or ``(B, M)`` muscle activations in (0, 1] (1 relaxed); None: all 1.
+            activation: ``(M,)`` or ``(B, M)`` muscle activations in [1e-6, 1] (1 relaxed); None: all 1.
             return_info: also return the solver's record.
 
         Returns:

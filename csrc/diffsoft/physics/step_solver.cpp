@@ -98,14 +98,21 @@ AnalyticEnergy step_analytic_energy(const StepModel& model, const StepState& sta
                              const std::vector<size_t>& wanted) {
       const StepState s = state_at(x_rows);
       std::vector<torch::Tensor> out(wanted.size());
-      std::vector<int64_t> theirs;  // the extra terms' wanted parameters, and where their derivatives go
+      // The extra terms' wanted parameters, and where their derivatives go; -1 and -2 ask for their part of x0's
+      // and h's (a user's term reads both: its rows at the step's start, and the time step), added to the kernels'.
+      std::vector<int64_t> theirs;
       std::vector<size_t> at;
       bool ours = false;
       for (size_t k = 0; k < wanted.size(); ++k) {
-        if (params.at(wanted[k]) < count) {
+        const int64_t j = params.at(wanted[k]);
+        if (j < count) {
           ours = true;
+          if (extra && (j == static_cast<int64_t>(StepParam::x0) || j == static_cast<int64_t>(StepParam::h))) {
+            theirs.push_back(j == static_cast<int64_t>(StepParam::x0) ? -1 : -2);
+            at.push_back(k);
+          }
         } else {
-          theirs.push_back(params.at(wanted[k]) - count);
+          theirs.push_back(j - count);
           at.push_back(k);
         }
       }
@@ -116,7 +123,8 @@ AnalyticEnergy step_analytic_energy(const StepModel& model, const StepState& sta
       }
       if (!theirs.empty()) {
         const std::vector<torch::Tensor> grads = extra->mixed_vjp(s.y, w_rows.view(shape), theirs);
-        for (size_t k = 0; k < at.size(); ++k) out[at[k]] = grads.at(k);
+        for (size_t k = 0; k < at.size(); ++k)
+          out[at[k]] = theirs[k] < 0 ? out[at[k]] + at::sum_to(grads.at(k), param_shapes.at(wanted[at[k]])) : grads.at(k);
       }
       return out;
     };

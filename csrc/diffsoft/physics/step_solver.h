@@ -26,7 +26,8 @@ struct ExtraTerms {
   // (B, F, d) -> the gradient (B, F, d), and per stencil (rows (K, k) int64, blocks (B, K, kd, kd)).
   std::function<std::pair<torch::Tensor, std::vector<std::pair<torch::Tensor, torch::Tensor>>>(const torch::Tensor& y)>
       derivatives;
-  // d/dtheta [grad E_extra(y) . w] for its parameters at the positions `wanted` (counted from first_param).
+  // d/dtheta [grad E_extra(y) . w] for its parameters at the positions `wanted` (counted from first_param), and
+  // for the step's x0 (-1) and h (-2), which its terms read too.
   std::function<std::vector<torch::Tensor>(const torch::Tensor& y, const torch::Tensor& w,
                                            const std::vector<int64_t>& wanted)>
       mixed_vjp;
