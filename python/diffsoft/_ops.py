@@ -43,13 +43,27 @@ def _count(model, name):
     return model[FIELDS.index(name)].shape[0]
 
 
+def _one_device(like, model, collider_params, **named):
+    """A ValueError naming the first tensor not on ``like``'s device. Torch 2.x runs a fake implementation as the
+    Meta kernel too, whenever any input is a meta tensor: with the others on the CPU it returned uninitialised
+    CPU tensors."""
+    tensors = [*zip(FIELDS, model), *((f"collider_params[{k}]", t) for k, t in enumerate(collider_params)),
+               *named.items()]
+    for name, t in tensors:
+        if isinstance(t, torch.Tensor) and t.device != like.device:
+            raise ValueError(f"{name} is on {t.device} but the state is on {like.device}: the step kernels take every "
+                             f"tensor on one device")
+
+
 @register_fake("diffsoft::step_energy")
 def _step_energy(model, material, collider_kinds, collider_params, y, x0, x0_free, x_hat, activation):
+    _one_device(y, model, collider_params, x0=x0, x0_free=x0_free, x_hat=x_hat, activation=activation)
     return y.new_empty(y.shape[0])
 
 
 @register_fake("diffsoft::step_energy_derivatives")
 def _step_energy_derivatives(model, material, collider_kinds, collider_params, y, x0, x0_free, x_hat, activation):
+    _one_device(y, model, collider_params, x0=x0, x0_free=x0_free, x_hat=x_hat, activation=activation)
     b, d = y.shape[0], y.shape[-1]
     e, m = _count(model, "elements"), _count(model, "muscles")
     return (y.new_empty(y.shape), y.new_empty(b, e, (d + 1) * d, (d + 1) * d), y.new_empty(b, m, 2 * d, 2 * d),
@@ -59,12 +73,16 @@ def _step_energy_derivatives(model, material, collider_kinds, collider_params, y
 @register_fake("diffsoft::step_energy_hvp")
 def _step_energy_hvp(model, material, collider_kinds, collider_params, element_blocks, muscle_blocks, vertex_blocks,
                      v):
+    _one_device(v, model, collider_params, element_blocks=element_blocks, muscle_blocks=muscle_blocks,
+                vertex_blocks=vertex_blocks)
     return v.new_empty(v.shape)
 
 
 @register_fake("diffsoft::step_energy_param_grads")
 def _step_energy_param_grads(model, material, collider_kinds, collider_params, y, x0, x0_free, x_hat, activation,
                              weight=None, dir=None):
+    _one_device(y, model, collider_params, x0=x0, x0_free=x0_free, x_hat=x_hat, activation=activation, weight=weight,
+                dir=dir)
     b, f, d = y.shape
     n, e, m = x0.shape[1], _count(model, "elements"), _count(model, "muscles")
     shapes = {"x_hat": (f, d), "x0": (n, d), "x0_free": (f, d), "mass": (f,), "Dm_inv": (e, d, d), "mu": (e,),

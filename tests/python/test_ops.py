@@ -83,6 +83,25 @@ def test_bad_arguments_are_errors_naming_them():
     grad, *blocks = _ops.ops.step_energy_derivatives(*model.args, *state)
     with pytest.raises(BAD_INPUT, match="element_blocks"):
         _ops.ops.step_energy_hvp(*model.args, blocks[0][:, :-1], *blocks[1:], grad)
+    # The model's topology, which the loops read as raw pointers (a review: muscles (M, 3) gave another energy,
+    # (M, 1) and (M,) a segfault; the hvp checked no index, and crashed or wrote out of bounds; a slot mapping
+    # two vertices to one row, or swapping rows, gave other energies).
+    elements, muscles, slot = model.tensors[:3]
+    for name, bad, why in (("muscles", torch.cat([muscles, muscles[:, :1]], 1), r"muscles must be \(M, 2\)"),
+                           ("muscles", muscles[:, 0], r"muscles must be \(M, 2\)"),
+                           ("elements", torch.full_like(elements, 10 ** 6), "vertex index out of range"),
+                           ("slot", torch.full_like(slot, 10 ** 7), "slot refers to a free vertex beyond y"),
+                           ("slot", torch.cat([slot[:1], slot[:1], slot[2:]]), "slot maps two vertices to free row"),
+                           ("slot", slot[:3].clone(), "x0 must be|vertex index out of range")):
+        tensors = list(model.tensors)
+        tensors[_ops.FIELDS.index(name)] = bad
+        with pytest.raises(BAD_INPUT, match=why.split("|")[0]):
+            _ops.ops.step_energy(tensors, model.material, kinds, params, *state)
+        with pytest.raises(BAD_INPUT, match=why.split("|")[-1]):
+            _ops.ops.step_energy_hvp(tensors, model.material, kinds, params, *blocks, grad)
+    if TORCH_VERSION >= (2, 1):  # (a meta tensor among CPU ones ran the fake as the Meta kernel: CPU garbage)
+        with pytest.raises(BAD_INPUT, match="x0 is on meta but the state is on cpu"):
+            _ops.ops.step_energy(*model.args, state[0], state[1].to("meta"), *state[2:])
 
 
 @pytest.mark.parametrize("name", OPS)

@@ -183,6 +183,7 @@ void check(const StepModel& m, const StepDerivatives& blocks) {
   if (!ok)
     throw std::invalid_argument("vertex_blocks must be a CPU tensor (B, F, d, d) with F the model's free vertices");
   const int64_t batch = k_v.size(0), d = k_v.size(3), e = m.elements.size(0), nm = m.muscles.size(0);
+  check_model(m, k_v.size(1), d);
   auto shaped = [&](const torch::Tensor& t, std::vector<int64_t> shape) {
     return t.defined() && t.sizes() == c10::IntArrayRef(shape) && t.scalar_type() == k_v.scalar_type() &&
            t.device().is_cpu();

@@ -255,4 +255,10 @@ void dispatch(const torch::Tensor& y, F&& body) {
 // The model with contiguous tensors, as View reads them.
 StepModel contiguous(const StepModel& m);
 
+// The model's topology for y's f free vertices in d dimensions, which the loops read as raw pointers (from a
+// user too, through torch.ops.diffsoft): int64 elements (E, d + 1) and muscles (M, 2) indexing the slot's N
+// vertices; slot (N,), each vertex's free row or -1 (fixed), the rows 0..f-1 each one vertex's; a known material.
+// A ValueError (std::invalid_argument) otherwise.
+void check_model(const StepModel& m, int64_t f, int64_t d);
+
 }  // namespace diffsoft::kernels

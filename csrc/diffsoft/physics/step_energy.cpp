@@ -35,6 +35,38 @@ int64_t geometry_rank(int64_t kind, size_t j, int64_t d) {
   return rank;
 }
 
+void check_model(const StepModel& m, int64_t f, int64_t d) {
+  for (const torch::Tensor* idx : {&m.elements, &m.muscles, &m.slot})
+    if (!idx->defined() || idx->scalar_type() != torch::kLong || !idx->device().is_cpu())
+      throw std::invalid_argument("the step model's elements, muscles and slot must be int64 CPU tensors");
+  if (m.elements.dim() != 2 || m.elements.size(1) != d + 1) throw std::invalid_argument("elements must be (E, d + 1)");
+  if (m.muscles.numel() && (m.muscles.dim() != 2 || m.muscles.size(1) != 2))
+    throw std::invalid_argument("muscles must be (M, 2), each muscle's two vertices");
+  if (m.slot.dim() != 1) throw std::invalid_argument("slot must be (N,), each vertex's free row or -1");
+  const int64_t n = m.slot.size(0);
+  for (const torch::Tensor* idx : {&m.elements, &m.muscles}) {
+    const torch::Tensor t = idx->contiguous();
+    const int64_t* p = t.data_ptr<int64_t>();
+    for (int64_t k = 0; k < t.numel(); ++k)
+      if (p[k] < 0 || p[k] >= n) throw std::invalid_argument("element or muscle vertex index out of range");
+  }
+  const torch::Tensor slot = m.slot.contiguous();
+  const int64_t* s = slot.data_ptr<int64_t>();
+  std::vector<char> taken(static_cast<size_t>(std::max<int64_t>(f, 0)), 0);
+  int64_t free = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (s[i] >= f) throw std::invalid_argument("slot refers to a free vertex beyond y");
+    if (s[i] < -1) throw std::invalid_argument("slot holds " + std::to_string(s[i]) + ": a free row or -1 (fixed)");
+    if (s[i] >= 0 && taken[s[i]]++)
+      throw std::invalid_argument("slot maps two vertices to free row " + std::to_string(s[i]));
+    free += s[i] >= 0;
+  }
+  if (free != f)
+    throw std::invalid_argument("slot maps " + std::to_string(free) + " vertices to y's " + std::to_string(f) +
+                                " free rows: each free row must be one vertex's");
+  if (m.material < 0 || m.material > 2) throw std::invalid_argument("unknown material code");
+}
+
 StepModel contiguous(const StepModel& m) {
   StepModel c = m;
   for (torch::Tensor* t : {&c.elements, &c.muscles, &c.slot, &c.mass, &c.Dm_inv, &c.mu, &c.lam, &c.rest_length,
@@ -194,14 +226,7 @@ void check(const StepModel& m, const StepState& s) {
       }
     });
   }
-  const int64_t n = m.slot.size(0);
-  for (const torch::Tensor* idx : {&m.elements, &m.muscles})
-    if (idx->numel() && (idx->min().item<int64_t>() < 0 || idx->max().item<int64_t>() >= n))
-      throw std::invalid_argument("element or muscle vertex index out of range");
-  if (m.slot.numel() && m.slot.max().item<int64_t>() >= f)
-    throw std::invalid_argument("slot refers to a free vertex beyond y");
-  if (m.elements.size(1) != d + 1) throw std::invalid_argument("elements must be (E, d + 1)");
-  if (m.material < 0 || m.material > 2) throw std::invalid_argument("unknown material code");
+  check_model(m, f, d);
 }
 
 // Calls f(view, b, point) with problem b's view and pointers into the (checked) state, for every problem of
