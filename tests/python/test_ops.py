@@ -99,6 +99,10 @@ def test_bad_arguments_are_errors_naming_them():
             _ops.ops.step_energy(tensors, model.material, kinds, params, *state)
         with pytest.raises(BAD_INPUT, match=why.split("|")[-1]):
             _ops.ops.step_energy_hvp(tensors, model.material, kinds, params, *blocks, grad)
+    with pytest.raises(BAD_INPUT, match=r"x0 must be a CPU tensor of y's dtype \(Double\), got Float"):
+        _ops.ops.step_energy(*model.args, state[0], state[1].float(), *state[2:])
+    with pytest.raises(BAD_INPUT, match=r"activation must be a CPU tensor of y's dtype"):
+        _ops.ops.step_energy(*model.args, *state[:-1], state[-1].long())
     if TORCH_VERSION >= (2, 1):  # (a meta tensor among CPU ones ran the fake as the Meta kernel: CPU garbage)
         with pytest.raises(BAD_INPUT, match="x0 is on meta but the state is on cpu"):
             _ops.ops.step_energy(*model.args, state[0], state[1].to("meta"), *state[2:])

@@ -189,6 +189,13 @@ void check(const StepModel& m, const StepState& s) {
   const int64_t batch = s.y.size(0), f = s.y.size(1), e = m.elements.size(0), nm = m.muscles.size(0);
   if (nm && (s.activation.dim() != 2 || s.activation.size(0) != batch || s.activation.size(1) != nm))
     throw std::invalid_argument("activation must be (B, M)");
+  const std::pair<const char*, const torch::Tensor*> state[] = {
+      {"x0", &s.x0}, {"x0_free", &s.x0_free}, {"x_hat", &s.x_hat}, {"activation", nm ? &s.activation : nullptr}};
+  for (const auto& [name, t] : state)
+    if (t && (t->scalar_type() != s.y.scalar_type() || !t->device().is_cpu()))
+      throw std::invalid_argument(std::string(name) + " must be a CPU tensor of y's dtype (" +
+                                  std::string(c10::toString(s.y.scalar_type())) + "), got " +
+                                  c10::toString(t->scalar_type()));
   // Each parameter: its name, its shape when shared by the batch, and whether it is needed.
   const struct {
     const char* name;
