@@ -101,6 +101,8 @@ def test_bad_arguments_are_errors_naming_them():
             _ops.ops.step_energy_hvp(tensors, model.material, kinds, params, *blocks, grad)
     with pytest.raises(BAD_INPUT, match=r"x0 must be a CPU tensor of y's dtype \(Double\), got Float"):
         _ops.ops.step_energy(*model.args, state[0], state[1].float(), *state[2:])
+    with pytest.raises(BAD_INPUT, match=r"give weight .* or dir .*, not both"):  # (dir silently won)
+        _ops.ops.step_energy_param_grads(*model.args, *state, torch.ones(2, dtype=F64), grad)
     with pytest.raises(BAD_INPUT, match=r"activation must be a CPU tensor of y's dtype"):
         _ops.ops.step_energy(*model.args, *state[:-1], state[-1].long())
     if TORCH_VERSION >= (2, 1):  # (a meta tensor among CPU ones ran the fake as the Meta kernel: CPU garbage)

@@ -300,6 +300,9 @@ StepParams<torch::Tensor> step_energy_param_grads(const StepModel& model, const 
   kernels::check(model, state);
   const torch::Tensor& y = state.y;
   const bool mixed = dir.defined();
+  if (mixed && weight.defined())
+    throw std::invalid_argument("give weight (the energies' weights) or dir (a direction for the gradient's "
+                                "product), not both");
   if (mixed && (dir.sizes() != y.sizes() || dir.scalar_type() != y.scalar_type() || !dir.device().is_cpu()))
     throw std::invalid_argument("dir must be a CPU tensor with the shape and dtype of y");
   if (!mixed && (weight.dim() != 1 || weight.size(0) != y.size(0) || weight.scalar_type() != y.scalar_type()))
