@@ -67,39 +67,59 @@ def with_more_ppo_seeds(summary, path):
     return dict(summary, sources=summary["sources"] + more["sources"], runs=runs)
 
 
+def staying(run, target):
+    """``(creature-steps, training seconds, training CPU seconds or None)`` of the first evaluation from which
+    every later one is at or past ``target`` (the distance stays there), or None: unlike
+    :func:`~sample_efficiency.first_reaching`, a curve that touches the target and falls back does not count."""
+    evals = evaluations(run)
+    for k, (s, t, d, c) in enumerate(evals):
+        if all(e[2] >= target for e in evals[k:]):
+            return s, t, c
+    return None
+
+
 def headline_rows(creature, summary, peer="ppo", peer_name=CORRECTED, link=None):
     """One row of the headline: the PPO ``peer``'s (a method of ``summary``) mean final distance over its
-    seeds, the creature-steps and the training seconds (wall-clock, evaluations excluded) each method needs to
-    reach it (medians over seeds), their ratios, both methods' final distances (medians), and ``link``, the
-    row's table (whose first line holds its runs' commands and commits)."""
+    seeds, and what each method needs to reach it (medians over seeds) with their ratios: creature-steps to the
+    first evaluation at or past it and to the first from which it stays there (:func:`staying`), and the
+    training seconds to the first, in CPU time (the process's, evaluations excluded: the runs did not train side
+    by side, and wall-clock follows each one's load) and in wall-clock; then both methods' final distances
+    (medians) and ``link``, the row's table (whose first line holds its runs' commands and commits)."""
     runs = {"differentiable": summary["runs"]["differentiable"], "ppo": summary["runs"][peer]}
     finals = {m: [evaluations(r)[-1][2] for r in rs.values()] for m, rs in runs.items()}
     target = sum(finals["ppo"]) / len(finals["ppo"])
-    hits = {m: [first_reaching(r, target) for r in rs.values()] for m, rs in runs.items()}
 
-    def medians(k):
-        """Each method's median of ``hit[k]`` (``None``: never) and the values of the seeds that reached."""
-        return ({m: _median([h and h[k] for h in hs]) for m, hs in hits.items()},
-                {m: [h[k] for h in hs if h] for m, hs in hits.items()})
-
-    def ratio(mid, reached):
+    def measure(rule, k):
+        """Each method's median of ``rule``'s k-th value (``None``: never; CPU seconds, k = 2, fall back to
+        wall-clock where a run lacks them), how many seeds reached, and the ratio cell."""
+        hits = {m: [rule(r, target) for r in rs.values()] for m, rs in runs.items()}
+        values = {m: [h and (h[k] if h[k] is not None else h[1]) for h in hs] for m, hs in hits.items()}
+        mid = {m: _median(v) for m, v in values.items()}
+        reached = {m: [v for v in vs if v is not None] for m, vs in values.items()}
         if mid["differentiable"] is None:
-            return "never"
-        if mid["ppo"] is not None:
-            return f"**{mid['ppo'] / mid['differentiable']:.1f}x**"
-        # PPO's median is never: the median of the PPO seeds that reached bounds it from below
-        return f"**> {_median(reached['ppo']) / mid['differentiable']:.1f}x**"
+            ratio = "never"
+        elif mid["ppo"] is not None:
+            ratio = f"**{mid['ppo'] / mid['differentiable']:.1f}x**"
+        else:  # PPO's median is never: the median of the PPO seeds that reached bounds it from below
+            ratio = f"**> {_median(reached['ppo']) / mid['differentiable']:.1f}x**" if reached["ppo"] else "> (PPO never)"
+        return mid, {m: len(reached[m]) for m in runs}, ratio
 
-    steps, reached = medians(0)
-    secs, reached_secs = medians(1)
-    cells = {m: f"{'never' if steps[m] is None else f'{steps[m]:,.0f}'} ({len(reached[m])} of {len(hits[m])})"
-             for m in hits}
-    seconds = {m: "never" if secs[m] is None else f"{secs[m]:.0f}" for m in hits}
+    def cell(mid, count, fmt):
+        seeds = {len(rs) for rs in runs.values()}
+        of = f"{seeds.pop()}" if len(seeds) == 1 else f"{len(runs['differentiable'])}, {len(runs['ppo'])}"
+        return " / ".join("never" if mid[m] is None else fmt.format(mid[m]) for m in runs) + \
+            f" ({count['differentiable']} / {count['ppo']} of {of})"
+
+    first, first_n, first_ratio = measure(first_reaching, 0)
+    stay, stay_n, stay_ratio = measure(staying, 0)
+    cpu, cpu_n, cpu_ratio = measure(first_reaching, 2)
+    wall, _, wall_ratio = measure(first_reaching, 1)
     ppo_seeds = sorted(runs["ppo"], key=int)
-    return (f"| {creature} | {peer_name}, {ppo_seeds[0]}-{ppo_seeds[-1]} | {target:.2f} | {cells['differentiable']} | "
-            f"{cells['ppo']} | {ratio(steps, reached)} | {seconds['differentiable']} / {seconds['ppo']} | "
-            f"{ratio(secs, reached_secs)} | {_median(finals['differentiable']):.2f} / {_median(finals['ppo']):.2f} |"
-            + (f" {link} |" if link else ""))
+    return (f"| {creature} | {peer_name}, {ppo_seeds[0]}-{ppo_seeds[-1]} | {target:.2f} | "
+            f"{cell(first, first_n, '{:,.0f}')} | {first_ratio} | {cell(stay, stay_n, '{:,.0f}')} | {stay_ratio} | "
+            f"{' / '.join('never' if cpu[m] is None else f'{cpu[m]:.0f}' for m in runs)} | {cpu_ratio} | "
+            f"{' / '.join('never' if wall[m] is None else f'{wall[m]:.0f}' for m in runs)} | {wall_ratio} | "
+            f"{_median(finals['differentiable']):.2f} / {_median(finals['ppo']):.2f} |" + (f" {link} |" if link else ""))
 
 
 def headline(results):
@@ -111,11 +131,12 @@ def headline(results):
         rows.append(headline_rows(creature, summary, peer, peer_name,
                                   link=f"[{name}](results/sample_efficiency/{name}/results.md)"))
     return "\n".join([
-        "| creature | PPO, its seeds | PPO's final distance (mean over its seeds) | creature-steps to reach it: "
-        "differentiable (median, 3 seeds) | PPO (median) | PPO / differentiable | training seconds to reach it "
-        "(wall-clock, evaluations excluded): differentiable / PPO (medians) | PPO / differentiable | distance at "
-        "409,600: differentiable / PPO (medians) | runs: commands, commits |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |", *rows])
+        "| creature | PPO, its seeds | PPO's final distance (mean over its seeds) | creature-steps to first reach "
+        "it: differentiable / PPO (medians; seeds that did) | PPO / differentiable | creature-steps until it stays "
+        "there | PPO / differentiable | training CPU seconds to first reach it | PPO / differentiable | wall-clock "
+        "seconds (each run's own load) | PPO / differentiable | distance at 409,600: differentiable / PPO "
+        "(medians) | runs: commands, commits |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |", *rows])
 
 
 def make(out):

@@ -28,6 +28,7 @@ for ``--only sb3``). SB3 needs pip's torch 2.x (benchmarks/results/peers/README.
 the PPO (diffsoft.ppo or SB3) with the larger mean final distance.
 """
 import argparse
+import copy
 import dataclasses
 import json
 import os
@@ -347,7 +348,7 @@ def speed(args, rounds):
     one differentiable iteration and one PPO update, ``rounds`` times), so that the machine's load affects
     both alike. Both start from the policy of ``--speed``'s checkpoint (a trained gait, which costs more
     Newton iterations per step than standing still): the differentiable trainer with its pool, PPO with it
-    as the mean of its Gaussian policy. Returns ``{method: [seconds per creature-step, ...]}`` (wall) and the
+    as the mean of its Gaussian policy, restored before each of its rounds. Returns ``{method: [seconds per creature-step, ...]}`` (wall) and the
     same in process CPU time."""
     ckpt = load_checkpoint(args.speed)
     cfg = training.TrainConfig.recorded(dict(ckpt["config"], out_dir=args.out))
@@ -374,9 +375,15 @@ def speed(args, rounds):
     model = ppo.GaussianFramePolicy(task, pcfg)
     model.mean_policy.load_state_dict(ckpt["policy"])
     ppo_optimizer = torch.optim.Adam(model.parameters(), lr=pcfg.lr)
+    # Every PPO round starts from the trained gait: after one update its observation normaliser (identity at the
+    # start) z-scores the inputs, and the policy it collects with is no longer the gait (one update moved the
+    # mean action by 0.56 of its range of 1).
+    start = copy.deepcopy((model.state_dict(), ppo_optimizer.state_dict()))
     g = torch.Generator().manual_seed(0)
     out = {"differentiable": [], "ppo": [], "differentiable_cpu": [], "ppo_cpu": []}
     for r in range(rounds):
+        model.load_state_dict(start[0])
+        ppo_optimizer.load_state_dict(start[1])
         t, c = time.perf_counter(), time.process_time()
         training.train_iteration(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer, pool,
                                  ckpt["iteration"] + r)
