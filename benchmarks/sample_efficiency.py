@@ -95,7 +95,8 @@ def summarize(run):
                            for s, t, d, c in _history_evaluations(history)],
            "train_seconds": round(run["train_seconds"], 3), "wall_seconds": round(run["wall_seconds"], 3),
            "sim_steps": run["sim_steps"], "terminated": sum(r.get("terminated", 0) for r in history),
-           "not_converged": sum(_creature_steps(f) for r in history for f in r.get("failures", ()))}
+           "not_converged": sum(_creature_steps(f) for r in history for f in r.get("failures", ()))
+           + sum(r.get("not_converged", 0) for r in history)}  # (the differentiable's failures, PPO's counts)
     cpu = [r["cpu_seconds"] for r in history if "cpu_seconds" in r]
     if cpu:
         out["train_cpu_seconds"] = round(cpu[-1], 3)

@@ -75,7 +75,7 @@ class PPOConfig:
         """Every field's type and range, each error naming the field: called before anything is built."""
         check_fields(self, dict(
             horizon=">0", envs=">0", steps=">0", hidden=">0", value_hidden=">0", min_a="min_a", max_abs_da=">0",
-            epochs=">0", minibatch=">0", lr=">0", gamma="[0,1]", lam="[0,1]", clip_ratio=">0", value_coef=">=0",
+            epochs=">0", minibatch=">0", lr=">0", gamma="[0,1]", lam="[0,1]", clip_ratio="(0,1)", value_coef=">=0",
             entropy_coef=">=0", max_grad_norm=">0", reward_scale=">0", eval_every=">0",
             dtype=("float32", "float64"), seed="seed"))
         if not LOG_STD_RANGE[0] <= self.init_log_std <= LOG_STD_RANGE[1]:
@@ -125,6 +125,7 @@ class GaussianFramePolicy(nn.Module):
     def __init__(self, task, cfg):
         super().__init__()
         cfg.check()  # (train_ppo checks too; a model built here gets the same names for its settings)
+        _check_task(task, cfg, ("max_abs_da", "min_a"))  # (the actor's; the horizon is collect's)
         sim = task.sim
         mirror = mirrors(sim) if cfg.mirror is None else cfg.mirror
         if mirror and not task.steered:
@@ -194,13 +195,27 @@ def evaluate(task, model):
     return distance_covered(task.sim, rollout(task, model, task.horizon)).item()
 
 
+def _check_task(task, cfg, names=("horizon", "max_abs_da", "min_a")):
+    """A ValueError naming the first of ``cfg``'s task settings ``names`` that the task does not have: the
+    task's would be used, quietly."""
+    for name in names:
+        want, have = getattr(cfg, name), getattr(task, name)
+        if want is not None and want != have:
+            raise ValueError(f"PPOConfig.{name} is {want!r} but the task's is {have!r}: make the task with the "
+                             f"config's settings (LocomotionTask(sim, cfg.horizon, cfg.min_a, cfg.max_abs_da))")
+
+
 def collect(task, model, cfg, generator):
     """One batch of ``cfg.envs`` episodes of the task (``horizon`` steps from rest). Returns a dict of
     ``(T, E, ...)`` tensors: obs (the model's :meth:`~GaussianFramePolicy.inputs`), u (sampled actions), logp, value, reward (the task's, times
     ``cfg.reward_scale``); and the last value ``V(s_T)``, which bootstraps the return (episodes end at the
-    horizon, a time limit, not a terminal state), and the mean episode distance."""
+    horizon, a time limit, not a terminal state), the mean episode distance, and ``not_converged``: the
+    creature-steps whose simulator step stopped short of Newton's tolerance (the simulator warns of each). A
+    non-finite state (a simulation that blew up) is a RuntimeError, not NaN observations."""
     cfg.check()
+    _check_task(task, cfg)
     state = task.reset(cfg.envs)
+    not_converged = 0
     buf = {k: [] for k in ("obs", "u", "logp", "value", "reward")}
     with torch.no_grad():
         while not task.truncated(state).all():
@@ -208,7 +223,12 @@ def collect(task, model, cfg, generator):
             dist, value = model.distribution(obs)
             u = dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator,
                                                       dtype=obs.dtype).to(obs.device)
-            state, progress = task.step(state, u)
+            state, progress, info = task.step(state, u, return_info=True)
+            not_converged += sum(not ok for ok in info.problem_converged)
+            if not bool(torch.isfinite(state.x).all()):
+                bad = (~torch.isfinite(state.x).flatten(1).all(1)).nonzero().flatten().tolist()
+                raise RuntimeError(f"diffsoft.ppo.collect: the simulator gave non-finite positions for creature(s) "
+                                   f"{bad[:10]} at step {len(buf['obs']) + 1} ({info.message})")
             buf["obs"].append(obs)
             buf["u"].append(u)
             buf["logp"].append(dist.log_prob(u).sum(-1))
@@ -218,6 +238,7 @@ def collect(task, model, cfg, generator):
     out = {k: torch.stack(t) for k, t in buf.items()}
     out["last_value"] = last_value
     out["distance"] = task.distance(state).mean().item()
+    out["not_converged"] = not_converged
     return out
 
 
@@ -284,7 +305,8 @@ def train_ppo(cfg, progress=True):
     Returns:
         ``(model, history)``; history records per update: ``update``, ``sim_steps``, ``distance`` (mean
         distance of the update's sampled episodes), ``seconds`` (wall time, evaluation excluded), ``cpu_seconds``
-        (the process's CPU time over the same spans) and, every
+        (the process's CPU time over the same spans), ``not_converged`` (the update's creature-steps whose
+        simulator step stopped short of Newton's tolerance) and, every
         ``eval_every`` updates, ``eval_distance`` (mean action, from rest, before the update) at
         ``eval_sim_steps``.
     """
@@ -313,7 +335,7 @@ def train_ppo(cfg, progress=True):
         seconds += time.perf_counter() - t
         cpu_seconds += time.process_time() - cpu
         record.update(sim_steps=(u + 1) * per_update, distance=roll["distance"], seconds=seconds,
-                      cpu_seconds=cpu_seconds)
+                      cpu_seconds=cpu_seconds, not_converged=roll["not_converged"])
         history.append(record)
         if progress:
             bar.set_postfix(distance=f"{roll['distance']:.3f}", std=f"{model.log_std.exp().mean().item():.3f}")

@@ -162,3 +162,23 @@ def test_the_building_blocks_check_their_config_and_the_task_its_actions():
         task.step(state, torch.zeros(2, 1, dtype=torch.float64))
     with pytest.raises(ValueError, match="da must be a tensor .* got list"):
         task.step(state, [[0.0] * task.num_actions] * 2)
+
+
+def test_a_config_the_task_does_not_have_is_refused_and_unconverged_steps_are_counted():
+    # A review: a config of another horizon, max_abs_da or min_a collected with the task's own, quietly; a clip
+    # ratio of 5 was taken; PPO's runs recorded no unconverged steps (the differentiable trainer's count them).
+    cfg = PPOConfig(horizon=2, envs=2, steps=4, epochs=1, minibatch=4, dtype="float64")
+    task = LocomotionTask(ppo.make_creature(cfg.creature, torch.float64), cfg.horizon)
+    for bad in (dict(max_abs_da=0.1), dict(min_a=0.9)):
+        with pytest.raises(ValueError, match=f"PPOConfig.{next(iter(bad))} is .* but the task's is"):
+            ppo.GaussianFramePolicy(task, PPOConfig(**{**dict(horizon=2, dtype="float64"), **bad}))
+    with pytest.raises(ValueError, match="PPOConfig.horizon is 3 but the task's is 2"):
+        ppo.collect(task, ppo.GaussianFramePolicy(task, cfg), PPOConfig(horizon=3, envs=2, dtype="float64"),
+                    torch.Generator())
+    with pytest.raises(ValueError, match="clip_ratio"):
+        PPOConfig(clip_ratio=5.0).check()
+    model = ppo.GaussianFramePolicy(task, cfg)
+    assert ppo.collect(task, model, cfg, torch.Generator().manual_seed(0))["not_converged"] == 0
+    task.sim.solver_options["max_iter"] = 0
+    with pytest.warns(RuntimeWarning, match="did not converge"):
+        assert ppo.collect(task, model, cfg, torch.Generator().manual_seed(0))["not_converged"] == 4
