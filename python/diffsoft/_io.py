@@ -27,9 +27,30 @@ def read_json(path):
         raise ValueError(f"{path}: not valid JSON ({e})") from None
     except ValueError as e:  # _int64's
         raise ValueError(f"{path}: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply to read (JSON arrays or objects within each other thousands "
+                         f"of levels deep)") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object with named keys, got {type(data).__name__}")
+    if _depth(data) > MAX_DEPTH:  # (the readers' checks recurse: a RecursionError naming nothing)
+        raise ValueError(f"{path}: nested more than {MAX_DEPTH} levels deep, deeper than any diffsoft file")
     return data
+
+
+MAX_DEPTH = 32
+"""How deep a JSON file diffsoft reads may nest (its own files: 5 levels)."""
+
+
+def _depth(value):
+    """How deeply ``value``'s lists and dicts nest, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (list, dict)):
+            deepest = max(deepest, d)
+            if d <= MAX_DEPTH:
+                stack.extend((u, d + 1) for u in (v.values() if isinstance(v, dict) else v))
+    return deepest
 
 
 def _int64(text):

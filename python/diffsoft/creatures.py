@@ -121,6 +121,14 @@ def save_algovivo(sim, path, x=None):
         "muscles": _list(body.muscles), "l0": _list(body.muscle_rest_length),
     }
     _write_readable(path, data, lambda d, where: _from_algovivo(d, where, body.dtype), "save_algovivo")
+    # What the format cannot hold (masses, moduli, fixed vertices, the simulator's constants, colliders) is
+    # algovivo's own on reading: said, since algovivo's engine then simulates another creature.
+    lost = [k for k in fingerprint_changes(fingerprint(sim), load_algovivo(path, body.dtype))
+            if not (x is not None and k == "rest_positions")]
+    if lost:
+        warnings.warn(f"save_algovivo: {path} holds the geometry only, and reads back with algovivo's own "
+                      f"{', '.join(lost)} (this creature's differ): algovivo's engine simulates it with those; "
+                      f"diffsoft.creatures.save writes all of it", UserWarning, stacklevel=2)
 
 
 def save(sim, path):

@@ -273,6 +273,8 @@ def write_vtk_series(directory, positions, elements, name="frame", dt=1.0, point
     positions = _numpy(positions)
     if positions.ndim != 3:
         raise ValueError(f"positions must be (T, N, d), got shape {tuple(positions.shape)}")
+    for t, x in enumerate(positions):  # every frame before any file: a bad one found later left a partial series
+        _meshio_arrays(x, elements, None, f"positions[{t}]")
     point_data = {k: _numpy(v) for k, v in (point_data or {}).items()}
     for k, v in point_data.items():
         if v.shape[:2] != positions.shape[:2]:

@@ -25,6 +25,7 @@ and right (headings toward +z and toward -z).
 import dataclasses
 import json
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -365,6 +366,10 @@ def _straight_through_clamp(x, lo, hi):
     return x + (x.clamp(lo, hi) - x).detach()
 
 
+ALGOVIVO_HIDDEN = 32
+"""The hidden units of algovivo's policy network (its engine's ``Linear(inputs, 32)``)."""
+
+
 def save_algovivo_policy(policy, path):
     """Writes ``policy`` in algovivo's policy JSON: ``fc1`` and ``fc2`` as ``{"weight": [[...]] (out, in),
     "bias": [...]}``, ``min_a``, ``max_abs_da``, ``center_vertex_id``, ``forward_vertex_id``; and
@@ -384,6 +389,12 @@ def save_algovivo_policy(policy, path):
     _policy_from(data, "save_algovivo_policy: the file would not read back", policy.fc1.weight.dtype)
     with open(path, "w") as f:
         json.dump(data, f, allow_nan=False)
+    # algovivo's engine (examples/data/algovivo) builds Linear(inputs, 32) and reads no heading: such a file
+    # reads back here, and fails there
+    if policy.dim == 2 and not policy.steered and policy.fc1.weight.shape[0] != ALGOVIVO_HIDDEN:
+        warnings.warn(f"save_algovivo_policy: {path} holds {policy.fc1.weight.shape[0]} hidden units, and "
+                      f"algovivo's engine runs {ALGOVIVO_HIDDEN} only (diffsoft reads it back)", UserWarning,
+                      stacklevel=2)
 
 
 def load_algovivo_policy(path, dtype=torch.float32):
@@ -482,6 +493,10 @@ def run_policy(sim, policy, steps, batch=None, a0=None, noise=None, heading=None
         ``xs (T + 1, B, N, d)``, ``activations (T, B, M)``.
     """
     body = sim.body
+    if not (is_integer(steps) and steps >= 1):
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    if noise is not None and len(noise) < steps:
+        raise ValueError(f"noise must hold one (B, M) change per step, {steps}, got {len(noise)}")
     if (policy.num_vertices, policy.num_muscles, policy.dim) != (body.num_vertices, body.num_muscles, body.dim):
         raise ValueError(f"the policy was made for a creature of {policy.num_vertices} vertices and "
                          f"{policy.num_muscles} muscles in {policy.dim}D, but this one has {body.num_vertices} "

@@ -44,6 +44,7 @@ def render_frame(sim, x, activation=None, size=(480, 360), bounds=None, yaw=-35.
         a PIL RGB image.
     """
     _check_view(size, bounds, yaw, pitch)
+    _check_ground(sim)
     if activation is not None and _numpy(activation).size != sim.body.num_muscles:
         raise ValueError(f"activation must have one value per muscle: got {_numpy(activation).size} for the body's "
                          f"{sim.body.num_muscles} muscles")
@@ -142,6 +143,7 @@ def render_rollout(sim, xs, activations=None, gif=None, frames_dir=None, fps=Non
     if camera not in ("fit", "follow"):
         raise ValueError(f"camera must be 'fit' or 'follow', got {camera!r}")
     _check_view(size, None, yaw, pitch)
+    _check_ground(sim)
     if acts is not None and len(acts) == len(xs) - 1:
         acts = np.concatenate([np.ones_like(acts[:1]), acts])
     if acts is not None and len(acts) != len(xs):
@@ -199,6 +201,13 @@ def _positions(name, x, body, frames=False):
     return x
 
 
+def _check_ground(sim):
+    """A ValueError where ``sim`` holds one ground height per creature: a picture draws one creature's world."""
+    if isinstance(sim.ground, torch.Tensor) and sim.ground.numel() > 1:
+        raise ValueError(f"sim.ground holds one height per creature (shape {tuple(sim.ground.shape)}), and a picture "
+                         f"draws one creature's world: render with a simulator of one ground height")
+
+
 def _check_view(size, bounds, yaw, pitch):
     """A ValueError naming the first of the view's arguments that is not what :func:`render_frame` takes."""
     if not (isinstance(size, (tuple, list)) and len(size) == 2
@@ -209,6 +218,14 @@ def _check_view(size, bounds, yaw, pitch):
                                    and bounds[0] < bounds[1] and bounds[2] < bounds[3]):
         raise ValueError(f"bounds must be (xmin, xmax, ymin, ymax), finite numbers with xmin < xmax and ymin < ymax, "
                          f"or None, got {bounds!r}")
+    if bounds is not None:
+        # a view of a few pixels per 1e-9 put the body's polygons billions of pixels away, which took PIL seconds
+        # a frame; one whose span is within round-off of its place drew nothing
+        extent = max(abs(float(b)) for b in bounds) + 1.0
+        spans = float(bounds[1]) - float(bounds[0]), float(bounds[3]) - float(bounds[2])
+        if min(spans) < 1e-6 * extent or max(spans) > 1e12:
+            raise ValueError(f"bounds must span between 1e-6 of their distance from the origin (plus 1) and 1e12 along "
+                             f"each axis, got {bounds!r}")
     for name, angle in (("yaw", yaw), ("pitch", pitch)):
         if not is_finite_real(angle):
             raise ValueError(f"{name} must be a finite number (degrees), got {angle!r}")

@@ -336,6 +336,12 @@ def _save_terms(tmp):
     creatures.save(sim, str(tmp / "c.json"))
 
 
+def _deep_json(tmp):
+    path = tmp / "deep.json"
+    path.write_text('{"pos": ' + "[" * 100 + "1" + "]" * 100 + "}")
+    policy.load_algovivo_policy(str(path))
+
+
 def _corrupt_checkpoint(tmp):
     from diffsoft import training
     (tmp / "run").mkdir()
@@ -420,6 +426,11 @@ TRIGGERS = [
     ("UserWarning: write_vtk_series: colliders[k] has no surface within the box around the trajectory ...",
      lambda tmp: mesh.write_vtk_series(str(tmp), torch.tensor([[[0.0, 2.0], [0.1, 2.0], [0.0, 2.1]]], dtype=F64),
                                        torch.tensor([[0, 1, 2]]), colliders=[colliders.Plane([0.0, 0.0], [0.0, 1.0])])),
+    ("ValueError: PATH: nested more than 32 levels deep, deeper than any diffsoft file", lambda tmp: _deep_json(tmp)),
+    ("ValueError: bounds must span between 1e-6 of their distance from the origin (plus 1) and 1e12 along each axis, "
+     "got ...", lambda tmp: render.render_frame(_sim(), _sim().rest_state[0], bounds=(0.3, 0.3 + 1e-9, 0.0, 1.0))),
+    ("ValueError: steps must be an integer >= 1, got ...",
+     lambda tmp: policy.run_policy(_sim(), policy.FramePolicy.for_simulator(_sim()), 0)),
     ("... the gradient is not finite at Newton iteration i",
      lambda tmp: diffsoft.minimize(_NanGradientAbove.apply, torch.zeros(3, dtype=F64))),
     ("UserWarning: diffsoft: adjoint solve failed: the Hessian at x* is not positive definite ...",

@@ -261,3 +261,19 @@ def test_a_vtk_series_leaves_out_a_collider_with_no_surface_in_view(tmp_path):
         mesh.write_vtk_series(str(tmp_path), x, torch.tensor([[0, 1, 2]]), colliders=[Plane([0.0, 0.0], [0.0, 1.0])])
     assert not (tmp_path / "frame_collider0.vtu").exists()
     mesh.read(str(tmp_path / "frame_00000.vtu"))
+
+
+def test_json_nested_thousands_deep_and_a_bad_frame_late_in_a_series_are_refused_up_front(tmp_path):
+    # A review: RecursionError naming no file (5,000 levels in json, 500 in the number checks); a NaN in frame 3
+    # raised after frames 0-2 were written, without a .pvd.
+    for depth in (500, 6000):
+        path = tmp_path / f"deep{depth}.json"
+        path.write_text('{"pos": ' + "[" * depth + "1" + "]" * depth + "}")
+        with pytest.raises(ValueError, match=f"deep{depth}.json: nested"):
+            load_algovivo_policy(str(path))
+    v, t = mesh.rectangle(0.4, 0.2, 2, 1, dtype=F64)
+    xs = v.expand(5, -1, -1).clone()
+    xs[3, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"positions\[3\] has non-finite"):
+        mesh.write_vtk_series(str(tmp_path / "series"), xs, t)
+    assert not (tmp_path / "series").exists() or not any((tmp_path / "series").iterdir())

@@ -320,3 +320,23 @@ def test_policies_are_mirrored_wherever_they_can_be_unless_told():
     algovivo = creatures.make_creature("examples/data/algovivo/biped/mesh.json", F64)
     assert [mirrors(biped), mirrors(biped, steer=True), mirrors(algovivo, steer=True)] == [False, True, False]
     assert mirrors(tetrapod) and mirrors(creatures.caterpillar(dtype=F64))
+
+
+def test_rollout_steps_and_noise_are_checked_by_name():
+    sim = creatures.biped(dtype=torch.float64)
+    policy = FramePolicy.for_simulator(sim)
+    for steps in (0, -3, True, 2.0):
+        with pytest.raises(ValueError, match="steps must be an integer >= 1"):
+            run_policy(sim, policy, steps)
+    with pytest.raises(ValueError, match="noise must hold one .* per step, 3, got 2"):
+        run_policy(sim, policy, 3, noise=torch.zeros(2, 1, sim.body.num_muscles, dtype=torch.float64))
+
+
+def test_files_for_algovivo_say_what_algovivo_will_not_run_as_diffsoft_does(tmp_path):
+    sim = creatures.biped(dtype=torch.float64)
+    with pytest.warns(UserWarning, match="holds 16 hidden units, and algovivo's engine runs 32 only"):
+        save_algovivo_policy(FramePolicy.for_simulator(sim, hidden=16), str(tmp_path / "p.json"))
+    sim.body.mass = sim.body.mass * 2
+    sim.dt = 0.01
+    with pytest.warns(UserWarning, match=r"holds the geometry only, and reads back with algovivo's own dt, mass"):
+        creatures.save_algovivo(sim, str(tmp_path / "c.json"))

@@ -137,3 +137,17 @@ def test_rollouts_refuse_up_front_what_they_once_failed_on_after_drawing(tmp_pat
     render_rollout(sim, torch.stack([x, x + 0.05]), gif=str(tmp_path / "a.jpg"))  # (Pillow merges equal frames)
     gif = Image.open(tmp_path / "a.jpg")
     assert gif.format == "GIF" and gif.info["duration"] == 50
+
+
+def test_a_view_too_small_to_draw_and_a_ground_per_creature_are_refused():
+    # A review: bounds 1e-9 wide took PIL 14-22 s a frame (polygons billions of pixels away), 1e-310 drew nothing;
+    # one ground height per creature raised "Boolean value of Tensor ... is ambiguous".
+    sim = creatures.biped()
+    x, _ = sim.rest_state
+    for lo, e in ((0.3, 1e-9), (0.0, 1e-310)):
+        with pytest.raises(ValueError, match="bounds must span between 1e-6"):
+            render_frame(sim, x, bounds=(lo, lo + e, lo, lo + e))
+    render_frame(sim, x, size=(20, 20), bounds=(0.3, 0.3 + 1e-4, 0.3, 0.3 + 1e-4))  # (fine: 0.04 s)
+    sim.ground = torch.tensor([0.0, -5.0])
+    with pytest.raises(ValueError, match=r"sim.ground holds one height per creature \(shape \(2,\)\)"):
+        render_frame(sim, x)
