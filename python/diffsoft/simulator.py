@@ -787,6 +787,13 @@ class Simulator:
             if activations is None:
                 raise ValueError("give steps, or activations (one per step)")
             steps = len(activations)
+            if (isinstance(activations, torch.Tensor) and activations.dim() == 2 and x0.dim() == 3
+                    and len(activations) == x0.shape[0]):
+                # (B, M) for a batch of B, one activation per creature, reads as B steps
+                warnings.warn(f"rollout: activations of shape {tuple(activations.shape)} with a batch of "
+                              f"{x0.shape[0]} creatures are read as {steps} steps, each shared by the batch; for one "
+                              f"activation per creature and step give (T, B, M), and pass steps= to say T",
+                              RuntimeWarning, stacklevel=2)
         elif activations is not None and len(activations) != steps:
             raise ValueError(f"activations has {len(activations)} entries for {steps} steps")
         xs, vs = [x0], [v0]

@@ -2,10 +2,12 @@
 stability, and input checks. Tests taking the ``device`` fixture run on every device present (CUDA's take the
 torch backend; on CPU, tests/python/test_torch_backend.py compares that backend with the C++ one)."""
 import math
+import warnings
 
 import pytest
 import torch
 
+from diffsoft import creatures
 from diffsoft.body import SoftBody
 from diffsoft.mesh import box, rectangle
 from diffsoft.simulator import Simulator
@@ -300,3 +302,34 @@ def test_default_contact_and_friction_follow_the_masses_and_their_gradients():
     assert sim.contact_stiffness.item() == 5.0
     with pytest.raises(ValueError, match="contact_stiffness must be a positive number"):
         sim.contact_stiffness = -1.0
+
+
+def test_a_rollout_whose_activations_read_as_steps_of_a_batch_warns():
+    # A review: (B, M) activations for a batch of B ran B steps, each row shared by the batch, without a word.
+    sim = creatures.biped(dtype=torch.float64)
+    x, v = sim.rest_state
+    xb, vb = x.expand(3, -1, -1), v.expand(3, -1, -1)
+    with pytest.warns(RuntimeWarning, match=r"activations of shape \(3, 16\) with a batch of 3 creatures are read "
+                                            r"as 3 steps"):
+        sim.rollout(xb, vb, torch.full((3, 16), 0.8, dtype=torch.float64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sim.rollout(xb, vb, torch.full((3, 16), 0.8, dtype=torch.float64), steps=3)  # said: no warning
+
+
+def test_a_float32_step_through_contact_is_not_said_to_lose_a_second_derivative():
+    # A review: float32 fused=False rollouts with contact warned that "part of the energy's second derivative is
+    # lost" (moves of 3e-3 of x crossed the contact's kink) where the gradient matched float64's to 1e-4.
+    sim = creatures.biped(dtype=torch.float32)
+    sim.fused = False
+    x, v = sim.rest_state
+    x, v = x + torch.tensor([0.0, 0.02]), v + torch.tensor([1.0, -0.3])
+    t = torch.arange(20, dtype=torch.float32)[:, None]
+    acts = 0.75 + 0.2 * torch.cos(0.4 * t + torch.arange(sim.body.num_muscles, dtype=torch.float32))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*second derivative is lost")
+        for a in acts:
+            sim.body.mu = sim.body.mu.detach().clone().requires_grad_()
+            x1, v1 = sim.step(x, v, a)
+            x1.sum().backward()
+            x, v = x1.detach(), v1.detach()
