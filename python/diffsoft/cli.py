@@ -174,9 +174,12 @@ def main(argv=None):
             raise ValueError("--out-dir must name a directory, got ''")
     except ValueError as e:
         p.error(str(e))
-    if args.threads:
-        set_num_threads(args.threads)
-    rank, _ = distributed_world()
+    try:
+        if args.threads:
+            set_num_threads(args.threads)
+        rank, _ = distributed_world()
+    except ValueError as e:
+        p.exit(1, f"{p.prog}: error: {e}\n")
     t0 = time.perf_counter()
     try:
         # A user's mistakes found once things are built (a creature file, a checkpoint that does not fit, an

@@ -42,5 +42,9 @@ def set_num_threads(n):
     examples and benchmarks. n: a positive integer."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"the number of threads must be a positive integer, got {n!r}")
+    most = max(64, 4 * (os.cpu_count() or 1))  # (torch's pool of a million threads never got going)
+    if n > most:
+        raise ValueError(f"the number of threads must be at most {most} (4 per core of this machine's "
+                         f"{os.cpu_count()}, or 64), got {n}")
     torch.set_num_threads(n)
     set_blas_threads(n)

@@ -417,6 +417,25 @@ def distributed_world():
     return 0, 1
 
 
+def _same_settings(cfg, world):
+    """A ValueError in every process where the processes' settings differ (out_dir and device aside): each
+    would train with its own while the run records process 0's (another seed on one machine trained another run
+    than the one a resume continues; another batch size ended in gloo's abort)."""
+    if world == 1:
+        return
+    import torch.distributed as dist
+    mine = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("out_dir", "device")}
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    for r, theirs in enumerate(every):
+        differ = [k for k in mine if theirs.get(k) != every[0].get(k)]
+        if differ:
+            raise ValueError(f"the processes were given other settings: process {r}'s "
+                             f"{', '.join(f'{k}={theirs[k]!r}' for k in differ)} against process 0's "
+                             f"{', '.join(f'{k}={every[0][k]!r}' for k in differ)}: give every process the same "
+                             f"command")
+
+
 def _resumes(found, ckpt_path, world):
     """Whether the run resumes: ``found`` (this process sees the checkpoint), the same in every process, whose
     collective calls differ between a resumed run and a new one (one process resuming and another starting
@@ -555,6 +574,30 @@ class SimulationFailure(RuntimeError):
     which iteration, step and creatures, and by which criterion."""
 
 
+def _stop_together(message, world):
+    """Where a process's rollout stopped (``message``, else None), every process raises :class:`SimulationFailure`
+    with every stopped process's message, at the same point: one process stopping alone left the others in the
+    gradient's all_reduce for good. Called by every process after its rollout, with ``on_failure="stop"``."""
+    messages = [message]
+    if world > 1:
+        import torch.distributed as dist
+        messages = [None] * world
+        dist.all_gather_object(messages, message)
+    stopped = [m for m in messages if m]
+    if stopped:
+        raise SimulationFailure("; ".join(stopped))
+
+
+def _gathered_failures(failures, world):
+    """Every process's failures (their creature numbers are the global batch's), in rank order."""
+    if world == 1:
+        return failures
+    import torch.distributed as dist
+    out = [None] * world
+    dist.all_gather_object(out, failures)
+    return [f for part in out for f in part]
+
+
 def _step(cfg, sim, x, v, a, iteration, t, rank, ok, failures):
     """``sim.step`` in a rollout. A creature whose step did not converge is reported (iteration, step of the
     window, creature, criterion); with ``on_failure="skip"`` it is dropped from this iteration's losses (its
@@ -633,23 +676,29 @@ def _window(cfg, sim, policy, critic, target_critic, optimizer, critic_optimizer
     rest_x, rest_v = sim.rest_state
     heading = pool.heading if policy.steered else None  # zeros (+x) unless steering
     observations, changes, activations, befores, afters, dones = [], [], [], [], [], []
-    for t in range(w):
-        obs = observe(x, v, policy.center_vertex_id, policy.forward_vertex_id, heading)
-        da = policy.changes(x, v, heading, obs)
-        observations.append(obs)
-        changes.append(da)
-        activations.append(a)
-        befores.append(x)
-        a = policy.update(a, da, noise[t], cfg.straight_through)
-        x, v = _step(cfg, sim, x, v, a, iteration, t, rank, ok, failures)
-        afters.append(x)
-        if terminate:
-            done = posture.fallen(x.detach(), cfg.terminate_upright, cfg.terminate_height) & ok
-            dones.append(done)
-            if done.any():  # terminal (value 0): the creature restarts at rest, a new segment of the return
-                keep = ~done[:, None, None]
-                x, v = torch.where(keep, x, rest_x), torch.where(keep, v, rest_v)
-                a = torch.where(done[:, None], a0, a)
+    try:
+        for t in range(w):
+            obs = observe(x, v, policy.center_vertex_id, policy.forward_vertex_id, heading)
+            da = policy.changes(x, v, heading, obs)
+            observations.append(obs)
+            changes.append(da)
+            activations.append(a)
+            befores.append(x)
+            a = policy.update(a, da, noise[t], cfg.straight_through)
+            x, v = _step(cfg, sim, x, v, a, iteration, t, rank, ok, failures)
+            afters.append(x)
+            if terminate:
+                done = posture.fallen(x.detach(), cfg.terminate_upright, cfg.terminate_height) & ok
+                dones.append(done)
+                if done.any():  # terminal (value 0): the creature restarts at rest, a new segment of the return
+                    keep = ~done[:, None, None]
+                    x, v = torch.where(keep, x, rest_x), torch.where(keep, v, rest_v)
+                    a = torch.where(done[:, None], a0, a)
+    except SimulationFailure as e:  # (on_failure="stop") every process stops here, together
+        _stop_together(str(e), world)
+        raise
+    if cfg.on_failure == "stop":
+        _stop_together(None, world)
     done = torch.stack(dones) if terminate else torch.zeros(w, b, dtype=torch.bool, device=x.device)
     da, a_seen = torch.stack(changes), torch.stack(activations)  # (W, B, M)
     target = a_seen + da
@@ -905,6 +954,7 @@ def train(cfg, resume=False, progress=True, log=print):
                       f"within a few metres of z = 0), so creatures commanded other headings walk part of the "
                       f"way, or all of it, on flat ground", UserWarning, stacklevel=2)
     cfg = for_creature(cfg, sim)  # recorded: a checkpoint compares them, whichever way they were given
+    _same_settings(cfg, world)
     sim.solver_options["backward_rtol"] = cfg.backward_rtol
     torch.manual_seed(cfg.seed)
     policy = new_policy(cfg, sim)
@@ -990,6 +1040,7 @@ def train(cfg, resume=False, progress=True, log=print):
                 _save_checkpoint(ckpt_path, cfg, sim, learners, pool_state, it, history, train_seconds, best)
             raise SimulationFailure(f"{e}; the checkpoint {ckpt_path} holds the {it} finished iterations "
                                     f"(resume with --resume)") from e
+        failures = _gathered_failures(failures, world)  # (each process's own: rank 0 logs and records them all)
         if failures:
             record["failures"] = failures
             if rank == 0:

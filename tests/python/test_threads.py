@@ -156,3 +156,10 @@ def test_user_exceptions_in_energies_propagate_from_threads():
         return seed
 
     assert run_in_threads(worker, list(range(4))) == list(range(4))
+
+
+def test_a_thread_count_beyond_the_machine_is_refused():
+    # A review: --threads 1000000 was taken, and torch's pool of a million threads never got going.
+    from diffsoft.threads import set_num_threads
+    with pytest.raises(ValueError, match="the number of threads must be at most"):
+        set_num_threads(1_000_000)
