@@ -21,6 +21,7 @@ UNTRIGGERED = {
     "diffsoft.training.SimulationFailure": "a training run that fails (test_training, on_failure='stop')",
     "ValueError: the fused step kernels run on CPU tensors only": "needs a non-CPU device",
     "ValueError: backend='cpp' runs on CPU tensors only": "needs a non-CPU device",
+    "ValueError: the processes were given other settings": "needs two processes (test_training)",
 }
 _PLACEHOLDER = re.compile(r"\\\.\\\.\\\.|\\\(\\\.\\\.\\\.\\\)|\\\[\\\.\\\.\\\.\\\]|<criterion>|(?:\\\*)?SHAPE|"
                           r"\b(?:[A-Z]|PATH|NAME|DTYPE|lo|hi|[ijkteravdn])\b")
@@ -431,6 +432,8 @@ TRIGGERS = [
      "got ...", lambda tmp: render.render_frame(_sim(), _sim().rest_state[0], bounds=(0.3, 0.3 + 1e-9, 0.0, 1.0))),
     ("ValueError: steps must be an integer >= 1, got ...",
      lambda tmp: policy.run_policy(_sim(), policy.FramePolicy.for_simulator(_sim()), 0)),
+    ("ValueError: the number of threads must be at most K (4 per core of this machine's N, or 64), got n",
+     lambda tmp: __import__("diffsoft.threads").threads.set_num_threads(10 ** 6)),
     ("... the gradient is not finite at Newton iteration i",
      lambda tmp: diffsoft.minimize(_NanGradientAbove.apply, torch.zeros(3, dtype=F64))),
     ("UserWarning: diffsoft: adjoint solve failed: the Hessian at x* is not positive definite ...",
