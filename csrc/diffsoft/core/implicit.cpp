@@ -69,8 +69,8 @@ void warn_of_a_lost_second_derivative(const EnergyFn& energy, const torch::Tenso
     const torch::Tensor up = gradient_at(energy, x_rows + t * lambda, shape, consts);
     const torch::Tensor down = gradient_at(energy, x_rows - t * lambda, shape, consts);
     if (sides) {
-      const torch::Tensor at = gradient_at(energy, x_rows, shape, consts);
-      kink = row_norm((up - at) - (at - down)) / t.squeeze(1) / h_scale > tol;
+      const torch::Tensor here = gradient_at(energy, x_rows, shape, consts);
+      kink = row_norm((up - here) - (here - down)) / t.squeeze(1) / h_scale > tol;
     }
     return row_norm((up - down) / (2 * t) - h_lambda) / h_scale;
   };
