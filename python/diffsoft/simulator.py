@@ -295,6 +295,8 @@ class Simulator:
         """A copy (``copy.deepcopy``, pickle): its constant tensors are its own, checked again at its first step."""
         self.__dict__.update(state)
         self._checked, self._copies = {}, Copies()
+        # its own options (copy.copy shared the dict: a copy's default atol, written into it, froze the original's)
+        self.solver_options = dict(self.solver_options)
         self.__dict__.setdefault("_frame", None)
         self.__dict__.setdefault("_terms_checked", None)
 
@@ -362,6 +364,7 @@ class Simulator:
         out.solver_options = dict(self.solver_options)
         out._topology = None
         out._check_constants()  # what the new dtype cannot hold (1e300 in float32) is refused here
+        out._refresh_default_atol()  # (the new dtype's, at once: the options showed the old one until a step)
         return out
 
     @property

@@ -139,12 +139,16 @@ def on_terrain(sim, heights):
     """Inside the block, ``sim``'s creatures walk on the terrain ``heights`` instead of its ground (``ground=None``
     and the height field first among its colliders); afterwards its ground and colliders are back."""
     field = height_field(sim, heights)
-    ground, colliders = sim.ground, sim.colliders
+    ground, colliders = sim._ground, sim._colliders
     sim.ground, sim.colliders = None, (field,) + tuple(colliders)
     try:
         yield sim
     finally:
-        sim.ground, sim.colliders = ground, colliders
+        # as they were, with the simulator's records of them: assigning the ground again forgot that it was a
+        # copy of Simulator.to's (whose original's in-place changes the next step then ignored), and checked it
+        # again (one made invalid inside the block raised there, leaving the terrain installed); its next step
+        # checks it, as any constant changed in place
+        sim._ground, sim._colliders = ground, colliders
 
 
 def distances_on(sim, policy, heights, steps=100):

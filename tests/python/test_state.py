@@ -351,3 +351,32 @@ def test_cache_keys_hold_their_tensors_not_their_ids():
     before = body.structure()
     body.elements = body.elements.clone()
     assert body.structure() != before
+
+
+def test_on_terrain_copies_and_to_leave_the_simulators_records_as_they_were():
+    # Reviews: on_terrain's exit assigned the ground again, forgetting that it was a copy of Simulator.to's
+    # (the copy then ignored its original's in-place changes) and re-checking it (an invalid one left the terrain
+    # installed); copy.copy shared solver_options (a copy's default atol froze the original's); to() showed the
+    # old dtype's default atol until the first step.
+    import copy
+    from diffsoft import terrain
+    sim = creatures.biped(dtype=torch.float64)
+    g = torch.tensor(0.0, dtype=torch.float64, requires_grad=True)
+    sim.ground = g
+    s32 = sim.to(torch.float32)
+    x, v = s32.rest_state
+    with terrain.on_terrain(s32, terrain.random_heights(s32, 5)):
+        pass
+    with torch.no_grad():
+        g.add_(0.01)
+    with pytest.raises(ValueError, match="sim.ground is a copy made by Simulator.to"):
+        s32.step(x, v)
+    s = creatures.biped(dtype=torch.float64)
+    gt = torch.tensor(0.0, dtype=torch.float64)
+    s.ground = gt
+    with terrain.on_terrain(s, terrain.random_heights(s, 5)):
+        gt.fill_(float("nan"))
+    assert s.ground is gt and s.colliders == ()
+    c = copy.copy(sim)
+    assert c.solver_options is not sim.solver_options
+    assert sim.to(torch.float32).solver_options["atol"] == creatures.biped(dtype=torch.float32).solver_options["atol"]
