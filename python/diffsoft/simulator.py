@@ -103,7 +103,7 @@ class Simulator:
             where ``grad E`` is the force residual (see the module docstring). ``rtol=None``: the solver's
             default (1e-8 in float64, 1e-4 in float32); ``atol=None``: 1e-8 (float64) or 1e-5 (float32)
             times the body's force scale (its weight plus the elastic force that stretches every element by
-            100%), kept in ``solver_options["atol"]`` and computed again at the first step after the body's
+            100%), at most 5% of its weight (a stiff body's elastic scale put the weight below it), kept in ``solver_options["atol"]`` and computed again at the first step after the body's
             masses, Lame parameters, rest shapes or material, or gravity, changed (unless
             ``solver_options["atol"]`` was set to another value; set it to None for the default again). Round-off
             bounds what is reachable: the line search needs energy decreases it can resolve,
@@ -279,6 +279,10 @@ class Simulator:
         if atol is not None and default[1] == source:
             return
         atol = (1e-8 if b.dtype == torch.float64 else 1e-5) * self._force_scale()
+        # At most 5% of the body's weight: where the elastic scale dwarfs it (a stiff body: steel, or algovivo's
+        # per-element weighting of a small body in float32) the weight fell below the tolerance, and every step
+        # was converged at its start, the body never falling. (The shipped creatures' is 0.04-0.4% of it.)
+        atol = min(atol, 5e-2 * self._weight_scale())
         self.solver_options["atol"], self._default_atol = atol, (atol, source)
 
     def _force_scale(self):
@@ -288,8 +292,12 @@ class Simulator:
         vol = b.rest_volume.detach()
         weight = vol if b.material != "algovivo" else torch.ones_like(vol)
         elastic = (b.mu.detach() * weight / vol ** (1.0 / b.dim)).sum(-1).max().item()
+        return self._weight_scale() + elastic
+
+    def _weight_scale(self):
+        """The body's weight (its mass times gravity, or 1 where gravity is smaller): the largest creature's."""
         gravity = self.gravity.detach().abs().max().item()
-        return b.mass.detach().sum(-1).max().item() * max(gravity, 1.0) + elastic
+        return self.body.mass.detach().sum(-1).max().item() * max(gravity, 1.0)
 
     def __setstate__(self, state):
         """A copy (``copy.deepcopy``, pickle): its constant tensors are its own, checked again at its first step."""

@@ -333,3 +333,20 @@ def test_a_float32_step_through_contact_is_not_said_to_lose_a_second_derivative(
             x1, v1 = sim.step(x, v, a)
             x1.sum().backward()
             x, v = x1.detach(), v1.detach()
+
+
+def test_a_stiff_body_falls_under_gravity():
+    # A review: the default atol, scaled by the elastic force at 100% stretch, exceeded a stiff body's weight:
+    # every step was converged at its start, and a steel cube (float64) or algovivo's tetrapod (float32) never fell.
+    v, t = box((0.1, 0.1, 0.1), (2, 2, 2), dtype=torch.float64)
+    sim = Simulator(SoftBody(v, t, density=7800.0, youngs_modulus=2e11, poisson_ratio=0.3), gravity=9.8, ground=None)
+    x, vv = sim.rest_state
+    for _ in range(30):
+        x, vv = sim.step(x, vv)
+    fall = sum(9.8 * sim.dt ** 2 * k for k in range(1, 31))  # backward Euler's free fall
+    assert float((x - v)[:, 1].mean()) == pytest.approx(-fall, rel=1e-6)
+    tet = creatures.tetrapod(dtype=torch.float32, material="algovivo")
+    tet.ground = None
+    x, vv = tet.rest_state
+    x1, _ = tet.step(x, vv)
+    assert float((x1 - x)[:, 1].mean()) == pytest.approx(-9.8 * tet.dt ** 2, rel=1e-3)
