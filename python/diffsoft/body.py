@@ -146,6 +146,9 @@ class SoftBody:
         if dtype is None:
             is_float = isinstance(vertices, torch.Tensor) and vertices.is_floating_point()
             dtype = vertices.dtype if is_float else torch.get_default_dtype()
+        if dtype not in (torch.float32, torch.float64):  # (float16 and others failed deep in torch, unnamed)
+            raise TypeError(f"dtype must be torch.float32 or torch.float64 (the dtypes the solver runs in), got "
+                            f"{dtype!r}{' (from the vertices)' if isinstance(vertices, torch.Tensor) else ''}")
         if device is None:
             device = vertices.device if isinstance(vertices, torch.Tensor) else torch.device("cpu")
         self._dtype, self._device = dtype, device

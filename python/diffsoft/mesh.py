@@ -357,6 +357,8 @@ def _numpy(a):
 
 def _tensors(verts, elements, dtype):
     dtype = torch.get_default_dtype() if dtype is None else dtype
+    if dtype not in (torch.float32, torch.float64):  # (an integer dtype truncated the coordinates: another mesh)
+        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
     verts = torch.as_tensor(np.asarray(verts), dtype=dtype)
     if not torch.isfinite(verts).all():
         raise ValueError(f"the mesh's vertices are not finite in {dtype}: its size (width, height, size, "
