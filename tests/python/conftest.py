@@ -114,3 +114,27 @@ def param_names(p, top):
     names += [f"colliders[{c}].{n}" for c, kind in enumerate(top.colliders) for n in kind.PARAMS]
     names += [f"terms[{k}][{j}]" for k, params in enumerate(p.terms) for j in range(len(params))]
     return names
+
+
+def failing_creature(fail_from_iteration, window=3):
+    """A ``make_creature`` for training tests: the biped, whose simulator gets max_iter=0 (no Newton iteration:
+    every step fails) once training reaches the given iteration, counted by its training rollouts' steps (batches
+    of 2 creatures, ``window`` steps an iteration), not its evaluations'."""
+    from diffsoft import creatures
+
+    def make(name, dtype, device="cpu"):
+        sim = creatures.biped(dtype=dtype)
+        original = sim.step
+
+        def step(x, *args, **kw):
+            if x.dim() == 3 and x.shape[0] == 2:  # a training rollout's step, not an evaluation's
+                if step.calls >= fail_from_iteration * window:
+                    sim.solver_options["max_iter"] = 0
+                step.calls += 1
+            return original(x, *args, **kw)
+
+        step.calls = 0
+        sim.step = step
+        return sim
+
+    return make

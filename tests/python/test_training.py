@@ -16,6 +16,8 @@ from diffsoft.policy import FramePolicy, distance_walked, load_algovivo_policy
 from diffsoft.task import LocomotionTask
 from diffsoft.training import TrainConfig
 
+from conftest import failing_creature
+
 F64 = torch.float64
 
 
@@ -472,32 +474,8 @@ def test_bad_settings_are_named():
     assert dataclasses.asdict(TrainConfig())["creature"] == "biped"
 
 
-def _failing_creature(fail_from_iteration):
-    """make_creature whose simulator gets max_iter=0 (no Newton iteration: every step fails) once training
-    reaches the given iteration, counted by its training rollouts' steps."""
-    made = []
-
-    def make(name, dtype, device="cpu"):
-        sim = creatures.biped(dtype=dtype)
-        made.append(sim)
-        original = sim.step
-
-        def step(x, *args, **kw):
-            if x.dim() == 3 and x.shape[0] == 2:  # a training rollout's step (batch 2), not an evaluation's
-                if step.calls >= fail_from_iteration * 3:  # 3 steps (a window) per iteration in _tiny
-                    sim.solver_options["max_iter"] = 0
-                step.calls += 1
-            return original(x, *args, **kw)
-
-        step.calls = 0
-        sim.step = step
-        return sim
-
-    return make
-
-
 def test_failed_steps_are_skipped_and_named(tmp_path, monkeypatch):
-    monkeypatch.setattr(training, "make_creature", _failing_creature(1))
+    monkeypatch.setattr(training, "make_creature", failing_creature(1))
     logs = []
     policy, history = training.train(_tiny(tmp_path), progress=False, log=logs.append)
     assert "failures" not in history[0] and history[1]["failures"]
@@ -508,7 +486,7 @@ def test_failed_steps_are_skipped_and_named(tmp_path, monkeypatch):
 
 
 def test_stop_on_failure_keeps_the_checkpoint_and_resumes(tmp_path, monkeypatch):
-    monkeypatch.setattr(training, "make_creature", _failing_creature(2))
+    monkeypatch.setattr(training, "make_creature", failing_creature(2))
     with pytest.raises(training.SimulationFailure, match="iteration 2, step 0, creature\\(s\\) \\[0, 1\\].*"
                                                            "holds the 2 finished iterations"):
         training.train(_tiny(tmp_path, on_failure="stop"), progress=False)
