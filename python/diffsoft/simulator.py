@@ -99,15 +99,15 @@ class Simulator:
             with its own contact constants (None: the simulator's); with ``ground=None`` they are the only ones.
         terms: the user's energy terms in torch (:class:`diffsoft.terms.Term`), added to the step on both
             backends, differentiably (their parameters get gradients).
-        rtol, atol: the step's convergence test, ``|grad E| <= max(atol, rtol |grad E(x_hat)|)`` per problem,
-            where ``grad E`` is the force residual (see the module docstring). ``rtol=None``: the solver's
-            default (1e-8 in float64, 1e-4 in float32); ``atol=None``: 1e-8 (float64) or 1e-5 (float32)
-            times the body's force scale (its weight plus the elastic force that stretches every element by
-            100%), at most 5% of its weight (a stiff body's elastic scale put the weight below it), kept in ``solver_options["atol"]`` and computed again at the first step after the body's
-            masses, Lame parameters, rest shapes or material, or gravity, changed (unless
-            ``solver_options["atol"]`` was set to another value; set it to None for the default again). Round-off
-            bounds what is reachable: the line search needs energy decreases it can resolve,
-            which for stiff bodies stops near ``sqrt(eps * stiffness * |energy terms|)``, well above ``eps``.
+        rtol, atol: the step's convergence test, ``|grad E| <= max(atol, rtol |grad E(x_hat)|)`` per problem, where
+            ``grad E`` is the force residual (see the module docstring). ``rtol=None``: the solver's default (1e-8 in
+            float64, 1e-4 in float32); ``atol=None``: 1e-8 (float64) or 1e-5 (float32) times the body's force scale (its
+            weight plus the elastic force that stretches every element by 100%), at most 5% of its weight (a stiff
+            body's elastic scale put the weight below it), kept in ``solver_options["atol"]`` and computed again at the
+            first step after the body's masses, Lame parameters, rest shapes or material, or gravity, changed (unless
+            ``solver_options["atol"]`` was set to another value; set it to None for the default again). Round-off bounds
+            what is reachable: the line search needs energy decreases it can resolve, which for stiff bodies stops near
+            ``sqrt(eps * stiffness * |energy terms|)``, well above ``eps``.
         fused: use the fused step energy (:mod:`diffsoft.fused`: closed-form gradient, Hessian-vector products
             from per-element blocks) instead of double backward through the plain-torch energy; the same
             values and derivatives, several times faster.
@@ -117,12 +117,12 @@ class Simulator:
             than 5000 unknowns when diffsoft was built without CHOLMOD.
             ``fused=False`` (the paper's plain CG on double-backward products) uses CG. See ``backend`` for
             what it means on the torch backend.
-        keep_factors: with the direct solver, each step keeps Newton's last factorization for its backward,
-            which then costs back-substitutions instead of a fresh factorization (about 3x cheaper on the sheets
-            of 40x40 and 70x70 vertices at commit d69349c, ``benchmarks/README.md``, "Step speed"), at the memory of one factor (and the Hessian blocks it was made from) per step of a
-            rollout until its backward has run. On the torch backend: the Hessian blocks at the solution with
-            their float64 factor (dense Cholesky) or block-Jacobi preconditioner (CG), which the backward
-            then does not make again.
+        keep_factors: with the direct solver, each step keeps Newton's last factorization for its backward, which then
+            costs back-substitutions instead of a fresh factorization (about 3x cheaper on the sheets of 40x40 and 70x70
+            vertices at commit d69349c, ``benchmarks/README.md``, "Step speed"), at the memory of one factor (and the
+            Hessian blocks it was made from) per step of a rollout until its backward has run. On the torch backend: the
+            Hessian blocks at the solution with their float64 factor (dense Cholesky) or block-Jacobi preconditioner
+            (CG), which the backward then does not make again.
         reuse_factor: factor reuse in Newton's loop (:func:`diffsoft.minimize`'s ``reuse_factor``): each
             system after the first is solved by CG preconditioned with the last factorization, and the Hessian
             is factored again only for the problems where that CG has not converged within a budget of

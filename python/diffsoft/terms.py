@@ -128,8 +128,9 @@ class Term:
         """The rows on ``device``: :attr:`rows`, or one per vertex."""
         if self._rows is None:
             return torch.arange(num_vertices, device=device)[:, None]
-        if int(self._rows.max()) >= num_vertices or int(self._rows.min()) < 0:  # (rows edited in place since)
-            bad = int(self._rows.max()) if int(self._rows.max()) >= num_vertices else int(self._rows.min())
+        lo, hi = int(self._rows.min()), int(self._rows.max())
+        if hi >= num_vertices or lo < 0:  # (rows edited in place since the constructor checked them)
+            bad = hi if hi >= num_vertices else lo
             raise ValueError(f"Term {self.name!r}: rows has vertex index {bad}, but the body has {num_vertices} "
                              f"vertices")
         return self._rows.to(device)

@@ -124,7 +124,8 @@ AnalyticEnergy step_analytic_energy(const StepModel& model, const StepState& sta
       if (!theirs.empty()) {
         const std::vector<torch::Tensor> grads = extra->mixed_vjp(s.y, w_rows.view(shape), theirs);
         for (size_t k = 0; k < at.size(); ++k)
-          out[at[k]] = theirs[k] < 0 ? out[at[k]] + at::sum_to(grads.at(k), param_shapes.at(wanted[at[k]])) : grads.at(k);
+          out[at[k]] = theirs[k] < 0 ? out[at[k]] + at::sum_to(grads.at(k), param_shapes.at(wanted[at[k]]))
+                                     : grads.at(k);
       }
       return out;
     };
