@@ -131,7 +131,7 @@ def profile(settings, iterations, skip, chunk, threads):
     with tempfile.TemporaryDirectory() as tmp:
         cfgs = {}
         for k, s in enumerate(settings):
-            fields = dict(checkpoint_every=10 ** 9, out_dir=os.path.join(tmp, str(k)))
+            fields = dict(checkpoint_every=10 ** 9, keep_best=False, out_dir=os.path.join(tmp, str(k)))  # (no result)
             fields.update(diff_settings(s))
             cfgs[s] = training.TrainConfig(**fields)
             out[s] = [Clock(), {}, 0]

@@ -59,7 +59,7 @@ STEER_HEADINGS = {2: (0, 180), 3: (-80, -60, -30, -10, 10, 30, 60, 80)}
 that training draws no more often than any other, and that its evaluations (``training.EVAL_HEADINGS``) do not
 use."""
 
-QUICK = dict(iterations=120, lr_decay_iterations=120, eval_every=5, keep_best=True)
+QUICK = dict(iterations=120, lr_decay_iterations=120, eval_every=5)
 """``--quick``: sized to train the biped in about half a minute to 1.5 minutes on 2 cores (the default is 300
 iterations); its result is the best of the policies evaluated every 5 iterations (a 100-step rollout of one
 creature, about 1% of an iteration's cost) and the last, since a short run can end on a dip

@@ -44,7 +44,7 @@ processes trains on the same creatures as one process with the combined batch.
 
 Files (under ``out_dir``): ``checkpoint.pt`` (written every ``checkpoint_every`` iterations and at the end:
 policy, critic, target critic, both Adam states, the pool of creature states, iteration, history, config,
-the best evaluated policy; ``resume=True`` continues from it exactly, because every random number of an
+every evaluated policy; ``resume=True`` continues from it exactly, because every random number of an
 iteration is drawn from a generator seeded by that iteration), ``policy.json`` (algovivo's policy format, see
 :func:`~diffsoft.policy.save_algovivo_policy`), ``history.json``; the command line (:mod:`diffsoft.cli`)
 adds ``learning_curve.png`` and ``walk.gif``.
@@ -68,8 +68,8 @@ from ._compat import load_checkpoint
 from ._io import finite_or_null
 from ._optional import require
 from .creatures import check_device, fingerprint, fingerprint_changes, make_creature
-from .policy import (FramePolicy, Posture, center_of_mass, center_of_mass_x, distance_walked, heading_direction,
-                     mirrors, moves_along, observe, reads_heading, save_algovivo_policy)
+from .policy import (WALKS, FramePolicy, Gait, Posture, center_of_mass, center_of_mass_x, distance_walked,
+                     heading_direction, mirrors, moves_along, observe, reads_heading, run_policy, save_algovivo_policy)
 from .terrain import grid, on_terrain, random_heights
 
 
@@ -157,10 +157,12 @@ class TrainConfig:
         eval_every: Iterations between evaluations of :func:`~diffsoft.policy.distance_walked`
             (deterministic, from rest).
         eval_horizon: Steps of each evaluation.
-        keep_best: The run's result (returned and written to ``policy.json``) is the policy that walked
-            furthest in the evaluations and in one of the final policy (steered in 3D: the furthest less
-            ``drift_weight`` times off its headings, :func:`evaluation_score`), instead of the final policy (the
-            checkpoint holds both; ``--resume`` continues from the last).
+        keep_best: The run's result (returned and written to ``policy.json``) is, of the policies evaluated
+            during the run and the final one, the one that walked furthest (steered in 3D: the furthest less
+            ``drift_weight`` times off its headings, :func:`evaluation_score`) among those whose gait
+            :func:`lasts` (1,000 steps from rest; checked in the order of their scores, up to the first that
+            lasts; where none does, the furthest, with a RuntimeWarning), instead of the final policy (the
+            checkpoint holds them all; ``--resume`` continues from the last).
         backward_rtol: The adjoint solve's relative tolerance (loose is enough for a stochastic gradient and
             halves the backward's cost).
         dtype: ``"float32"`` or ``"float64"``.
@@ -209,7 +211,7 @@ class TrainConfig:
     mirror: Optional[bool] = None
     eval_every: int = 10
     eval_horizon: int = 100
-    keep_best: bool = False
+    keep_best: bool = True
     backward_rtol: float = 1e-4
     dtype: str = "float32"
     device: str = "cpu"
@@ -754,14 +756,14 @@ def _gathered_pool(pool, world):
     return {f.name: _all_gather(getattr(pool, f.name), world, 0) for f in dataclasses.fields(pool)}
 
 
-def _save_checkpoint(path, cfg, sim, learners, pool_state, iteration, history, train_seconds, best):
+def _save_checkpoint(path, cfg, sim, learners, pool_state, iteration, history, train_seconds, evaluated):
     """learners: the networks and optimizers by name (each stored as its ``state_dict``); pool_state: the
-    whole batch's pool (:func:`_gathered_pool`); best: the best evaluated policy (:class:`_Best`). The
+    whole batch's pool (:func:`_gathered_pool`); evaluated: the evaluated policies (:class:`_Evaluated`). The
     checkpoint records the creature trained on by its content (:func:`~diffsoft.creatures.fingerprint`)."""
     tmp = path + ".tmp"
     torch.save({"version": 2, "config": dataclasses.asdict(cfg), "creature": fingerprint(sim), "iteration": iteration,
                 **{name: m.state_dict() for name, m in learners.items()}, "pool": pool_state,
-                "history": history, "train_seconds": train_seconds, "best": dataclasses.asdict(best),
+                "history": history, "train_seconds": train_seconds, "evaluated": evaluated.policies,
                 "frame": [learners["policy"].center_vertex_id, learners["policy"].forward_vertex_id]}, tmp)
     os.replace(tmp, path)  # an interrupted write never leaves a truncated checkpoint
 
@@ -897,34 +899,77 @@ def evaluation_score(cfg, evaluation):
     return evaluation["eval_distance"] - cfg.drift_weight * evaluation.get("eval_across", 0.0)
 
 
+def lasts(cfg, sim, policy):
+    """Whether ``policy``'s gait lasts (:attr:`~diffsoft.policy.Gait.lasts`: over 1,000 steps from rest it keeps
+    walking and never falls), along +x, or with ``steer`` toward each of :data:`EVAL_HEADINGS` (one batch). A
+    gait that does not walk in its first 100 steps (:data:`~diffsoft.policy.WALKS`) is told in those 100."""
+    headings = EVAL_HEADINGS[sim.body.dim] if cfg.steer else None
+
+    def gaits(steps):
+        if headings is None:
+            return [Gait.of(sim, run_policy(sim, policy, steps)[0][:, 0], 100)]
+        xs, _ = run_policy(sim, policy, steps, batch=len(headings),
+                           heading=torch.tensor(headings, dtype=sim.body.dtype, device=sim.body.device))
+        return [Gait.of(sim, xs[:, i], 100, h) for i, h in enumerate(headings)]
+
+    return all(g.first >= WALKS for g in gaits(100)) and all(g.lasts for g in gaits(1000))
+
+
 @dataclasses.dataclass
-class _Best:
-    """The best evaluated policy so far: its :func:`evaluation_score`, the iteration before which it was
-    evaluated, and its ``state_dict`` (None before the first evaluation)."""
-    score: float = -float("inf")
-    iteration: int = -1
-    policy: dict = None
+class _Evaluated:
+    """The run's evaluated policies, each ``{"score": evaluation_score, "iteration": before which it was
+    evaluated, "policy": its state_dict}``, from which ``keep_best`` chooses (:meth:`choose`)."""
+    policies: list = dataclasses.field(default_factory=list)
 
-    def offer(self, score, iteration, policy):
-        """Keeps ``policy`` if it scored higher than the best so far; whether it did."""
-        if score > self.score:
-            self.score, self.iteration = score, iteration
-            self.policy = {k: t.detach().clone() for k, t in policy.state_dict().items()}
-            return True
-        return False
+    def add(self, score, iteration, policy):
+        self.policies.append({"score": score, "iteration": iteration,
+                              "policy": {k: t.detach().clone() for k, t in policy.state_dict().items()}})
 
-
-def _resumed_best(stored, cfg, sim, policy):
-    """A checkpoint's best evaluated policy. One written before keep_best scored the drift kept the distance
-    alone: its score, where ``drift_weight`` counts (steered in 3D; ``cfg`` is :func:`for_creature`'s, 0 elsewhere),
-    is evaluated again (its policy in a copy of ``policy``)."""
-    best = _Best(**{"score" if k == "distance" else k: v for k, v in stored.items()})
-    if "distance" in stored and best.policy is not None and cfg.drift_weight:
+    def choose(self, cfg, sim, policy, rank, world):
+        """The highest-scoring evaluated policy whose gait :func:`lasts` (checked in the order of their scores, up
+        to the first that lasts; a policy whose score is not finite is never checked), or, where none lasts, the
+        highest-scoring one, with a RuntimeWarning. Loads it into ``policy`` and returns ``(its record, whether it
+        lasts, how many were checked)``. Process 0 checks, and the others take its choice."""
+        ranked = sorted(self.policies, key=lambda e: e["score"] if math.isfinite(e["score"]) else -math.inf,
+                        reverse=True)
         scored = copy.deepcopy(policy)
-        scored.load_state_dict(best.policy)
-        score = evaluation_score(cfg, evaluate(cfg, sim, scored))
-        best.score = score if math.isfinite(score) else -math.inf  # (a NaN would be offered over for good)
-    return best
+        chosen = [None, 0]  # (its rank, how many were checked)
+        if rank == 0:
+            for i, e in enumerate(e for e in ranked if math.isfinite(e["score"])):
+                scored.load_state_dict(e["policy"])
+                chosen[1] = i + 1
+                if lasts(cfg, sim, scored):
+                    chosen[0] = i
+                    break
+        if world > 1:
+            import torch.distributed as dist
+            dist.broadcast_object_list(chosen, 0)
+        best = ranked[chosen[0] or 0]
+        policy.load_state_dict(best["policy"])
+        if chosen[0] is None:
+            warnings.warn(f"keep_best: none of the run's {len(ranked)} evaluated policies has a gait that lasts "
+                          f"(diffsoft.policy.Gait.lasts: 1,000 steps from rest, walking on and never falling); the "
+                          f"result is the one that scored highest (before iteration {best['iteration']}, "
+                          f"{best['score']:.3f}): train longer, or on more seeds", RuntimeWarning, stacklevel=3)
+        return best, chosen[0] is not None, chosen[1]
+
+
+def _resumed_evaluated(ckpt, cfg, sim, policy):
+    """A checkpoint's evaluated policies. One written before every evaluated policy was kept holds only the best
+    one (``"best"``), and one written before keep_best scored the drift, its distance alone: its score, where
+    ``drift_weight`` counts (steered in 3D; ``cfg`` is :func:`for_creature`'s, 0 elsewhere), is evaluated again (its
+    policy in a copy of ``policy``). Checkpoints written before keep_best hold none."""
+    if "evaluated" in ckpt:
+        return _Evaluated(list(ckpt["evaluated"]))
+    stored = ckpt.get("best")
+    if not stored or stored.get("policy") is None:
+        return _Evaluated()
+    e = {"score" if k == "distance" else k: v for k, v in stored.items()}
+    if "distance" in stored and cfg.drift_weight:
+        scored = copy.deepcopy(policy)
+        scored.load_state_dict(e["policy"])
+        e["score"] = evaluation_score(cfg, evaluate(cfg, sim, scored))
+    return _Evaluated([e])
 
 
 def train(cfg, resume=False, progress=True, log=print):
@@ -968,7 +1013,7 @@ def train(cfg, resume=False, progress=True, log=print):
     b = cfg.batch // world
     pool = Pool.at_rest(sim, b, cfg.episode, cfg.terrain > 0)
     ckpt_path = os.path.join(cfg.out_dir, "checkpoint.pt")
-    history, start, train_seconds, best = [], 0, 0.0, _Best()
+    history, start, train_seconds, evaluated = [], 0, 0.0, _Evaluated()
     if resume and not os.path.exists(ckpt_path) and rank == 0:
         log(f"no checkpoint at {ckpt_path}: a new run")
     elif not resume and os.path.exists(ckpt_path) and rank == 0:
@@ -1002,8 +1047,7 @@ def train(cfg, resume=False, progress=True, log=print):
                                  f"; delete the checkpoint to start over, or resume from a copy of the run")
         pool = Pool(**{k: t[rank * b:(rank + 1) * b].clone() for k, t in state.items()}).to(sim.body.device)
         history, start, train_seconds = ckpt["history"], ckpt["iteration"], ckpt["train_seconds"]
-        if "best" in ckpt:  # checkpoints written before keep_best lack it
-            best = _resumed_best(ckpt["best"], cfg, sim, policy)
+        evaluated = _resumed_evaluated(ckpt, cfg, sim, policy)
         if rank == 0:
             log(f"resumed from {ckpt_path} at iteration {start}")
         if start > cfg.iterations:
@@ -1028,7 +1072,7 @@ def train(cfg, resume=False, progress=True, log=print):
         if it % cfg.eval_every == 0:
             evaluation = evaluate(cfg, sim, policy)
             record.update(evaluation, eval_sim_steps=it * per_iteration)
-            best.offer(evaluation_score(cfg, evaluation), it, policy)
+            evaluated.add(evaluation_score(cfg, evaluation), it, policy)
         t, cpu = time.perf_counter(), time.process_time()
         failures = []
         try:
@@ -1037,7 +1081,7 @@ def train(cfg, resume=False, progress=True, log=print):
         except SimulationFailure as e:  # stop, keeping every finished iteration (the pool is as it was)
             pool_state = _gathered_pool(pool, world)
             if rank == 0:
-                _save_checkpoint(ckpt_path, cfg, sim, learners, pool_state, it, history, train_seconds, best)
+                _save_checkpoint(ckpt_path, cfg, sim, learners, pool_state, it, history, train_seconds, evaluated)
             raise SimulationFailure(f"{e}; the checkpoint {ckpt_path} holds the {it} finished iterations "
                                     f"(resume with --resume)") from e
         failures = _gathered_failures(failures, world)  # (each process's own: rank 0 logs and records them all)
@@ -1056,15 +1100,16 @@ def train(cfg, resume=False, progress=True, log=print):
         if (it + 1) % cfg.checkpoint_every == 0 or it + 1 == cfg.iterations:
             pool_state = _gathered_pool(pool, world)
             if rank == 0:
-                _save_checkpoint(ckpt_path, cfg, sim, learners, pool_state, it + 1, history, train_seconds, best)
+                _save_checkpoint(ckpt_path, cfg, sim, learners, pool_state, it + 1, history, train_seconds, evaluated)
     if cfg.keep_best:
         last = evaluation_score(cfg, evaluate(cfg, sim, policy))
-        # (a resumed run may be past iterations; a NaN score is never the best)
-        if not best.offer(last, max(start, cfg.iterations), policy) and best.policy is not None:
-            policy.load_state_dict(best.policy)
+        evaluated.add(last, max(start, cfg.iterations), policy)  # (a resumed run may be past iterations)
+        best, lasting, checked = evaluated.choose(cfg, sim, policy, rank, world)
         if rank == 0:
-            log(f"the result is the best evaluated policy: before iteration {best.iteration}, {best.score:.3f} "
-                f"in {cfg.eval_horizon} steps (the last policy: {last:.3f}; evaluation_score)")
+            log(f"the result is the {'best evaluated policy whose gait lasts' if lasting else 'best evaluated policy'}"
+                f": before iteration {best['iteration']}, {best['score']:.3f} in {cfg.eval_horizon} steps (the last "
+                f"policy: {last:.3f}; evaluation_score; {checked} of {len(evaluated.policies)} checked over 1,000 "
+                f"steps)")
     if rank == 0:
         save_algovivo_policy(policy, os.path.join(cfg.out_dir, "policy.json"))
         with open(os.path.join(cfg.out_dir, "history.json"), "w") as f:

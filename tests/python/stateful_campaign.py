@@ -628,7 +628,7 @@ class Sequence:
         learners["optimizer"] = torch.optim.SGD(learners["critic"].parameters(), lr=0.1)
         learners["critic_optimizer"] = torch.optim.SGD(learners["critic"].parameters(), lr=0.1)
         pool = {k: torch.zeros(1) for k in ("x", "v", "a", "age")}
-        training._save_checkpoint(path, cfg, self.sim, learners, pool, 1, [], 0.0, training._Best())
+        training._save_checkpoint(path, cfg, self.sim, learners, pool, 1, [], 0.0, training._Evaluated())
         if kind == "same":
             training._load_checkpoint(path, cfg, self.sim)
             self.record(label, "right answer", "the same creature resumes")

@@ -274,7 +274,8 @@ def _negative_index(tmp):
 def _train(tmp, **kw):
     from diffsoft import training
     training.train(TrainConfig(**{**dict(batch=2, window=2, episode=4, iterations=1, critic_minibatches=1,
-                                         out_dir=str(tmp / "run")), **kw}), progress=False, log=lambda *a: None)
+                                         keep_best=False, out_dir=str(tmp / "run")), **kw}), progress=False,
+                   log=lambda *a: None)
 
 
 def _without_muscles(tmp):
@@ -413,6 +414,8 @@ TRIGGERS = [
      lambda tmp: _train(tmp, terrain=5.0, steer=True)),
     ("UserWarning: PATH exists and this run does not resume it: the new run's files replace it ...",
      lambda tmp: _over_another_run(tmp)),
+    ("RuntimeWarning: keep_best: none of the run's K evaluated policies has a gait that lasts ...",
+     lambda tmp: _train(tmp, keep_best=True)),  # (a run of one iteration does not walk)
     ("RuntimeWarning: OMP_WAIT_POLICY is not set: idle OpenMP threads spin ...", lambda tmp: _main_from_a_script()),
     ("ValueError: sim.terms[k] (Term 'NAME'): its energy must return one energy per row, shape S for rows of shape R "
      "(...), got T ...", lambda tmp: _term_of_another_batch()),

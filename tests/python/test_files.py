@@ -130,7 +130,8 @@ def test_a_policy_meeting_another_creature_names_both_sizes():
 
 def _tiny(tmp_path, creature, **kw):
     cfg = dict(creature=creature, window=2, episode=4, batch=2, iterations=1, critic_iterations=1,
-               critic_minibatches=1, eval_every=100, checkpoint_every=1, dtype="float64", out_dir=str(tmp_path / "run"))
+               critic_minibatches=1, eval_every=100, checkpoint_every=1, dtype="float64", out_dir=str(tmp_path / "run"),
+               keep_best=False)
     cfg.update(kw)
     return training.TrainConfig(**cfg)
 

@@ -19,11 +19,13 @@ from diffsoft.training import TrainConfig
 from conftest import failing_creature
 
 F64 = torch.float64
+ALGOVIVO_BIPED = pathlib.Path(__file__).parents[2] / "examples" / "data" / "algovivo" / "biped"
 
 
 def _tiny(tmp_path, **kw):
     cfg = dict(creature="biped", window=3, episode=6, batch=2, iterations=3, lr=1e-2, critic_iterations=2,
-               critic_minibatches=2, eval_every=100, checkpoint_every=1, dtype="float64", out_dir=str(tmp_path))
+               critic_minibatches=2, eval_every=100, checkpoint_every=1, dtype="float64", out_dir=str(tmp_path),
+               keep_best=False)  # (the final policy: keep_best's own tests ask for it)
     cfg.update(kw)
     return TrainConfig(**cfg)
 
@@ -296,7 +298,9 @@ def test_training_on_cuda_and_its_checkpoint_on_the_cpu(tmp_path):
     assert resumed.fc1.weight.device.type == "cpu"
 
 
-def test_keep_best_returns_the_policy_that_walked_furthest(tmp_path):
+def test_keep_best_returns_the_policy_that_walked_furthest(tmp_path, monkeypatch):
+    # Every policy's gait lasts here (training.lasts is given): the furthest evaluated one is the result.
+    monkeypatch.setattr(training, "lasts", lambda cfg, sim, policy: True)
     kw = dict(iterations=4, eval_every=1, eval_horizon=20, lr=0.05)
     best, history = training.train(_tiny(tmp_path / "best", keep_best=True, **kw), progress=False)
     last, _ = training.train(_tiny(tmp_path / "last", **kw), progress=False)
@@ -312,7 +316,8 @@ def test_keep_best_returns_the_policy_that_walked_furthest(tmp_path):
     for p, q in zip(best.parameters(), saved.parameters()):
         assert torch.equal(p, q)
     ckpt = torch.load(tmp_path / "best" / "checkpoint.pt")
-    assert ckpt["best"]["iteration"] == min(i, 3) and ckpt["best"]["score"] == max(evals[:4])
+    assert [e["iteration"] for e in ckpt["evaluated"]] == [0, 1, 2, 3]
+    assert [e["score"] for e in ckpt["evaluated"]] == evals[:4]
     # resumed with fewer iterations than it ran (nothing left to train), the result is still the best policy
     assert i < 4  # (else the last policy is the best, and this would not tell)
     with pytest.warns(RuntimeWarning, match="nothing is trained"):
@@ -320,6 +325,60 @@ def test_keep_best_returns_the_policy_that_walked_furthest(tmp_path):
                                   progress=False)
     for p, q in zip(best.parameters(), again.parameters()):
         assert torch.equal(p, q)
+
+
+def test_keep_best_returns_the_furthest_policy_whose_gait_lasts(tmp_path, monkeypatch):
+    # Evaluations score 1, 3, 2, 4 (the final policy) and only the policies scoring 1 and 2 last: the result is
+    # the one scoring 2, found by checking the policies from the furthest down (4, 3, 2) and no further.
+    scores, checked = iter([1.0, 3.0, 2.0, 4.0]), []
+    monkeypatch.setattr(training, "evaluate", lambda cfg, sim, policy: {"eval_distance": next(scores)})
+    seen = {}
+
+    def lasts(cfg, sim, policy):
+        score = seen[policy.fc1.weight.sum().item()]
+        checked.append(score)
+        return score in (1.0, 2.0)
+
+    real_add = training._Evaluated.add
+    monkeypatch.setattr(training._Evaluated, "add", lambda self, score, it, policy: (
+        seen.__setitem__(policy.fc1.weight.sum().item(), score), real_add(self, score, it, policy))[1])
+    monkeypatch.setattr(training, "lasts", lasts)
+    policy, _ = training.train(_tiny(tmp_path, iterations=3, eval_every=1, lr=0.05, keep_best=True), progress=False)
+    assert checked == [4.0, 3.0, 2.0] and seen[policy.fc1.weight.sum().item()] == 2.0
+    # none lasts: the furthest, said
+    scores, checked[:] = iter([1.0, 3.0, 2.0, 4.0]), []
+    monkeypatch.setattr(training, "lasts", lambda cfg, sim, policy: checked.append(0) and False)
+    with pytest.warns(RuntimeWarning, match="none of the run's 4 evaluated policies has a gait that lasts"):
+        policy, _ = training.train(_tiny(tmp_path / "none", iterations=3, eval_every=1, lr=0.05, keep_best=True),
+                                   progress=False)
+    assert len(checked) == 4 and seen[policy.fc1.weight.sum().item()] == 4.0
+
+
+def test_lasts_is_the_gait_check_toward_every_evaluated_heading(monkeypatch):
+    # algovivo's own policy for its biped lasts along +x (policy.gait). Made steered with its weights, reading
+    # the heading with weight 0 (so it walks +x whatever the command), it lasts unsteered but not steered,
+    # which asks for +x and -x.
+    sim = creatures.make_creature(str(ALGOVIVO_BIPED / "mesh.json"), torch.float32)
+    policy = load_algovivo_policy(str(ALGOVIVO_BIPED / "policy.json"))
+    cfg = TrainConfig(creature="biped")
+    assert policy_module.gait(sim, policy).lasts and training.lasts(cfg, sim, policy)
+    steered = FramePolicy(policy.num_vertices, policy.num_muscles, 2, policy.center_vertex_id,
+                          policy.forward_vertex_id, min_a=policy.min_a, max_abs_da=policy.max_abs_da, steered=True)
+    with torch.no_grad():
+        steered.fc1.weight.zero_()
+        steered.fc1.weight[:, :policy.fc1.in_features] = policy.fc1.weight
+        for name in ("fc1.bias", "fc2.weight", "fc2.bias"):
+            steered.get_parameter(name).copy_(policy.get_parameter(name))
+    assert training.lasts(cfg, sim, steered)
+    assert policy_module.gait(sim, steered, heading=0.0).lasts and not policy_module.gait(sim, steered, heading=math.pi).lasts
+    assert not training.lasts(dataclasses.replace(cfg, steer=True), sim, steered)
+    # a policy that does not walk (it holds its activations) is told in 100 steps
+    steps, run = [], training.run_policy
+    monkeypatch.setattr(training, "run_policy", lambda sim, policy, n, **kw: steps.append(n) or run(sim, policy, n, **kw))
+    with torch.no_grad():
+        policy.fc2.weight.zero_()
+        policy.fc2.bias.zero_()
+    assert not training.lasts(cfg, sim, policy) and steps == [100]
 
 
 def test_two_processes_under_torchrun_match_one_process_with_the_combined_batch(tmp_path):
@@ -407,6 +466,7 @@ def test_steered_keep_best_in_3d_charges_the_distance_off_the_headings(tmp_path,
         return torch.full((len(headings),), along), torch.full((len(headings),), across)
 
     monkeypatch.setattr(training, "moves_along", moves)
+    monkeypatch.setattr(training, "lasts", lambda cfg, sim, policy: True)
     cfg = _tiny(tmp_path, creature="tetrapod", steer=True, drift_weight=2.0, iterations=2, window=2, episode=2,
                 eval_every=1, eval_horizon=2, keep_best=True, dtype="float32")
     policy, history = training.train(cfg, progress=False)
@@ -415,10 +475,12 @@ def test_steered_keep_best_in_3d_charges_the_distance_off_the_headings(tmp_path,
         assert torch.equal(t, seen[0][name])
     path = os.path.join(tmp_path, "checkpoint.pt")
     ckpt = torch.load(path)
-    assert ckpt["best"]["iteration"] == 0 and ckpt["best"]["score"] == 1.0
+    assert [(e["iteration"], e["score"]) for e in ckpt["evaluated"]] == [(0, 1.0), (1, 0.0)]
     assert training.evaluation_score(cfg, {"eval_distance": 2.0, "eval_across": 1.0}) == 0.0
-    # A checkpoint written before keep_best charged the drift kept the distance alone (here iteration 1's 2.0,
-    # above the last policy's 0.5): resumed, its best is evaluated again (2.0 - 2 * 1.0) and the last one wins.
+    # A checkpoint written before every evaluated policy was kept held the best one, and one written before
+    # keep_best charged the drift its distance alone (here iteration 1's 2.0, above the last policy's 0.5):
+    # resumed, its best is evaluated again (2.0 - 2 * 1.0) and the last one wins.
+    del ckpt["evaluated"]
     ckpt["best"] = {"distance": 2.0, "iteration": 1, "policy": seen[1]}
     torch.save(ckpt, path)
     given[:], seen[:] = [(2.0, 1.0), (0.5, 0.0)], []
