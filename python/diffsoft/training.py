@@ -44,7 +44,7 @@ processes trains on the same creatures as one process with the combined batch.
 
 Files (under ``out_dir``): ``checkpoint.pt`` (written every ``checkpoint_every`` iterations and at the end:
 policy, critic, target critic, both Adam states, the pool of creature states, iteration, history, config,
-every evaluated policy; ``resume=True`` continues from it exactly, because every random number of an
+the evaluated policies; ``resume=True`` continues from it exactly, because every random number of an
 iteration is drawn from a generator seeded by that iteration), ``policy.json`` (algovivo's policy format, see
 :func:`~diffsoft.policy.save_algovivo_policy`), ``history.json``; the command line (:mod:`diffsoft.cli`)
 adds ``learning_curve.png`` and ``walk.gif``.
@@ -63,7 +63,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ._checks import check_fields
+from ._checks import check_fields, is_integer
 from ._compat import load_checkpoint
 from ._io import finite_or_null
 from ._optional import require
@@ -162,7 +162,7 @@ class TrainConfig:
             ``drift_weight`` times off its headings, :func:`evaluation_score`) among those whose gait
             :func:`lasts` (1,000 steps from rest; checked in the order of their scores, up to the first that
             lasts; where none does, the furthest, with a RuntimeWarning), instead of the final policy (the
-            checkpoint holds them all; ``--resume`` continues from the last).
+            checkpoint holds the 32 furthest; ``--resume`` continues from the last).
         backward_rtol: The adjoint solve's relative tolerance (loose is enough for a stochastic gradient and
             halves the backward's cost).
         dtype: ``"float32"`` or ``"float64"``.
@@ -918,20 +918,23 @@ def lasts(cfg, sim, policy):
 @dataclasses.dataclass
 class _Evaluated:
     """The run's evaluated policies, each ``{"score": evaluation_score, "iteration": before which it was
-    evaluated, "policy": its state_dict}``, from which ``keep_best`` chooses (:meth:`choose`)."""
+    evaluated, "policy": its state_dict}``, from which ``keep_best`` chooses (:meth:`choose`): the :data:`KEPT`
+    that scored highest (the others would be checked only if none of those lasted)."""
     policies: list = dataclasses.field(default_factory=list)
+    KEPT = 32
 
     def add(self, score, iteration, policy):
         self.policies.append({"score": score, "iteration": iteration,
                               "policy": {k: t.detach().clone() for k, t in policy.state_dict().items()}})
+        if len(self.policies) > self.KEPT:  # (a long run evaluated often: the lowest score goes, a NaN first)
+            self.policies.remove(min(self.policies, key=_ranking))
 
     def choose(self, cfg, sim, policy, rank, world):
         """The highest-scoring evaluated policy whose gait :func:`lasts` (checked in the order of their scores, up
         to the first that lasts; a policy whose score is not finite is never checked), or, where none lasts, the
         highest-scoring one, with a RuntimeWarning. Loads it into ``policy`` and returns ``(its record, whether it
         lasts, how many were checked)``. Process 0 checks, and the others take its choice."""
-        ranked = sorted(self.policies, key=lambda e: e["score"] if math.isfinite(e["score"]) else -math.inf,
-                        reverse=True)
+        ranked = sorted(self.policies, key=_ranking, reverse=True)
         scored = copy.deepcopy(policy)
         chosen = [None, 0]  # (its rank, how many were checked)
         if rank == 0:
@@ -947,29 +950,50 @@ class _Evaluated:
         best = ranked[chosen[0] or 0]
         policy.load_state_dict(best["policy"])
         if chosen[0] is None:
-            warnings.warn(f"keep_best: none of the run's {len(ranked)} evaluated policies has a gait that lasts "
-                          f"(diffsoft.policy.Gait.lasts: 1,000 steps from rest, walking on and never falling); the "
-                          f"result is the one that scored highest (before iteration {best['iteration']}, "
-                          f"{best['score']:.3f}): train longer, or on more seeds", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"keep_best: none of the {len(ranked)} evaluated policies it kept (the run's furthest, at "
+                          f"most {self.KEPT}) has a gait that lasts (diffsoft.policy.Gait.lasts: 1,000 steps from "
+                          f"rest, walking on and never falling); the result is the one that scored highest (before "
+                          f"iteration {best['iteration']}, {best['score']:.3f}): train longer, or on more seeds",
+                          RuntimeWarning, stacklevel=3)
         return best, chosen[0] is not None, chosen[1]
 
 
-def _resumed_evaluated(ckpt, cfg, sim, policy):
-    """A checkpoint's evaluated policies. One written before every evaluated policy was kept holds only the best
-    one (``"best"``), and one written before keep_best scored the drift, its distance alone: its score, where
-    ``drift_weight`` counts (steered in 3D; ``cfg`` is :func:`for_creature`'s, 0 elsewhere), is evaluated again (its
-    policy in a copy of ``policy``). Checkpoints written before keep_best hold none."""
+def _ranking(evaluated):
+    """An evaluated policy's rank: its score, a NaN lowest."""
+    return evaluated["score"] if math.isfinite(evaluated["score"]) else -math.inf
+
+
+def _resumed_evaluated(path, ckpt, cfg, sim, policy):
+    """The evaluated policies of the checkpoint ``ckpt`` (read from ``path``), each checked: a ValueError names
+    the file and the entry a hand edit spoiled. A checkpoint written before every evaluated policy was kept
+    holds only the best one (``"best"``), and one written before keep_best scored the drift, its distance alone:
+    its score, where ``drift_weight`` counts (steered in 3D; ``cfg`` is :func:`for_creature`'s, 0 elsewhere), is
+    evaluated again. Checkpoints written before keep_best hold none."""
     if "evaluated" in ckpt:
-        return _Evaluated(list(ckpt["evaluated"]))
-    stored = ckpt.get("best")
-    if not stored or stored.get("policy") is None:
-        return _Evaluated()
-    e = {"score" if k == "distance" else k: v for k, v in stored.items()}
-    if "distance" in stored and cfg.drift_weight:
-        scored = copy.deepcopy(policy)
-        scored.load_state_dict(e["policy"])
-        e["score"] = evaluation_score(cfg, evaluate(cfg, sim, scored))
-    return _Evaluated([e])
+        key, entries = "evaluated", ckpt["evaluated"]
+    else:
+        key, best = "best", ckpt.get("best")
+        if isinstance(best, dict):  # (its policy None before the first evaluation)
+            best = None if best.get("policy") is None else {"score" if k == "distance" else k: v
+                                                            for k, v in best.items()}
+        entries = [] if best is None else [best]
+    scored = copy.deepcopy(policy)
+    if not isinstance(entries, list):
+        entries = [entries]
+    for i, e in enumerate(entries):
+        name = f"{key}[{i}]" if key == "evaluated" else key
+        try:
+            if not isinstance(e, dict) or isinstance(e["score"], bool) or not isinstance(e["score"], (int, float)) \
+                    or not is_integer(e["iteration"]):
+                raise TypeError(f"'score' must be a number (NaN for a failed evaluation) and 'iteration' an int, got "
+                                f"{e!r:.80}")
+            scored.load_state_dict(e["policy"])
+        except (RuntimeError, KeyError, ValueError, TypeError, AttributeError) as err:
+            raise ValueError(f"{path}: key {name!r} is not an evaluated policy of this run's ({type(err).__name__}: "
+                             f"{err}); delete the checkpoint to start over, or resume from a copy of the run") from None
+        if key == "best" and "distance" in ckpt["best"] and cfg.drift_weight:
+            e["score"] = evaluation_score(cfg, evaluate(cfg, sim, scored))
+    return _Evaluated(list(entries))
 
 
 def train(cfg, resume=False, progress=True, log=print):
@@ -1047,7 +1071,7 @@ def train(cfg, resume=False, progress=True, log=print):
                                  f"; delete the checkpoint to start over, or resume from a copy of the run")
         pool = Pool(**{k: t[rank * b:(rank + 1) * b].clone() for k, t in state.items()}).to(sim.body.device)
         history, start, train_seconds = ckpt["history"], ckpt["iteration"], ckpt["train_seconds"]
-        evaluated = _resumed_evaluated(ckpt, cfg, sim, policy)
+        evaluated = _resumed_evaluated(ckpt_path, ckpt, cfg, sim, policy)
         if rank == 0:
             log(f"resumed from {ckpt_path} at iteration {start}")
         if start > cfg.iterations:

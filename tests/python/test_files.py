@@ -171,6 +171,11 @@ def test_resume_refuses_another_creature_at_the_same_path_naming_what_changed(tm
     (lambda c: c.update(iteration="3"), r"key 'iteration' must be an int >= 0"),
     (lambda c: c.update(policy={"fc1.weight": torch.zeros(1)}), "key 'policy' does not fit this run's policy"),
     (lambda c: c.update(frame=[0, 1]), r"its policy observes the body frame of vertices \[0, 1\]"),
+    (lambda c: c["evaluated"][0].update(score="far"), r"key 'evaluated\[0\]' is not an evaluated policy of this run's"),
+    (lambda c: c["evaluated"][0]["policy"].pop("fc1.weight"), r"key 'evaluated\[0\]' is not an evaluated policy"),
+    (lambda c: c.update(evaluated={"score": 1.0}), r"key 'evaluated\[0\]' is not an evaluated policy"),
+    (lambda c: c.update(best={"score": 1.0, "iteration": "0", "policy": {}}) or c.pop("evaluated"),
+     r"key 'best' is not an evaluated policy"),  # (as written before every evaluated policy was kept)
 ])
 def test_a_hand_edited_checkpoint_names_the_file_and_key(tmp_path, edit, match):
     training.train(_tiny(tmp_path, "biped"), progress=False)

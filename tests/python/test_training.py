@@ -348,10 +348,17 @@ def test_keep_best_returns_the_furthest_policy_whose_gait_lasts(tmp_path, monkey
     # none lasts: the furthest, said
     scores, checked[:] = iter([1.0, 3.0, 2.0, 4.0]), []
     monkeypatch.setattr(training, "lasts", lambda cfg, sim, policy: checked.append(0) and False)
-    with pytest.warns(RuntimeWarning, match="none of the run's 4 evaluated policies has a gait that lasts"):
+    with pytest.warns(RuntimeWarning, match=r"none of the 4 evaluated policies it kept \(the run's furthest, at most "
+                                            r"32\) has a gait that lasts"):
         policy, _ = training.train(_tiny(tmp_path / "none", iterations=3, eval_every=1, lr=0.05, keep_best=True),
                                    progress=False)
     assert len(checked) == 4 and seen[policy.fc1.weight.sum().item()] == 4.0
+    # a run keeps the _Evaluated.KEPT (here 2) that scored highest, a NaN never among them
+    scores = iter([1.0, math.nan, 3.0, 2.0, 4.0])
+    monkeypatch.setattr(training._Evaluated, "KEPT", 2)
+    training.train(_tiny(tmp_path / "kept", iterations=4, eval_every=1, lr=0.05, keep_best=False), progress=False)
+    kept = torch.load(tmp_path / "kept" / "checkpoint.pt")["evaluated"]
+    assert [(e["iteration"], e["score"]) for e in kept] == [(2, 3.0), (3, 2.0)]
 
 
 def test_lasts_is_the_gait_check_toward_every_evaluated_heading(monkeypatch):
