@@ -283,16 +283,22 @@ def _check_captured_tensors(fn, x0, tensors):
             e = fn(x0.detach(), *[t.detach() for t in tensors])
     except Exception:  # noqa: BLE001 - the solve's own first evaluation says what is wrong with the energy
         return
-    if not isinstance(e, torch.Tensor):
-        return
+    if isinstance(e, torch.Tensor):
+        check_captured(e, "diffsoft.minimize: the energy", "as a param (minimize(energy, x0, ..., t))", stacklevel=5)
+
+
+def check_captured(e, who, as_param, stacklevel):
+    """An energy ``e`` evaluated on detached inputs that still depends on a tensor (one its closure captured,
+    not among its params): a NotImplementedError when that is a forward-mode dual tensor (its tangent would flow
+    through Newton's iterations into x*, a wrong tangent), a RuntimeWarning when it requires grad (the implicit
+    backward gives it no gradient). ``who`` names the energy; ``as_param``: how to pass it as a param."""
     if is_dual(e):
-        raise NotImplementedError(f"diffsoft.minimize: the energy reads a forward-mode dual tensor that is not among "
-                                  f"its params (one its closure captured): {REVERSE_MODE_ONLY}")
-    if e.requires_grad:
-        warnings.warn("diffsoft.minimize: the energy depends on a tensor that requires grad and is not among its "
-                      "params (one its closure captured): the implicit backward gives it no gradient. Pass it as a "
-                      "param (minimize(energy, x0, ..., t)), or detach it if it needs none", RuntimeWarning,
-                      stacklevel=3)
+        raise NotImplementedError(f"{who} reads a forward-mode dual tensor that is not among its params (one its "
+                                  f"closure captured): {REVERSE_MODE_ONLY}")
+    if e.requires_grad and torch.is_grad_enabled():
+        warnings.warn(f"{who} depends on a tensor that requires grad and is not among its params (one its closure "
+                      f"captured): the implicit backward gives it no gradient. Pass it {as_param}, or detach it if "
+                      f"it needs none", RuntimeWarning, stacklevel=stacklevel)
 
 
 def _options(**kw):

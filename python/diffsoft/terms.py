@@ -23,12 +23,11 @@ time step, ``()`` or ``(B, 1)``)::
 """
 import copy
 import math
-import warnings
 
 import torch
 
-from ._compat import is_dual, own_graphs
-from ._minimize import REVERSE_MODE_ONLY
+from ._compat import own_graphs
+from ._minimize import check_captured
 from .body import Copies
 from .energies import StepTerm
 from .step import per_problem
@@ -284,14 +283,7 @@ class Term:
                              f"{tuple(x0.shape[:-2])} for rows of shape {tuple(x0.shape)} ({state}), got "
                              f"{tuple(e.shape) if isinstance(e, torch.Tensor) else type(e).__name__}; its params' "
                              f"shapes: {shapes} (a per-creature param has the state's batch as its first dimension)")
-        if is_dual(e):
-            raise NotImplementedError(f"Simulator.step: {where} (Term {self.name!r}) reads a forward-mode dual tensor "
-                                      f"that is not among its params (one its closure captured): {REVERSE_MODE_ONLY}")
-        if e.requires_grad and torch.is_grad_enabled():
-            warnings.warn(f"Simulator.step: {where} (Term {self.name!r}) depends on a tensor that requires grad and is "
-                          f"not among its params (one its energy's closure captured): the implicit backward gives it "
-                          f"no gradient. Pass it in the term's params, or detach it if it needs none",
-                          RuntimeWarning, stacklevel=4)
+        check_captured(e, f"Simulator.step: {where} (Term {self.name!r})", "in the term's params", stacklevel=5)
 
     def check_copies(self, where):
         """A ValueError naming ``where`` (e.g. ``sim.terms[0]``) where a parameter of this copy (:meth:`to`) was
