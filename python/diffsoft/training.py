@@ -926,7 +926,11 @@ class _Evaluated:
     def add(self, score, iteration, policy):
         self.policies.append({"score": score, "iteration": iteration,
                               "policy": {k: t.detach().clone() for k, t in policy.state_dict().items()}})
-        if len(self.policies) > self.KEPT:  # (a long run evaluated often: the lowest score goes, a NaN first)
+        self.trim()
+
+    def trim(self):
+        """Keeps the :data:`KEPT` that scored highest (a long run evaluated often: the lowest go, a NaN first)."""
+        while len(self.policies) > self.KEPT:
             self.policies.remove(min(self.policies, key=_ranking))
 
     def choose(self, cfg, sim, policy, rank, world):
@@ -949,7 +953,7 @@ class _Evaluated:
             dist.broadcast_object_list(chosen, 0)
         best = ranked[chosen[0] or 0]
         policy.load_state_dict(best["policy"])
-        if chosen[0] is None:
+        if chosen[0] is None and rank == 0:
             warnings.warn(f"keep_best: none of the {len(ranked)} evaluated policies it kept (the run's furthest, at "
                           f"most {self.KEPT}) has a gait that lasts (diffsoft.policy.Gait.lasts: 1,000 steps from "
                           f"rest, walking on and never falling); the result is the one that scored highest (before "
@@ -964,11 +968,13 @@ def _ranking(evaluated):
 
 
 def _resumed_evaluated(path, ckpt, cfg, sim, policy):
-    """The evaluated policies of the checkpoint ``ckpt`` (read from ``path``), each checked: a ValueError names
-    the file and the entry a hand edit spoiled. A checkpoint written before every evaluated policy was kept
-    holds only the best one (``"best"``), and one written before keep_best scored the drift, its distance alone:
-    its score, where ``drift_weight`` counts (steered in 3D; ``cfg`` is :func:`for_creature`'s, 0 elsewhere), is
-    evaluated again. Checkpoints written before keep_best hold none."""
+    """The evaluated policies of the checkpoint ``ckpt`` (read from ``path``), each checked (a ValueError names
+    the file and the entry a hand edit spoiled), less those at or past its iteration, which the run evaluates
+    again (a run stopped by a failure saved the evaluation before it), and at most :data:`_Evaluated.KEPT`. A
+    checkpoint written before every evaluated policy was kept holds only the best one (``"best"``), and one
+    written before keep_best scored the drift, its distance alone: its score, where ``drift_weight`` counts
+    (steered in 3D; ``cfg`` is :func:`for_creature`'s, 0 elsewhere), is evaluated again. Checkpoints written
+    before keep_best hold none."""
     if "evaluated" in ckpt:
         key, entries = "evaluated", ckpt["evaluated"]
     else:
@@ -988,12 +994,16 @@ def _resumed_evaluated(path, ckpt, cfg, sim, policy):
                 raise TypeError(f"'score' must be a number (NaN for a failed evaluation) and 'iteration' an int, got "
                                 f"{e!r:.80}")
             scored.load_state_dict(e["policy"])
+            if not all(bool(torch.isfinite(t).all()) for t in scored.state_dict().values()):
+                raise ValueError("its policy's weights are not all finite")
         except (RuntimeError, KeyError, ValueError, TypeError, AttributeError) as err:
             raise ValueError(f"{path}: key {name!r} is not an evaluated policy of this run's ({type(err).__name__}: "
                              f"{err}); delete the checkpoint to start over, or resume from a copy of the run") from None
         if key == "best" and "distance" in ckpt["best"] and cfg.drift_weight:
             e["score"] = evaluation_score(cfg, evaluate(cfg, sim, scored))
-    return _Evaluated(list(entries))
+    evaluated = _Evaluated([e for e in entries if e["iteration"] < ckpt["iteration"]])
+    evaluated.trim()
+    return evaluated
 
 
 def train(cfg, resume=False, progress=True, log=print):
@@ -1076,8 +1086,9 @@ def train(cfg, resume=False, progress=True, log=print):
             log(f"resumed from {ckpt_path} at iteration {start}")
         if start > cfg.iterations:
             warnings.warn(f"{ckpt_path} is at iteration {start}, past iterations={cfg.iterations}: nothing is "
-                          f"trained, and the result is the checkpoint's policy (resume with iterations >= {start} "
-                          f"to train on)", RuntimeWarning, stacklevel=2)
+                          f"trained, and the result is the checkpoint's "
+                          f"{'best evaluated policy (keep_best)' if cfg.keep_best else 'policy'} (resume with "
+                          f"iterations >= {start} to train on)", RuntimeWarning, stacklevel=2)
     elif world > 1:
         import torch.distributed as dist
         for m in (policy, critic, target_critic):

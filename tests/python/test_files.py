@@ -174,6 +174,8 @@ def test_resume_refuses_another_creature_at_the_same_path_naming_what_changed(tm
     (lambda c: c["evaluated"][0].update(score="far"), r"key 'evaluated\[0\]' is not an evaluated policy of this run's"),
     (lambda c: c["evaluated"][0]["policy"].pop("fc1.weight"), r"key 'evaluated\[0\]' is not an evaluated policy"),
     (lambda c: c.update(evaluated={"score": 1.0}), r"key 'evaluated\[0\]' is not an evaluated policy"),
+    (lambda c: [t.fill_(float("nan")) for t in c["evaluated"][0]["policy"].values()],
+     r"key 'evaluated\[0\]' is not an evaluated policy .*weights are not all finite"),
     (lambda c: c.update(best={"score": 1.0, "iteration": "0", "policy": {}}) or c.pop("evaluated"),
      r"key 'best' is not an evaluated policy"),  # (as written before every evaluated policy was kept)
 ])

@@ -357,8 +357,16 @@ def test_keep_best_returns_the_furthest_policy_whose_gait_lasts(tmp_path, monkey
     scores = iter([1.0, math.nan, 3.0, 2.0, 4.0])
     monkeypatch.setattr(training._Evaluated, "KEPT", 2)
     training.train(_tiny(tmp_path / "kept", iterations=4, eval_every=1, lr=0.05, keep_best=False), progress=False)
+    ckpt = torch.load(tmp_path / "kept" / "checkpoint.pt")
+    assert [(e["iteration"], e["score"]) for e in ckpt["evaluated"]] == [(2, 3.0), (3, 2.0)]
+    # a checkpoint holding more (written before KEPT, or by hand) is cut to the KEPT that scored highest on resume
+    ckpt["evaluated"].insert(0, dict(ckpt["evaluated"][0], iteration=0, score=5.0))
+    torch.save(ckpt, tmp_path / "kept" / "checkpoint.pt")
+    scores = iter([0.5])
+    training.train(_tiny(tmp_path / "kept", iterations=5, eval_every=1, lr=0.05, keep_best=False), resume=True,
+                   progress=False)
     kept = torch.load(tmp_path / "kept" / "checkpoint.pt")["evaluated"]
-    assert [(e["iteration"], e["score"]) for e in kept] == [(2, 3.0), (3, 2.0)]
+    assert [(e["iteration"], e["score"]) for e in kept] == [(0, 5.0), (2, 3.0)]
 
 
 def test_lasts_is_the_gait_check_toward_every_evaluated_heading(monkeypatch):
@@ -558,12 +566,16 @@ def test_stop_on_failure_keeps_the_checkpoint_and_resumes(tmp_path, monkeypatch)
     monkeypatch.setattr(training, "make_creature", failing_creature(2))
     with pytest.raises(training.SimulationFailure, match="iteration 2, step 0, creature\\(s\\) \\[0, 1\\].*"
                                                            "holds the 2 finished iterations"):
-        training.train(_tiny(tmp_path, on_failure="stop"), progress=False)
+        training.train(_tiny(tmp_path, on_failure="stop", eval_every=1), progress=False)
     ckpt = torch.load(os.path.join(tmp_path, "checkpoint.pt"))
     assert ckpt["iteration"] == 2 and len(ckpt["history"]) == 2
+    assert [e["iteration"] for e in ckpt["evaluated"]] == [0, 1, 2]  # (iteration 2's, evaluated before it failed)
     monkeypatch.undo()
-    policy, history = training.train(_tiny(tmp_path, on_failure="stop"), resume=True, progress=False)
+    policy, history = training.train(_tiny(tmp_path, on_failure="stop", eval_every=1), resume=True, progress=False)
     assert len(history) == 3
+    # the resumed run evaluated iteration 2 again, in place of the one it had saved
+    ckpt = torch.load(os.path.join(tmp_path, "checkpoint.pt"))
+    assert [e["iteration"] for e in ckpt["evaluated"]] == [0, 1, 2]
 
 
 def test_gait_distances_match_distance_walked_and_a_standing_creature_stays_up_but_does_not_walk():
@@ -704,11 +716,14 @@ def test_non_finite_gradients_skip_their_steps_with_a_warning(tmp_path):
 
 def test_resuming_past_the_iterations_says_nothing_is_trained(tmp_path):
     first, _ = training.train(_tiny(tmp_path, iterations=2), progress=False)
-    with pytest.warns(RuntimeWarning, match=r"is at iteration 2, past iterations=1: nothing is trained"):
+    with pytest.warns(RuntimeWarning, match=r"is at iteration 2, past iterations=1: nothing is trained, and the "
+                                            r"result is the checkpoint's policy \("):
         again, history = training.train(_tiny(tmp_path, iterations=1), resume=True, progress=False)
     assert len(history) == 2
     for p, q in zip(first.parameters(), again.parameters()):
         assert torch.equal(p, q)
+    with pytest.warns(RuntimeWarning, match=r"the result is the checkpoint's best evaluated policy \(keep_best\)"):
+        training.train(_tiny(tmp_path, iterations=1, keep_best=True), resume=True, progress=False)
 
 
 def test_a_mirrored_policy_trains_resumes_and_is_a_setting(tmp_path):
