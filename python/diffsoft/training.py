@@ -1011,7 +1011,8 @@ def train(cfg, resume=False, progress=True, log=print):
     process of rank 0 writes).
 
     Returns:
-        ``(policy, history)``: the final policy (with ``keep_best``, the best evaluated one); history is a
+        ``(policy, history)``: the policy (with ``keep_best``, the default, the furthest evaluated one whose gait
+        lasts; else the final one); history is a
         list of per-iteration records: ``iteration``, ``distance``,
         ``grad_norm``, ``critic_loss``, ``value`` (see :func:`train_iteration`), ``terminated`` (with
         ``terminate_upright``: the creatures restarted after a fall in that iteration), ``sim_steps`` (creature-steps
