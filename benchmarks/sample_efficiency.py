@@ -138,11 +138,16 @@ def machine(threads):
 def run_differentiable(args, seed):
     start = machine(args.threads)
     iterations = max(args.steps // (args.batch * args.window), 1)
+    settings = diff_settings(args.diff_set)
+    if "keep_best" in settings:
+        raise SystemExit("--diff-set keep_best: the benchmark's final distance and gait are the final policy's, as "
+                         "PPO's are (keep_best's choice among the evaluations would be an optimistic final)")
+    # keep_best off: it changes no evaluation of the curve, only which policy the run returns
     cfg = training.TrainConfig(creature=args.creature, eval_horizon=args.horizon, window=args.window,
                                batch=args.batch, iterations=iterations,
                                lr_decay_iterations=args.lr_decay_iterations or iterations,
                                eval_every=args.eval_every, checkpoint_every=10 ** 9, seed=seed, device=args.device,
-                               out_dir=os.path.join(args.out, f"diff_seed{seed}"), **diff_settings(args.diff_set))
+                               out_dir=os.path.join(args.out, f"diff_seed{seed}"), keep_best=False, **settings)
     t = time.perf_counter()
     policy, history = training.train(cfg, progress=not args.no_progress)
     wall = time.perf_counter() - t

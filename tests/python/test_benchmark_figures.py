@@ -60,6 +60,32 @@ def test_time_to_a_distance_is_wall_clock_and_cpu_seconds_with_evaluations_exclu
     assert (tmp_path / "plot.png").stat().st_size > 10_000
 
 
+def test_the_differentiable_runs_final_is_the_final_policys(tmp_path, monkeypatch):
+    # As PPO's: keep_best's choice among the evaluations (the furthest that lasts) would be an optimistic final.
+    import types
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import sample_efficiency as se
+
+    class Trained(Exception):
+        pass
+
+    seen = []
+
+    def train(cfg, progress):
+        seen.append(cfg)
+        raise Trained
+
+    monkeypatch.setattr(se.training, "train", train)
+    args = types.SimpleNamespace(threads=1, steps=1024, batch=32, window=32, creature="biped", horizon=100,
+                                 lr_decay_iterations=None, eval_every=1, device="cpu", out=str(tmp_path),
+                                 diff_set=[], no_progress=True)
+    with pytest.raises(Trained):
+        se.run_differentiable(args, 0)
+    assert seen[0].keep_best is False
+    with pytest.raises(SystemExit, match="--diff-set keep_best"):
+        se.run_differentiable(types.SimpleNamespace(**dict(vars(args), diff_set=["keep_best=1"])), 0)
+
+
 def _committed(*paths):
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
