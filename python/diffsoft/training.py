@@ -68,7 +68,7 @@ from ._compat import load_checkpoint
 from ._io import finite_or_null
 from ._optional import require
 from .creatures import check_device, fingerprint, fingerprint_changes, make_creature
-from .policy import (WALKS, FramePolicy, Gait, Posture, center_of_mass, center_of_mass_x, distance_walked,
+from .policy import (WALKS, FramePolicy, Gait, Posture, center_of_mass, center_of_mass_x, distance_walked, gait,
                      heading_direction, mirrors, moves_along, observe, reads_heading, run_policy, save_algovivo_policy)
 from .terrain import grid, on_terrain, random_heights
 
@@ -907,7 +907,7 @@ def lasts(cfg, sim, policy):
 
     def gaits(steps):
         if headings is None:
-            return [Gait.of(sim, run_policy(sim, policy, steps)[0][:, 0], 100)]
+            return [gait(sim, policy, steps)]
         xs, _ = run_policy(sim, policy, steps, batch=len(headings),
                            heading=torch.tensor(headings, dtype=sim.body.dtype, device=sim.body.device))
         return [Gait.of(sim, xs[:, i], 100, h) for i, h in enumerate(headings)]

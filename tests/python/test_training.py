@@ -388,8 +388,13 @@ def test_lasts_is_the_gait_check_toward_every_evaluated_heading(monkeypatch):
     assert policy_module.gait(sim, steered, heading=0.0).lasts and not policy_module.gait(sim, steered, heading=math.pi).lasts
     assert not training.lasts(dataclasses.replace(cfg, steer=True), sim, steered)
     # a policy that does not walk (it holds its activations) is told in 100 steps
-    steps, run = [], training.run_policy
-    monkeypatch.setattr(training, "run_policy", lambda sim, policy, n, **kw: steps.append(n) or run(sim, policy, n, **kw))
+    steps, run = [], policy_module.run_policy
+
+    def counted(sim, policy, n, **kw):
+        steps.append(n)
+        return run(sim, policy, n, **kw)
+
+    monkeypatch.setattr(policy_module, "run_policy", counted)
     with torch.no_grad():
         policy.fc2.weight.zero_()
         policy.fc2.bias.zero_()
