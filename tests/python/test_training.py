@@ -340,8 +340,12 @@ def test_keep_best_returns_the_furthest_policy_whose_gait_lasts(tmp_path, monkey
         return score in (1.0, 2.0)
 
     real_add = training._Evaluated.add
-    monkeypatch.setattr(training._Evaluated, "add", lambda self, score, it, policy: (
-        seen.__setitem__(policy.fc1.weight.sum().item(), score), real_add(self, score, it, policy))[1])
+
+    def add(self, score, it, policy):  # (each policy known by its weights' sum)
+        seen[policy.fc1.weight.sum().item()] = score
+        real_add(self, score, it, policy)
+
+    monkeypatch.setattr(training._Evaluated, "add", add)
     monkeypatch.setattr(training, "lasts", lasts)
     policy, _ = training.train(_tiny(tmp_path, iterations=3, eval_every=1, lr=0.05, keep_best=True), progress=False)
     assert checked == [4.0, 3.0, 2.0] and seen[policy.fc1.weight.sum().item()] == 2.0
@@ -385,7 +389,8 @@ def test_lasts_is_the_gait_check_toward_every_evaluated_heading(monkeypatch):
         for name in ("fc1.bias", "fc2.weight", "fc2.bias"):
             steered.get_parameter(name).copy_(policy.get_parameter(name))
     assert training.lasts(cfg, sim, steered)
-    assert policy_module.gait(sim, steered, heading=0.0).lasts and not policy_module.gait(sim, steered, heading=math.pi).lasts
+    assert policy_module.gait(sim, steered, heading=0.0).lasts
+    assert not policy_module.gait(sim, steered, heading=math.pi).lasts
     assert not training.lasts(dataclasses.replace(cfg, steer=True), sim, steered)
     # a policy that does not walk (it holds its activations) is told in 100 steps
     steps, run = [], policy_module.run_policy
