@@ -1008,7 +1008,7 @@ def _resumed_evaluated(path, ckpt, cfg, sim, policy):
 
 def train(cfg, resume=False, progress=True, log=print):
     """Trains a policy (see the module docstring) and writes the run's files under ``cfg.out_dir`` (the
-    process of rank 0 writes).
+    process of rank 0 writes; ``history.json`` holds the config, the history and which policy the result is).
 
     Returns:
         ``(policy, history)``: the policy (with ``keep_best``, the default, the furthest evaluated one whose gait
@@ -1137,10 +1137,13 @@ def train(cfg, resume=False, progress=True, log=print):
             pool_state = _gathered_pool(pool, world)
             if rank == 0:
                 _save_checkpoint(ckpt_path, cfg, sim, learners, pool_state, it + 1, history, train_seconds, evaluated)
+    # which policy the result is: the final one, or keep_best's (the iteration before which it was evaluated)
+    result = {"iteration": max(start, cfg.iterations), "keep_best": cfg.keep_best}
     if cfg.keep_best:
         last = evaluation_score(cfg, evaluate(cfg, sim, policy))
         evaluated.add(last, max(start, cfg.iterations), policy)  # (a resumed run may be past iterations)
         best, lasting, checked = evaluated.choose(cfg, sim, policy, rank, world)
+        result.update(iteration=best["iteration"], score=best["score"], lasts=lasting, checked=checked)
         if rank == 0:
             log(f"the result is the {'best evaluated policy whose gait lasts' if lasting else 'best evaluated policy'}"
                 f": before iteration {best['iteration']}, {best['score']:.3f} in {cfg.eval_horizon} steps (the last "
@@ -1150,8 +1153,8 @@ def train(cfg, resume=False, progress=True, log=print):
         save_algovivo_policy(policy, os.path.join(cfg.out_dir, "policy.json"))
         with open(os.path.join(cfg.out_dir, "history.json"), "w") as f:
             # (a skipped step's non-finite critic loss or gradient norm is written null: strict JSON)
-            json.dump(finite_or_null({"config": dataclasses.asdict(cfg), "history": history}), f, indent=1,
-                      allow_nan=False)
+            json.dump(finite_or_null({"config": dataclasses.asdict(cfg), "history": history, "result": result}), f,
+                      indent=1, allow_nan=False)
     if world > 1:
         # A gloo thread frees a collective's tensors (their Python objects) when it drops its handle, after the
         # call returned; in a process that had gone on to exit, in the interpreter's teardown, where taking the

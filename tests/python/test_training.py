@@ -349,6 +349,9 @@ def test_keep_best_returns_the_furthest_policy_whose_gait_lasts(tmp_path, monkey
     monkeypatch.setattr(training, "lasts", lasts)
     policy, _ = training.train(_tiny(tmp_path, iterations=3, eval_every=1, lr=0.05, keep_best=True), progress=False)
     assert checked == [4.0, 3.0, 2.0] and seen[policy.fc1.weight.sum().item()] == 2.0
+    # history.json says which policy the result is (the one evaluated before iteration 2)
+    assert json.loads((tmp_path / "history.json").read_text())["result"] == {
+        "iteration": 2, "keep_best": True, "score": 2.0, "lasts": True, "checked": 3}
     # none lasts: the furthest, said
     scores, checked[:] = iter([1.0, 3.0, 2.0, 4.0]), []
     monkeypatch.setattr(training, "lasts", lambda cfg, sim, policy: checked.append(0) and False)
@@ -361,6 +364,8 @@ def test_keep_best_returns_the_furthest_policy_whose_gait_lasts(tmp_path, monkey
     scores = iter([1.0, math.nan, 3.0, 2.0, 4.0])
     monkeypatch.setattr(training._Evaluated, "KEPT", 2)
     training.train(_tiny(tmp_path / "kept", iterations=4, eval_every=1, lr=0.05, keep_best=False), progress=False)
+    assert json.loads((tmp_path / "kept" / "history.json").read_text())["result"] == {"iteration": 4,
+                                                                                    "keep_best": False}
     ckpt = torch.load(tmp_path / "kept" / "checkpoint.pt")
     assert [(e["iteration"], e["score"]) for e in ckpt["evaluated"]] == [(2, 3.0), (3, 2.0)]
     # a checkpoint holding more (written before KEPT, or by hand) is cut to the KEPT that scored highest on resume
