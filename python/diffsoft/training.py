@@ -425,10 +425,8 @@ def _same_settings(cfg, world):
     than the one a resume continues; another batch size ended in gloo's abort)."""
     if world == 1:
         return
-    import torch.distributed as dist
     mine = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("out_dir", "device")}
-    every = [None] * world
-    dist.all_gather_object(every, mine)
+    every = _gathered_objects(mine, world)
     for r, theirs in enumerate(every):
         differ = [k for k in mine if theirs.get(k) != every[0].get(k)]
         if differ:
@@ -463,6 +461,16 @@ def _all_reduce_mean(tensors, world):
         for t in tensors:
             dist.all_reduce(t)
             t.div_(world)
+
+
+def _gathered_objects(obj, world):
+    """Every process's ``obj`` (picklable), in rank order; ``[obj]`` in one process."""
+    if world == 1:
+        return [obj]
+    import torch.distributed as dist
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def _all_gather(tensor, world, dim):
@@ -580,24 +588,14 @@ def _stop_together(message, world):
     """Where a process's rollout stopped (``message``, else None), every process raises :class:`SimulationFailure`
     with every stopped process's message, at the same point: one process stopping alone left the others in the
     gradient's all_reduce for good. Called by every process after its rollout, with ``on_failure="stop"``."""
-    messages = [message]
-    if world > 1:
-        import torch.distributed as dist
-        messages = [None] * world
-        dist.all_gather_object(messages, message)
-    stopped = [m for m in messages if m]
+    stopped = [m for m in _gathered_objects(message, world) if m]
     if stopped:
         raise SimulationFailure("; ".join(stopped))
 
 
 def _gathered_failures(failures, world):
     """Every process's failures (their creature numbers are the global batch's), in rank order."""
-    if world == 1:
-        return failures
-    import torch.distributed as dist
-    out = [None] * world
-    dist.all_gather_object(out, failures)
-    return [f for part in out for f in part]
+    return [f for part in _gathered_objects(failures, world) for f in part]
 
 
 def _step(cfg, sim, x, v, a, iteration, t, rank, ok, failures):
