@@ -94,8 +94,10 @@ FAMILIES = {"quartic": quartic_family, "double_well": double_well_family, "rosen
             "log_sum_exp": log_sum_exp_family, "unbounded": unbounded_family}
 
 
-def make_problem(family, n, batch, coordinate_decades, energy_decades, x0_scale, seed, dtype=torch.float64):
-    """``(energy, x0, (b, k, scale, D), convex)`` from plain parameters."""
+def make_problem(family, n, batch, coordinate_decades, energy_decades, x0_scale, seed, dtype=torch.float64,
+                 per_problem=False):
+    """``(energy, x0, (b, k, scale, D), convex)`` from plain parameters. ``per_problem`` (with a batch): the
+    energy returns one energy per problem, shape ``(B,)``, which gives each problem its own line search."""
     g = torch.Generator().manual_seed(seed)
     f, convex = FAMILIES[family](n, g)
     shape = (n,) if batch is None else (batch, n)
@@ -107,6 +109,8 @@ def make_problem(family, n, batch, coordinate_decades, energy_decades, x0_scale,
 
     def energy(x, b, k, scale, D):
         y = D * x
+        if per_problem and batch is not None:
+            return scale * (torch.stack([f(row, k) for row in y]) - (b * y).sum(-1))
         return scale * (f(y, k) - (b * y).sum())
     return energy, x0.to(dtype), tuple(t.to(dtype) for t in (b, k, scale, D)), convex
 
@@ -115,7 +119,7 @@ def problem_grad_norms(energy, x, params):
     """Per-problem ``|grad_x E|`` by autograd: ``(B,)`` (``(1,)`` unbatched)."""
     x = x.detach().requires_grad_()
     with torch.enable_grad():
-        (gx,) = torch.autograd.grad(energy(x, *params), x)
+        (gx,) = torch.autograd.grad(energy(x, *params).sum(), x)  # summed: per-problem energies too
     return gx.reshape(-1, x.shape[-1]).norm(dim=-1) if x.dim() == 2 else gx.norm().reshape(1)
 
 
@@ -155,7 +159,7 @@ def check_solve(energy, x0, params, **options):
 problems = st.fixed_dictionaries(dict(
     family=st.sampled_from(sorted(FAMILIES)), n=st.integers(1, 30), batch=st.one_of(st.none(), st.integers(1, 5)),
     coordinate_decades=st.floats(0.0, 2.0), energy_decades=st.floats(-6.0, 6.0), x0_scale=st.floats(0.0, 10.0),
-    seed=st.integers(0, 2**16)))
+    seed=st.integers(0, 2**16), per_problem=st.booleans()))
 
 
 # --- cases -----------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Fuzzing diffsoft.minimize (seeded hypothesis) with random smooth energies: convex, non-convex (double wells,
 Rosenbrock valleys), unbounded below, and badly scaled (per-coordinate scales and overall energy scales over
-many orders of magnitude), unbatched and batched, in float64 and float32.
+many orders of magnitude), unbatched and batched (a summed energy, or one per problem), in float64 and float32.
 
 Properties: the solve converges (the gradient tolerance is met, checked independently by autograd) or it says
 it did not (a RuntimeWarning and ``info.converged`` False; ``ConvergenceError`` with ``on_failure="raise"``);
@@ -46,10 +46,12 @@ def test_capped_or_unreachable_solves_say_so(problem, max_iter, rtol):
 @fuzz(30)
 @given(family=st.sampled_from(["quartic", "double_well", "rosenbrock", "log_sum_exp"]), n=st.integers(1, 6),
        batch=st.one_of(st.none(), st.integers(1, 3)), coordinate_decades=st.floats(0.0, 1.0),
-       energy_decades=st.floats(-3.0, 3.0), x0_scale=st.floats(0.0, 2.0), seed=st.integers(0, 2**16))
+       energy_decades=st.floats(-3.0, 3.0), x0_scale=st.floats(0.0, 2.0), seed=st.integers(0, 2**16),
+       per_problem=st.booleans())
 def test_implicit_gradients_are_finite_and_match_central_differences(family, n, batch, coordinate_decades,
-                                                                     energy_decades, x0_scale, seed):
-    energy, x0, params, _ = make_problem(family, n, batch, coordinate_decades, energy_decades, x0_scale, seed)
+                                                                     energy_decades, x0_scale, seed, per_problem):
+    energy, x0, params, _ = make_problem(family, n, batch, coordinate_decades, energy_decades, x0_scale, seed,
+                                         per_problem=per_problem)
     # on_failure="raise" would stop at a tight re-solve that ends at round-off short of rtol; such solves are
     # still judged, by the finite differences below, so their warnings are expected here.
     tight = dict(rtol=1e-13, backward_rtol=1e-12, batched=batch is not None)
@@ -65,7 +67,7 @@ def test_implicit_gradients_are_finite_and_match_central_differences(family, n, 
         assert any("adjoint" in str(c.message) for c in caught)
         event("adjoint solve reported failure")
         return
-    hess = torch.autograd.functional.hessian(lambda y: energy(y, *params), x.detach())
+    hess = torch.autograd.functional.hessian(lambda y: energy(y, *params).sum(), x.detach())
     eig = torch.linalg.eigvalsh(hess.reshape(x.numel(), x.numel()))
     assume(eig[0] > 1e-6 * eig[-1])  # finite differences need a strict, well-conditioned minimum
     g = torch.Generator().manual_seed(seed + 2)
