@@ -178,6 +178,9 @@ def minimize(
         raise TypeError(f"energy must be callable, got {type(energy).__name__}")
     if not isinstance(x0, torch.Tensor):
         raise TypeError(f"x0 must be a torch.Tensor, got {type(x0).__name__}")
+    if x0.layout != torch.strided or x0.is_meta:
+        raise TypeError(f"x0 must be a dense tensor holding values (the solver reads them), got a "
+                        f"{'meta' if x0.is_meta else str(x0.layout).replace('torch.', '')} tensor")
     if x0.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"x0 must be a float32 or float64 tensor (the dtypes the solver runs in), got {x0.dtype}")
     for name, flag in (("batched", batched), ("keep_factor", keep_factor), ("reuse_factor", reuse_factor),
@@ -203,30 +206,39 @@ def minimize(
                             f"param of its own (e.g. minimize(energy, x0, *params[{i}]))")
     refuse_transforms("diffsoft.minimize", (x0,) + params,
                       batch="batched=True with x0's leading dimension indexing the problems")
-    tensor_slots = [i for i, p in enumerate(params) if isinstance(p, torch.Tensor)]
-    tensors = [params[i] for i in tensor_slots]
-    for i, t in zip(tensor_slots, tensors):
+    is_tensor = [isinstance(p, torch.Tensor) for p in params]
+    for i, t in enumerate(params):
+        if not is_tensor[i]:
+            continue
         if t.device != x0.device:
             raise ValueError(f"params[{i}] is on {t.device} but x0 is on {x0.device}")
         if (t.is_floating_point() or t.is_complex()) and t.dtype != x0.dtype:
             raise TypeError(f"params[{i}] has dtype {t.dtype} but x0 has dtype {x0.dtype}: floating-point params "
                             f"must have x0's dtype (the solver runs in float32 or float64, real only)")
-    if len(tensors) == len(params):
-        fn = energy
+    if all(is_tensor):
+        fn, tensors = energy, list(params)
     else:
+        # The solver takes tensors. For a user's energy an empty one holds each other param's place, so that the
+        # solver's params[i] are the caller's (its messages name them); an analytic energy indexes tensors alone.
         template = list(params)
+        slots = [i for i, t in enumerate(is_tensor) if t or _analytic is None]
+        tensors = [params[i] if is_tensor[i] else x0.new_empty(0) for i in slots]
 
         def fn(x, *ts):
             full = list(template)
-            for i, t in zip(tensor_slots, ts):
-                full[i] = t
+            for i, t in zip(slots, ts):
+                if is_tensor[i]:
+                    full[i] = t
             return energy(x, *full)
 
     if sparsity is not None:
-        if not isinstance(sparsity, torch.Tensor) or sparsity.dtype != torch.int64 or sparsity.dim() != 2:
-            raise TypeError(f"sparsity must be an (E, k) int64 tensor of vertex indices, got "
-                            f"{sparsity.dtype if isinstance(sparsity, torch.Tensor) else type(sparsity).__name__}"
-                            f"{'' if not isinstance(sparsity, torch.Tensor) else f' of shape {tuple(sparsity.shape)}'}")
+        if not isinstance(sparsity, torch.Tensor) or sparsity.dtype != torch.int64 or sparsity.dim() != 2 or \
+                sparsity.layout != torch.strided or sparsity.is_meta:
+            got = type(sparsity).__name__
+            if isinstance(sparsity, torch.Tensor):
+                kind = "meta" if sparsity.is_meta else str(sparsity.layout).replace("torch.", "")
+                got = f"{'' if kind == 'strided' else kind + ' '}{sparsity.dtype} of shape {tuple(sparsity.shape)}"
+            raise TypeError(f"sparsity must be an (E, k) int64 tensor of vertex indices, got {got}")
         if x0.dim() != (3 if batched else 2):
             raise ValueError(f"with sparsity, x0 must be (N, d){' with a leading batch dimension' if batched else ''}"
                              f", got shape {tuple(x0.shape)}")
@@ -284,6 +296,9 @@ def _check_captured_tensors(fn, x0, tensors):
     except Exception:  # noqa: BLE001 - the solve's own first evaluation says what is wrong with the energy
         return
     if isinstance(e, torch.Tensor):
+        if is_transformed(e):  # a torch.func transform over a tensor the closure captured
+            refuse_transforms("diffsoft.minimize", (e,),
+                              batch="batched=True with x0's leading dimension indexing the problems")
         check_captured(e, "diffsoft.minimize: the energy", "as a param (minimize(energy, x0, ..., t))", stacklevel=5)
 
 
@@ -305,14 +320,15 @@ def _options(**kw):
     """Checks the options up front, naming the one that is out of range, and packs them for C++."""
     o = SolverOptions()
     kw.setdefault("probe_batch", None)  # only minimize's sparsity= path probes
+    top = 2 ** 63 - 1  # the solver's counts are int64
     for name in ("max_iter", "ls_max_iter"):
-        v = kw[name]
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < (0 if name == "max_iter" else 1):
-            raise ValueError(f"{name} must be an integer >= {0 if name == 'max_iter' else 1}, got {v!r}")
+        v, lo = kw[name], 0 if name == "max_iter" else 1
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= v <= top:
+            raise ValueError(f"{name} must be an integer >= {lo} (below 2**63), got {v!r}")
     for name in ("cg_max_iter", "backward_max_iter", "probe_batch"):
         v = kw[name]
-        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1):
-            raise ValueError(f"{name} must be None or an integer >= 1, got {v!r}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 1 <= v <= top):
+            raise ValueError(f"{name} must be None or an integer >= 1 (below 2**63), got {v!r}")
         kw[name] = 0 if v is None else v  # 0: the C++ default (the size, or a measured probe_batch)
     for name in ("rtol", "backward_rtol"):
         if kw[name] is None:

@@ -32,10 +32,11 @@ gym = require("gymnasium", "rl")
 from gymnasium.vector import AutoresetMode  # noqa: E402  (after the check that names the extra)
 
 
-def _task(creature, horizon, min_a, max_abs_da, dtype, device):
-    """The task on ``creature``: a name that :func:`~diffsoft.creatures.make_creature` knows, a creature JSON
-    file (built in ``dtype``, float32 where None, on ``device``, the CPU where None), or a
-    :class:`~diffsoft.simulator.Simulator` (whose dtype and device a ``dtype`` or ``device`` given must be)."""
+def _task(creature, horizon, min_a, max_abs_da, dtype, device, num_envs):
+    """The task of ``num_envs`` creatures on ``creature``: a name that :func:`~diffsoft.creatures.make_creature`
+    knows, a creature JSON file (built in ``dtype``, float32 where None, on ``device``, the CPU where None), or a
+    :class:`~diffsoft.simulator.Simulator` (whose dtype and device a ``dtype`` or ``device`` given must be, and
+    whose per-creature values, if any, must be for ``num_envs`` creatures)."""
     dtype, device = _dtype(dtype), _device(device)
     if isinstance(creature, Simulator):
         sim, body = creature, creature.body
@@ -49,7 +50,22 @@ def _task(creature, horizon, min_a, max_abs_da, dtype, device):
     else:
         sim = make_creature(creature, torch.float32 if dtype is None else dtype, device or "cpu")
     _frame_rate(sim)
+    _check_batch(sim, num_envs)
     return LocomotionTask(sim, horizon, min_a, max_abs_da)
+
+
+def _check_batch(sim, num_envs):
+    """A ValueError naming the first of the Simulator's values that a step of ``num_envs`` creatures refuses (a
+    body field, constant or collider's with one value per creature for another number of creatures): the
+    simulator's own check (:meth:`~diffsoft.simulator.Simulator.step_problem`), here rather than at a step."""
+    x, v = sim.rest_state
+    a = x.new_ones(num_envs, sim.body.num_muscles) if sim.body.num_muscles else None
+    try:
+        with torch.no_grad():
+            sim.step_problem(x.expand(num_envs, -1, -1), v.expand(num_envs, -1, -1), a)
+    except ValueError as e:
+        raise ValueError(f"the Simulator cannot step num_envs={num_envs} creature(s) (a LocomotionEnv steps 1): "
+                         f"{e}") from None
 
 
 def _device(device):
@@ -72,14 +88,15 @@ def _frame_rate(sim):
 
 
 def _dtype(dtype):
-    """torch.float32 or torch.float64, also by name or as numpy's (None stays None); a ValueError for anything
-    else."""
+    """torch.float32 or torch.float64, also by name ('float32', 'float64') or as numpy's (np.float32, np.float64
+    or their np.dtype; None stays None); a ValueError for anything else, numpy's other names included: its
+    'float' is float64, torch's float32."""
     if dtype is None or dtype in (torch.float32, torch.float64):
         return dtype
-    try:
-        name = np.dtype(dtype).name
-    except TypeError:
-        name = None
+    if isinstance(dtype, str):
+        name = dtype
+    else:
+        name = np.dtype(dtype).name if dtype in (np.float32, np.float64) else None
     if name not in ("float32", "float64"):
         raise ValueError(f"dtype must be torch.float32 or torch.float64 (or 'float32', 'float64'), got {dtype!r}")
     return getattr(torch, name)
@@ -99,17 +116,31 @@ def _metadata(env):
     return {**type(env).metadata, "render_fps": _frame_rate(env.task.sim)}
 
 
-def _actions(task, actions, shape):
-    """``actions`` as a tensor of the creature's dtype and device, or a ValueError naming what is wrong."""
-    if isinstance(actions, torch.Tensor):  # a policy's output, perhaps on a device or in autograd's graph
-        actions = actions.detach().cpu()
-        actions = actions.float() if actions.dtype == torch.bfloat16 else actions  # (numpy has no bfloat16)
-    a = np.asarray(actions)
-    if a.shape != shape:
+def _values(actions):
+    """``actions`` with each torch tensor in it, itself or in its lists and tuples (a policy's output, perhaps on
+    a device or in autograd's graph), as a numpy array."""
+    if isinstance(actions, torch.Tensor):
+        t = actions.detach().cpu()
+        return (t.float() if t.dtype == torch.bfloat16 else t).numpy()  # (numpy has no bfloat16)
+    if isinstance(actions, (list, tuple)):
+        return [_values(a) for a in actions]
+    return actions
+
+
+def _actions(task, actions, shape, ignored=None):
+    """``actions`` as a tensor of the creature's dtype and device, or a ValueError naming what is wrong; the rows
+    where ``ignored`` (``(num_envs,)`` bool) is True are taken as 0, whatever they hold."""
+    try:
+        a = np.asarray(_values(actions))
+    except ValueError:  # a ragged sequence (numpy's "inhomogeneous shape")
+        a = None
+    if a is None or a.shape != shape:
         raise ValueError(f"action must have shape {shape} (the activation changes of {task.num_actions} muscles), "
-                         f"got {a.shape}")
+                         f"got {'a ragged sequence' if a is None else a.shape}")
     if a.dtype == np.bool_ or not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
         raise ValueError(f"action must be real numbers (the activation changes), got dtype {a.dtype}")
+    if ignored is not None and ignored.any():
+        a = np.where(ignored[:, None], 0, a)
     if not np.isfinite(a).all():
         raise ValueError("action has non-finite (NaN or infinite) entries")
     body = task.sim.body
@@ -161,8 +192,14 @@ class LocomotionEnv(gym.Env):
         horizon, min_a, max_abs_da: the task's (:class:`~diffsoft.task.LocomotionTask`; :mod:`diffsoft.ppo`'s
             defaults; ``min_a`` None: the creature's).
         dtype, device: the creature's, when it is built here from a name or file (None: float32, on the CPU);
-            with a Simulator, None or its own.
+            with a Simulator, None or its own. ``dtype``: torch.float32 or torch.float64, by name (``"float32"``,
+            ``"float64"``) or numpy's (``np.float32``, ``np.float64``).
         render_mode: None or ``"rgb_array"`` (:func:`~diffsoft.render.render_frame`; needs ``diffsoft[render]``).
+
+    A Simulator with per-creature values (a body field or constant with a leading batch dimension, domain
+    randomisation) needs as many creatures as the environment steps: one here, ``num_envs`` in
+    :class:`LocomotionVectorEnv`. Actions may be numpy arrays, torch tensors (detached), or lists and tuples of
+    either, of the action space's shape.
     """
     metadata = {"render_modes": ["rgb_array"]}
 
@@ -170,7 +207,7 @@ class LocomotionEnv(gym.Env):
                  render_mode=None):
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
-        self.task = _task(creature, horizon, min_a, max_abs_da, dtype, device)
+        self.task = _task(creature, horizon, min_a, max_abs_da, dtype, device, 1)
         self.metadata = _metadata(self)
         self.observation_space, self.action_space = _spaces(self.task)
         self.render_mode = render_mode
@@ -203,6 +240,13 @@ class LocomotionEnv(gym.Env):
         warning."""
         return _render(self, lambda task, state: _frame(task, state, 0))
 
+    @property
+    def state(self):
+        """The episode's task state (:class:`~diffsoft.task.LocomotionState`, a batch of one; None before
+        ``reset()`` and after ``close()``): with ``self.task``, what
+        :meth:`GaussianFramePolicy.inputs <diffsoft.ppo.GaussianFramePolicy.inputs>` reads."""
+        return self._state
+
     def close(self):
         """Ends the episode: ``step()`` then needs ``reset()`` again."""
         self._state = None
@@ -216,9 +260,10 @@ class LocomotionVectorEnv(gym.vector.VectorEnv):
     """``num_envs`` creatures of the locomotion task stepped together: one batched ``sim.step`` per step.
 
     Autoreset is Gymnasium's default, ``AutoresetMode.NEXT_STEP``: the step after the one that returned
-    ``truncated`` for a creature resets it (its action is ignored, its reward is 0, and the observation is its
-    first). ``reset(options={"reset_mask": mask})`` resets only the creatures in ``mask`` (``(num_envs,)``
-    bool). Arguments as :class:`LocomotionEnv`'s; ``render()`` returns one frame per creature.
+    ``truncated`` for a creature resets it (its action is ignored, unchecked, as in Gymnasium's
+    ``SyncVectorEnv``: NaN is taken; its reward is 0, and the observation is its first).
+    ``reset(options={"reset_mask": mask})`` resets only the creatures in ``mask`` (``(num_envs,)`` bool). Arguments
+    as :class:`LocomotionEnv`'s; ``render()`` returns one frame per creature.
     """
     metadata = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
 
@@ -228,7 +273,7 @@ class LocomotionVectorEnv(gym.vector.VectorEnv):
             raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
-        self.task = _task(creature, horizon, min_a, max_abs_da, dtype, device)
+        self.task = _task(creature, horizon, min_a, max_abs_da, dtype, device, int(num_envs))
         self.metadata = _metadata(self)
         self.num_envs = int(num_envs)
         self.single_observation_space, self.single_action_space = _spaces(self.task)
@@ -263,8 +308,8 @@ class LocomotionVectorEnv(gym.vector.VectorEnv):
         not, the simulator also warns), with Gymnasium's mask ``infos["_converged"]`` (all True)."""
         if self._state is None:
             raise RuntimeError("step() needs reset() first")
-        da = _actions(self.task, actions, self.action_space.shape)
         resetting = self._autoreset
+        da = _actions(self.task, actions, self.action_space.shape, ignored=resetting)
         converged = np.ones(self.num_envs, dtype=np.bool_)
         if resetting.all():  # the common case: every episode lasts `horizon` steps from the same reset
             self._state = self.task.reset(self.num_envs)
@@ -285,6 +330,12 @@ class LocomotionVectorEnv(gym.vector.VectorEnv):
     def render(self):
         """One RGB frame per creature with ``render_mode="rgb_array"``; else None, with a warning."""
         return _render(self, lambda task, state: tuple(_frame(task, state, i) for i in range(self.num_envs)))
+
+    @property
+    def state(self):
+        """The episodes' task state (:class:`~diffsoft.task.LocomotionState`, a batch of ``num_envs``; None
+        before ``reset()`` and after ``close()``), as :attr:`LocomotionEnv.state`."""
+        return self._state
 
     def close(self, **kwargs):
         """Ends the episodes: ``step()`` then needs ``reset()`` again (after every close: Gymnasium's own

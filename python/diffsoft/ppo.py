@@ -45,7 +45,12 @@ class PPOConfig:
     reward_scale: rewards are multiplied by it (progress per step is ~1e-3); eval_every: evaluate the mean
     action every that many updates; mirror: the actor is mirrored (:class:`~diffsoft.policy.Mirror`), None:
     wherever the trainer's is (:func:`~diffsoft.policy.mirrors`: a symmetric 3D body); dtype; device: where the
-    creatures, the simulator and the networks live (random numbers are drawn on the CPU and moved); seed."""
+    creatures, the simulator and the networks live (random numbers are drawn on the CPU and moved); seed.
+
+    :func:`train_ppo` builds the task from creature, dtype, device, horizon, min_a and max_abs_da. The building
+    blocks (:class:`GaussianFramePolicy`, :func:`collect`) take a task instead, and refuse a config whose
+    horizon, min_a, max_abs_da or dtype differ from the task's; they do not read creature or device (the task's
+    creature is used, whatever its name or file)."""
     creature: str = "biped"
     horizon: int = 100
     envs: int = 32
@@ -78,6 +83,9 @@ class PPOConfig:
             epochs=">0", minibatch=">0", lr=">0", gamma="[0,1]", lam="[0,1]", clip_ratio="(0,1)", value_coef=">=0",
             entropy_coef=">=0", max_grad_norm=">0", reward_scale=">0", eval_every=">0",
             dtype=("float32", "float64"), seed="seed"))
+        if self.horizon >= 2 ** 63:
+            raise ValueError(f"horizon must be a positive integer below 2**63 (the episode length in steps), got "
+                             f"{self.horizon!r}")
         if not LOG_STD_RANGE[0] <= self.init_log_std <= LOG_STD_RANGE[1]:
             raise ValueError(f"init_log_std must be in [{LOG_STD_RANGE[0]}, {LOG_STD_RANGE[1]}] (the Gaussian's "
                              f"log standard deviation, kept there in training), got {self.init_log_std!r}")
@@ -120,12 +128,15 @@ class GaussianFramePolicy(nn.Module):
     Its input (:meth:`inputs`) is the task's observation and, for a mirrored actor, the mirrored state's after
     it: the mean is then, as :meth:`FramePolicy.changes <diffsoft.policy.FramePolicy.changes>` makes it, the
     average of the network's output on the state and, mirrored back, on the mirrored state; ``log sigma`` the
-    average of itself and its mirror image. The critic reads the observation alone."""
+    average of itself and its mirror image. The critic reads the observation alone.
+
+    It is built for the task's creature, in its dtype (``cfg.dtype`` must be the same); ``cfg.creature`` is
+    :func:`train_ppo`'s alone."""
 
     def __init__(self, task, cfg):
         super().__init__()
         cfg.check()  # (train_ppo checks too; a model built here gets the same names for its settings)
-        _check_task(task, cfg, ("max_abs_da", "min_a"))  # (the actor's; the horizon is collect's)
+        _check_task(task, cfg, ("max_abs_da", "min_a", "dtype"))  # (the actor's; the horizon is collect's)
         sim = task.sim
         mirror = mirrors(sim) if cfg.mirror is None else cfg.mirror
         if mirror and not task.steered:
@@ -159,8 +170,16 @@ class GaussianFramePolicy(nn.Module):
         return torch.cat([obs, observe(x, v, task.center_vertex_id, task.forward_vertex_id, heading)], 1)
 
     def distribution(self, inputs):
-        """``N(mu, sigma)`` over activation changes and the value, from :meth:`inputs` ``(K, ...)``."""
+        """``N(mu, sigma)`` over activation changes and the value, from :meth:`inputs` ``(K, n_obs)`` (``(K, 2
+        n_obs)`` for a mirrored actor); a ValueError for another shape."""
         n = self.num_observations
+        width = 2 * n if self.mirrored else n
+        if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2 or inputs.shape[1] != width:
+            want = "(K, 2 n_obs), the observation and the mirrored state's" if self.mirrored else "(K, n_obs)"
+            got = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else type(inputs).__name__
+            raise ValueError(f"inputs must have shape {want}, n_obs = {n}, got {got}: make them with "
+                             f"GaussianFramePolicy.inputs(task, state) (from an environment of diffsoft.envs: "
+                             f"model.inputs(env.task, env.state))")
         z = self.norm(inputs[:, :n])
         p = self.mean_policy
         mu, log_std = p.head(z), self.log_std
@@ -195,14 +214,20 @@ def evaluate(task, model):
     return distance_covered(task.sim, rollout(task, model, task.horizon)).item()
 
 
-def _check_task(task, cfg, names=("horizon", "max_abs_da", "min_a")):
+def _check_task(task, cfg, names=("horizon", "max_abs_da", "min_a", "dtype")):
     """A ValueError naming the first of ``cfg``'s task settings ``names`` that the task does not have: the
-    task's would be used, quietly."""
+    task's would be used, quietly. (Not ``creature``: a task's creature may come from a file or be made by hand,
+    and has no name to compare.)"""
     for name in names:
-        want, have = getattr(cfg, name), getattr(task, name)
+        if name == "dtype":
+            want, have = cfg.dtype, str(task.sim.body.dtype).replace("torch.", "")
+            fix = "build the task's creature in the config's dtype (make_creature(name, getattr(torch, cfg.dtype)))"
+        else:
+            want, have = getattr(cfg, name), getattr(task, name)
+            fix = ("make the task with the config's settings (LocomotionTask(sim, cfg.horizon, cfg.min_a, "
+                   "cfg.max_abs_da))")
         if want is not None and want != have:
-            raise ValueError(f"PPOConfig.{name} is {want!r} but the task's is {have!r}: make the task with the "
-                             f"config's settings (LocomotionTask(sim, cfg.horizon, cfg.min_a, cfg.max_abs_da))")
+            raise ValueError(f"PPOConfig.{name} is {want!r} but the task's is {have!r}: {fix}")
 
 
 def collect(task, model, cfg, generator):
@@ -211,7 +236,8 @@ def collect(task, model, cfg, generator):
     ``cfg.reward_scale``); and the last value ``V(s_T)``, which bootstraps the return (episodes end at the
     horizon, a time limit, not a terminal state), the mean episode distance, and ``not_converged``: the
     creature-steps whose simulator step stopped short of Newton's tolerance (the simulator warns of each). A
-    non-finite state (a simulation that blew up) is a RuntimeError, not NaN observations."""
+    non-finite state (a simulation that blew up) is a RuntimeError, not NaN observations. ``cfg``'s horizon,
+    min_a, max_abs_da and dtype must be the task's; its creature and device are not read (the task's are used)."""
     cfg.check()
     _check_task(task, cfg)
     state = task.reset(cfg.envs)
@@ -290,7 +316,8 @@ def ppo_update(model, optimizer, batch, cfg, generator):
 def learn(model, optimizer, roll, cfg, generator):
     """PPO's update on a rollout of :func:`collect` (:func:`ppo_update` on its advantages and returns), then the
     observation normaliser's statistics: they change between rollouts only, so that the update sees the policy
-    that collected the rollout (its first ratios are 1). Returns :func:`ppo_update`'s (which checks ``cfg``)."""
+    that collected the rollout (its first ratios are 1). Returns :func:`ppo_update`'s (which checks ``cfg``).
+    Only ``cfg``'s training settings are read (the task's are :func:`collect`'s)."""
     adv, ret = gae(roll["reward"], roll["value"], roll["last_value"], cfg.gamma, cfg.lam)
     batch = {"obs": roll["obs"].flatten(0, 1), "u": roll["u"].flatten(0, 1), "logp": roll["logp"].flatten(),
              "adv": adv.flatten(), "ret": ret.flatten()}
@@ -308,7 +335,10 @@ def train_ppo(cfg, progress=True):
         (the process's CPU time over the same spans), ``not_converged`` (the update's creature-steps whose
         simulator step stopped short of Newton's tolerance) and, every
         ``eval_every`` updates, ``eval_distance`` (mean action, from rest, before the update) at
-        ``eval_sim_steps``.
+        ``eval_sim_steps``. The last record is the final evaluation's, after the last update: ``update`` (the
+        number of updates), ``eval_distance``, ``eval_sim_steps``, and ``sim_steps``, ``seconds`` and
+        ``cpu_seconds`` (the totals, as in the last update's record); it has no ``distance`` or
+        ``not_converged`` (no episodes were sampled).
     """
     cfg.check()
     torch.manual_seed(cfg.seed)

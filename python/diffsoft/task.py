@@ -47,8 +47,9 @@ class LocomotionTask:
     """
 
     def __init__(self, sim, horizon=100, min_a=None, max_abs_da=0.3, center_vertex_id=None, forward_vertex_id=None):
-        if not (is_integer(horizon) and horizon >= 1):
-            raise ValueError(f"horizon must be a positive integer (the episode length in steps), got {horizon!r}")
+        if not (is_integer(horizon) and 1 <= int(horizon) < 2 ** 63):  # (steps are counted in int64)
+            raise ValueError(f"horizon must be a positive integer below 2**63 (the episode length in steps), got "
+                             f"{horizon!r}")
         center_vertex_id, forward_vertex_id = frame_of(sim, center_vertex_id, forward_vertex_id)
         check_frame_and_limits(sim.body.num_vertices, center_vertex_id, forward_vertex_id,
                                sim.body.min_a if min_a is None else min_a, max_abs_da)

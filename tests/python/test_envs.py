@@ -328,3 +328,113 @@ def test_an_unconverged_step_is_flagged_in_the_info_not_only_by_a_warning():
             _, _, _, _, info = env.step(env.action_space.sample())
         assert not np.any(info["converged"])
     assert vector.step(vector.action_space.sample())[4]["_converged"].all()
+
+
+def test_a_horizon_past_the_int64_step_counter_is_refused_by_name():
+    # Found by a review: a horizon of 2**63 was taken, then overflowed the int64 step counter (torch 2: every
+    # episode of the vector env truncated after one step; torch 1.13: "Overflow when unpacking long").
+    for make in (LocomotionEnv, lambda **kw: LocomotionVectorEnv(num_envs=2, **kw)):
+        for horizon in (2 ** 63, 2 ** 70):
+            with pytest.raises(ValueError, match=r"horizon must be a positive integer below 2\*\*63"):
+                make(creature="worm", horizon=horizon)
+    env = LocomotionVectorEnv("worm", num_envs=2, horizon=2 ** 63 - 1)
+    env.reset()
+    assert not env.step(np.zeros(env.action_space.shape))[3].any()
+
+
+def test_actions_in_lists_are_taken_as_arrays_or_refused_by_the_actions_shape():
+    # Found by a review: lists went to np.asarray unchecked: a ragged one failed with numpy's "inhomogeneous
+    # shape", a list of tensors with numpy's error (numpy 1.24) or torch's "Can't call numpy() on Tensor that
+    # requires grad", where one such tensor was taken.
+    vec = LocomotionVectorEnv("worm", num_envs=2, horizon=HORIZON, dtype="float64")
+    m = vec.single_action_space.shape[0]
+    da = actions(2, m, 1)[0].astype(np.float64)
+    vec.reset()
+    with pytest.raises(ValueError, match=rf"action must have shape \(2, {m}\) .* got a ragged sequence"):
+        vec.step([np.zeros(m), np.zeros(m + 1)])
+    with pytest.raises(ValueError, match=rf"action must have shape \(2, {m}\) .* got \(2, {m + 1}\)"):
+        vec.step([torch.zeros(m + 1)] * 2)
+    want = vec.step(da)[0]
+    for given in ([torch.tensor(row, requires_grad=True) for row in da], tuple(torch.tensor(row) for row in da),
+                  [[torch.tensor(v, requires_grad=True) for v in row] for row in da]):
+        vec.reset()
+        np.testing.assert_array_equal(vec.step(given)[0], want)
+    env = LocomotionEnv("worm", horizon=HORIZON, dtype="float64")
+    env.reset()
+    want = env.step(da[0])[0]
+    env.reset()
+    np.testing.assert_array_equal(env.step([torch.tensor(v, requires_grad=True) for v in da[0]])[0], want)
+
+
+def test_only_the_promised_dtype_names_are_taken():
+    # Found by a review: names went through numpy, so dtype="float" built a float64 creature (torch.float is
+    # float32) and "single", ">f4" were taken.
+    for dtype, want in ((np.float32, torch.float32), (np.dtype("float64"), torch.float64), ("float32", torch.float32)):
+        assert LocomotionEnv("worm", horizon=HORIZON, dtype=dtype).task.sim.body.dtype == want
+    for dtype in ("float", "double", "single", ">f4", "f8", np.dtype(">f8"), float):
+        with pytest.raises(ValueError, match="dtype must be torch.float32 or torch.float64"):
+            LocomotionEnv("worm", horizon=HORIZON, dtype=dtype)
+
+
+def test_the_ignored_action_of_a_creature_being_reset_is_not_checked():
+    # Found by a review: the autoreset step's action is documented as ignored (Gymnasium's SyncVectorEnv takes
+    # NaN there), yet a NaN in it was refused as non-finite.
+    env = LocomotionVectorEnv("worm", num_envs=2, horizon=1)
+    m = env.single_action_space.shape[0]
+    first, _ = env.reset()
+    assert env.step(np.zeros((2, m)))[3].all()
+    obs, reward, _, truncated, _ = env.step(np.full((2, m), np.nan))  # every creature resets
+    np.testing.assert_array_equal(obs, first)
+    assert (reward == 0).all() and not truncated.any()
+    env = LocomotionVectorEnv("worm", num_envs=2, horizon=2)
+    env.reset()
+    env.step(np.zeros((2, m)))
+    env.reset(options={"reset_mask": np.array([False, True])})
+    assert env.step(np.zeros((2, m)))[3].tolist() == [True, False]
+    nan_in_0 = np.zeros((2, m))
+    nan_in_0[0] = np.nan
+    obs, reward, _, _, _ = env.step(nan_in_0)  # creature 0 resets: its row is ignored
+    np.testing.assert_array_equal(obs[0], first[0])
+    assert reward[0] == 0 and np.isfinite(obs).all()
+    with pytest.raises(ValueError, match="non-finite"):
+        env.step(nan_in_0)  # creature 0 steps now
+
+
+def test_a_simulator_of_per_creature_values_for_another_batch_is_refused_at_construction():
+    # Found by a review: a Simulator with one mass per creature of 2 was taken by LocomotionVectorEnv(num_envs=3)
+    # and failed at reset() with torch's broadcast error, naming neither body.mass nor num_envs; LocomotionEnv
+    # took a per-creature gravity and failed at its first step.
+    sim = creatures.make_creature("worm", torch.float64)
+    sim.body.mass = torch.stack([sim.body.mass, 3 * sim.body.mass])
+    with pytest.raises(ValueError, match=r"num_envs=3 .* body.mass has shape \(2, "):
+        LocomotionVectorEnv(sim, num_envs=3, horizon=HORIZON)
+    with pytest.raises(ValueError, match=r"num_envs=1 .* body.mass has shape \(2, "):
+        LocomotionEnv(sim, horizon=HORIZON)
+    vec = LocomotionVectorEnv(sim, num_envs=2, horizon=HORIZON)  # one creature per mass
+    vec.reset()
+    assert np.isfinite(vec.step(np.full((2, vec.single_action_space.shape[0]), -1.0))[0]).all()
+    sim = creatures.make_creature("worm", torch.float64)
+    sim.gravity = torch.tensor([9.8, 5.0])
+    with pytest.raises(ValueError, match=r"num_envs=1 .* gravity has shape \(2,\)"):
+        LocomotionEnv(sim, horizon=HORIZON)
+
+
+def test_a_ppo_model_reads_an_environments_observation_or_its_inputs():
+    # Found by a review: a mirrored model given the environment's observation failed deep in torch ("The size of
+    # tensor a (0) must match ..."), and a worm model took a biped's wider observation without a word; the
+    # environment's state, which GaussianFramePolicy.inputs reads, was private.
+    from diffsoft import ppo
+    env = LocomotionEnv("tetrapod", horizon=2, dtype="float64")
+    model = GaussianFramePolicy(env.task, PPOConfig(creature="tetrapod", horizon=2, dtype="float64"))
+    assert model.mirrored and env.state is None
+    obs, _ = env.reset()
+    n = model.num_observations
+    with pytest.raises(ValueError, match=rf"inputs must have shape \(K, 2 n_obs\).* n_obs = {n}, got \(1, {n}\).*"
+                                         r"model.inputs\(env.task, env.state\)"):
+        ppo.mean_action(model)(torch.as_tensor(obs)[None])
+    inputs = model.inputs(env.task, env.state)
+    np.testing.assert_array_equal(inputs[0, :n].numpy(), obs)
+    assert ppo.mean_action(model)(inputs).shape == (1, env.action_space.shape[0])
+    vec = LocomotionVectorEnv("worm", num_envs=2, horizon=2, dtype="float64")
+    vec.reset()
+    assert vec.state.x.shape[0] == 2

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import diffsoft
-from diffsoft import Simulator, SoftBody, colliders, creatures, mesh, policy, render, terms, terrain
+from diffsoft import Simulator, SoftBody, colliders, creatures, mesh, policy, ppo, render, terms, terrain
 from diffsoft.training import TrainConfig
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "errors.md"
@@ -184,6 +184,30 @@ def _loose_backward():
     k = torch.linspace(1, 1e6, 30, dtype=torch.float64, requires_grad=True)
     x = diffsoft.minimize(_quadratic, torch.zeros(30, dtype=torch.float64), k, backward_max_iter=1)
     x.sum().backward()
+
+
+def _infinite_curvature(read):
+    """Problem 1 of 2 sits at a minimum of infinite curvature (``|x - 2|^1.5``); the loss reads it or not."""
+    s = torch.tensor(1.0, dtype=F64, requires_grad=True)
+
+    def energy(x, s):
+        return torch.stack([((x[0] - s) ** 2).sum(), (s * (x[1] - 2).abs() ** 1.5).sum()])
+    x = diffsoft.minimize(energy, torch.tensor([[0.0, 0.0], [2.0, 2.0]], dtype=F64), s, batched=True)
+    (x[1] if read else x[0]).sum().backward()
+
+
+def _frozen_nan_problem():
+    """Problem 1 of 2 frozen where its gradient is NaN; the loss reads problem 0 only, s is shared."""
+    s = torch.tensor(2.0, dtype=F64, requires_grad=True)
+    t = torch.tensor([1.0, 3.0], dtype=F64)
+
+    def energy(x, s):
+        trap = torch.where(x > s, torch.zeros_like(x), 0 * torch.sqrt(s - x))  # NaN derivative where x > s
+        return ((x - t[:, None] * s / 2) ** 2).sum(1) + trap.sum(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        x = diffsoft.minimize(energy, torch.zeros(2, 3, dtype=F64), s, batched=True)
+    x[0].sum().backward()
 
 
 def _create_graph():
@@ -393,6 +417,27 @@ def _far_out():
     sim.step(x + torch.tensor([1e4, 0.0]), v)
 
 
+def _envs():
+    return pytest.importorskip("diffsoft.envs")
+
+
+def _ppo_task(creature="worm", dtype=torch.float32):
+    from diffsoft.task import LocomotionTask
+    return LocomotionTask(creatures.make_creature(creature, dtype), 2)
+
+
+def _per_creature_masses():
+    sim = creatures.worm()
+    sim.body.mass = sim.body.mass.expand(2, -1).clone()
+    _envs().LocomotionVectorEnv(sim, num_envs=3)
+
+
+def _ragged_action():
+    env = _envs().LocomotionVectorEnv("worm", num_envs=2, horizon=2)
+    env.reset()
+    env.step([[0.0] * 16, [0.0] * 17])
+
+
 TRIGGERS = [
     ("RuntimeWarning: diffsoft.minimize did not converge: max_iter = N Newton iterations reached with the gradient "
      "norm at R x its tolerance ...", lambda tmp: _not_converging()),
@@ -435,6 +480,19 @@ TRIGGERS = [
      "got ...", lambda tmp: render.render_frame(_sim(), _sim().rest_state[0], bounds=(0.3, 0.3 + 1e-9, 0.0, 1.0))),
     ("ValueError: steps must be an integer >= 1, got ...",
      lambda tmp: policy.run_policy(_sim(), policy.FramePolicy.for_simulator(_sim()), 0)),
+    ("ValueError: horizon must be a positive integer below 2**63 (the episode length in steps), got v",
+     lambda tmp: _envs().LocomotionEnv("worm", horizon=2 ** 63)),
+    ("ValueError: dtype must be torch.float32 or torch.float64 (or 'float32', 'float64'), got v",
+     lambda tmp: _envs().LocomotionEnv("worm", dtype="float")),
+    ("ValueError: the Simulator cannot step num_envs=N creature(s) (a LocomotionEnv steps 1): NAME has shape S, but "
+     "it must be ...", lambda tmp: _per_creature_masses()),
+    ("ValueError: action must have shape S (the activation changes of M muscles), got ...",
+     lambda tmp: _ragged_action()),
+    ("ValueError: PPOConfig.NAME is v but the task's is v: ...",
+     lambda tmp: ppo.GaussianFramePolicy(_ppo_task(dtype=torch.float64), ppo.PPOConfig(horizon=2))),
+    ("ValueError: inputs must have shape (K, n_obs), n_obs = N, got S: make them with GaussianFramePolicy.inputs(task, "
+     "state) ...", lambda tmp: ppo.GaussianFramePolicy(_ppo_task(), ppo.PPOConfig(horizon=2)).distribution(
+         torch.zeros(1, 3))),
     ("ValueError: the number of threads must be at most K (4 per core of this machine's N, or 64), got n",
      lambda tmp: __import__("diffsoft.threads").threads.set_num_threads(10 ** 6)),
     ("... the gradient is not finite at Newton iteration i",
@@ -443,6 +501,12 @@ TRIGGERS = [
      lambda tmp: _degenerate_backward()),
     ("... the adjoint solve's relative residual is r > backward_rtol = t after N CG iterations "
      "(backward_max_iter = M)", lambda tmp: _loose_backward()),
+    ("... the adjoint solve's relative residual is r > backward_rtol = t after Hessian-vector products that are "
+     "not finite for problem(s) I: the energy's second derivatives hold NaN or inf at their x*",
+     lambda tmp: _infinite_curvature(read=True)),
+    ("UserWarning: diffsoft: the implicit gradient with respect to the params is not finite: the energy's gradient is "
+     "not finite at x* for problem(s) I, which autograd carries into the params' gradient (0 x NaN) even where the "
+     "loss does not read them: ...", lambda tmp: _frozen_nan_problem()),
     ("RuntimeError: diffsoft's implicit backward (diffsoft.minimize, Simulator.step) is first order only: "
      "create_graph=True (and so higher-order gradients, gradgradcheck, Hessians) is not supported; differentiate "
      "once, with create_graph=False", lambda tmp: _create_graph()),

@@ -624,3 +624,99 @@ def test_a_solve_started_at_its_own_answer_says_to_set_atol(dtype):
     assert info.converged and info.iterations <= 2, info.message
     close = 1e-8 if dtype == torch.float64 else 1e-5  # (x1 is within the first solve's tolerance of x*)
     torch.testing.assert_close(again, x1, rtol=0, atol=close)
+
+
+@pytest.mark.parametrize("solver", [{}, {"sparsity": "one"}, {"sparsity": "one", "keep_factor": True}])
+def test_a_problem_the_loss_does_not_read_cannot_spoil_the_others_gradients(solver):
+    """Problem 1 sits at a minimum of infinite curvature (|x - 2|^1.5: its Hessian-vector products are NaN there).
+    A loss of problem 0 alone gets its exact gradient, with no warning (problem 1's adjoint is 0, not 0 x NaN); a
+    loss that reads problem 1 is told at once which problem's second derivatives are not finite."""
+    def energy(x, s):
+        x = x.reshape(len(x), -1)
+        return torch.stack([((x[0] - s) ** 2 + 0.1 * x[0] ** 4).sum(), (s * (x[1] - 2).abs() ** 1.5).sum()])
+    x0 = torch.tensor([[0.0, 0.0], [2.0, 2.0]], dtype=F64)
+    if solver:
+        solver = {**solver, "sparsity": torch.tensor([[0, 1]])}
+        x0 = x0[..., None]  # (B, N, d)
+    s = torch.tensor(1.0, dtype=F64, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        x, info = diffsoft.minimize(energy, x0, s, batched=True, return_info=True, on_failure="raise", **solver)
+        (grad,) = torch.autograd.grad(x[0].sum(), s)
+    x_0 = x.detach()[0].flatten()[0]
+    assert info.backward_converged, info.backward_message
+    torch.testing.assert_close(grad, 2 * 2 / (2 + 1.2 * x_0 ** 2))  # d/ds of 2 x0: 2 (x - s) + 0.4 x^3 = 0
+    x = diffsoft.minimize(energy, x0, s, batched=True, **solver)
+    with pytest.warns(UserWarning, match=r"adjoint solve failed: .* Hessian-vector products that are not finite "
+                                         r"for problem\(s\) 1: the energy's second derivatives hold NaN or inf"):
+        torch.autograd.grad(x.sum(), s)
+
+
+def test_a_problem_frozen_where_its_gradient_is_nan_is_named_when_it_reaches_a_shared_param():
+    """Problem 1 is frozen where its gradient is NaN; the loss reads problem 0 only, through a param both share:
+    autograd's chain rule carries problem 1's NaN derivatives times its zero adjoint into the param's gradient,
+    which cannot be helped from outside the energy; the backward says so, naming problem 1."""
+    t = torch.tensor([1.0, 3.0], dtype=F64)
+
+    def energy(x, s):
+        trap = torch.where(x > s, torch.zeros_like(x), 0 * torch.sqrt(s - x))  # NaN derivative where x > s
+        return ((x - t[:, None] * s / 2) ** 2).sum(1) + trap.sum(1)
+    s = torch.tensor(2.0, dtype=F64, requires_grad=True)
+    with pytest.warns(RuntimeWarning, match=r"not finite at Newton iteration \d+ for problem\(s\) 1"):
+        x, info = diffsoft.minimize(energy, torch.zeros(2, 3, dtype=F64), s, batched=True, return_info=True)
+    assert info.problem_converged == [True, False]
+    with pytest.warns(UserWarning, match=r"the implicit gradient with respect to the params is not finite: the "
+                                         r"energy's gradient is not finite at x\* for problem\(s\) 1, "):
+        torch.autograd.grad(x[0].sum(), s)
+    assert not info.backward_converged
+
+
+@pytest.mark.parametrize("name", ["max_iter", "ls_max_iter", "cg_max_iter", "backward_max_iter", "probe_batch"])
+def test_a_count_past_int64_is_refused_by_name(name):
+    with pytest.raises(ValueError, match=rf"^{name} must be (None or )?an integer >= \d \(below 2\*\*63\), got "):
+        diffsoft.minimize(lambda x: ((x - 1) ** 2).sum(), torch.zeros(2, dtype=F64), **{name: 2 ** 63})
+
+
+def test_an_x0_or_pattern_without_values_is_refused_by_name():
+    energy = lambda x: ((x - 1) ** 2).sum()  # noqa: E731
+    for x0, kind in ((torch.zeros(2, 2, dtype=F64, device="meta"), "meta"),
+                     (torch.zeros(2, 2, dtype=F64).to_sparse(), "sparse_coo")):
+        with pytest.raises(TypeError, match=f"x0 must be a dense tensor holding values .*, got a {kind} tensor"):
+            diffsoft.minimize(energy, x0)
+    with pytest.raises(TypeError, match=r"sparsity must be an \(E, k\) int64 tensor .*, got meta torch.int64"):
+        diffsoft.minimize(energy, torch.zeros(3, 2, dtype=F64), sparsity=torch.zeros(2, 2, dtype=torch.long,
+                                                                                       device="meta"))
+
+
+def test_a_diverging_problem_gets_no_advice_meant_for_a_warm_start():
+    """The atol hint (a tolerance below round-off, as from a start at the minimum) is for problems whose gradient
+    has not grown since the start; an energy unbounded below diverges, and its report says only that."""
+    def energy(x):
+        return torch.stack([((x[0] - 1) ** 2).sum(), (-(x[1] ** 4)).sum() - x[1].sum()])
+    with pytest.warns(RuntimeWarning) as caught:
+        _, info = diffsoft.minimize(energy, torch.zeros(2, 2, dtype=F64), batched=True, return_info=True,
+                                    max_iter=60)
+    assert info.problem_converged == [True, False]
+    assert "for problem(s) 1" in info.message and "atol is 0" not in info.message, info.message
+    assert "atol is 0" not in str(caught[0].message)
+
+
+def test_a_param_changed_before_the_backward_is_named_by_its_place_among_all_params():
+    """Non-tensor params before it (a number, a string) count: the message names params[3], the caller's."""
+    a = torch.tensor([1.0, 2.0], dtype=F64, requires_grad=True)
+    b = torch.tensor([3.0, 4.0], dtype=F64, requires_grad=True)
+
+    def energy(x, scale, name, a, b):
+        return (scale * (x - a[:, None]) ** 2 + (x - b[:, None]) ** 4).sum(1)
+    x = diffsoft.minimize(energy, torch.zeros(2, 2, dtype=F64), 2.0, "label", a, b, batched=True)
+    with torch.no_grad():
+        b.mul_(1.0)
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation: diffsoft's implicit layer's "
+                                           r"params\[3\] \(shape \[2\]\)"):
+        x.sum().backward()
+    x = diffsoft.minimize(energy, torch.zeros(2, 2, dtype=F64), 2.0, "label", a, b, batched=True)
+    ga, gb = torch.autograd.grad(x.sum(), [a, b])  # and the non-tensor params still reach the energy
+    xs = x.detach()
+    h = 2 * 2.0 + 12 * (xs - b.detach()[:, None]) ** 2  # d/da: -H^-1 d(grad)/da, per coordinate
+    torch.testing.assert_close(ga, (2 * 2.0 / h).sum(1))
+    torch.testing.assert_close(gb, (12 * (xs - b.detach()[:, None]) ** 2 / h).sum(1))

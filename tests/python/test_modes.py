@@ -244,6 +244,18 @@ def test_torch_func_transforms_are_refused_naming_the_supported_way(problem, tra
     torch.testing.assert_close(_grad(problem), expected, rtol=1e-10, atol=1e-12)  # and the path still works
 
 
+@needs_func
+def test_a_transformed_tensor_an_energy_captured_is_refused_as_the_others():
+    """vmap over a tensor that minimize's energy reads through its closure (x0 and params plain): the energy
+    comes back transformed, and the solve says what the transforms' message says (it said "the energy does not
+    depend on x" on torch 1.13, and torch's own Function error on 2.x)."""
+    def solve(c):
+        return diffsoft.minimize(lambda x: ((x - c) ** 2).sum(-1), torch.zeros(3, 2, dtype=torch.float64),
+                                 batched=True)
+    with pytest.raises(RuntimeError, match=r"diffsoft.minimize does not run under torch.func transforms.*batched=True"):
+        FUNC.vmap(solve)(torch.randn(2, 3, 2, dtype=torch.float64))
+
+
 def test_the_native_batch_is_what_vmap_would_give(problem):
     """The way the vmap error names: a batch along the leading dimension, each problem's answer its own solve."""
     starts = problem.batch(3)

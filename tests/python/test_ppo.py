@@ -73,6 +73,9 @@ def test_train_ppo_smoke():
     cfg = PPOConfig(horizon=3, envs=2, steps=12, epochs=2, minibatch=4, eval_every=1, dtype="float64")
     model, history = ppo.train_ppo(cfg, progress=False)
     assert [r["sim_steps"] for r in history] == [6, 12, 12]
+    # the last record is the final evaluation's, as train_ppo's docstring says: no episodes, so no distance
+    assert set(history[-1]) == {"update", "eval_distance", "eval_sim_steps", "sim_steps", "seconds", "cpu_seconds"}
+    assert history[-1]["update"] == 2
     assert 0 < history[0]["cpu_seconds"] < history[1]["cpu_seconds"] == history[2]["cpu_seconds"]
     assert all(math.isfinite(r["eval_distance"]) for r in history)
     # The final evaluation is the mean action's rollout, which runs past the horizon for a gait.
@@ -182,3 +185,44 @@ def test_a_config_the_task_does_not_have_is_refused_and_unconverged_steps_are_co
     task.sim.solver_options["max_iter"] = 0
     with pytest.warns(RuntimeWarning, match="did not converge"):
         assert ppo.collect(task, model, cfg, torch.Generator().manual_seed(0))["not_converged"] == 4
+
+
+def test_a_horizon_past_the_int64_step_counter_is_refused_by_name():
+    # Found by a review: PPOConfig(horizon=2**63) was taken, then overflowed the task's int64 step counter.
+    with pytest.raises(ValueError, match=r"horizon must be a positive integer below 2\*\*63"):
+        PPOConfig(horizon=2 ** 63).check()
+    PPOConfig(horizon=2 ** 63 - 1).check()
+
+
+def test_a_config_of_another_dtype_than_the_tasks_is_refused():
+    # Found by a review: the building blocks took PPOConfig(dtype="float32") beside a float64 task, quietly
+    # (the model was built in float64); creature and device are train_ppo's alone (documented).
+    task = LocomotionTask(creatures.make_creature("worm", torch.float64), horizon=2)
+    cfg = PPOConfig(creature="worm", horizon=2, envs=2, dtype="float32")
+    with pytest.raises(ValueError, match="PPOConfig.dtype is 'float32' but the task's is 'float64'"):
+        ppo.GaussianFramePolicy(task, cfg)
+    model = ppo.GaussianFramePolicy(task, PPOConfig(creature="worm", horizon=2, envs=2, dtype="float64"))
+    with pytest.raises(ValueError, match="PPOConfig.dtype is 'float32' but the task's is 'float64'"):
+        ppo.collect(task, model, cfg, torch.Generator())
+
+
+def test_the_models_input_shape_is_checked():
+    # Found by a review: a non-mirrored model read the first n_obs columns of any wider input (a worm model drove
+    # a biped's observation), a mirrored one failed deep in torch, a 1-D input with an IndexError.
+    biped = LocomotionTask(creatures.make_creature("biped", torch.float64), horizon=2)
+    worm = LocomotionTask(creatures.make_creature("worm", torch.float64), horizon=2)
+    model = ppo.GaussianFramePolicy(worm, PPOConfig(creature="worm", horizon=2, dtype="float64"))
+    n = worm.num_observations
+    for bad, got in ((biped.observe(biped.reset(1)), rf"\(1, {biped.num_observations}\)"),
+                     (worm.observe(worm.reset(1))[0], rf"\({n},\)"), ([0.0] * n, "list")):
+        with pytest.raises(ValueError, match=rf"inputs must have shape \(K, n_obs\), n_obs = {n}, got {got}: make "
+                                             rf"them with GaussianFramePolicy.inputs\(task, state\)"):
+            ppo.mean_action(model)(bad)
+    assert ppo.mean_action(model)(model.inputs(worm, worm.reset(3))).shape == (3, worm.num_actions)
+    tetrapod = LocomotionTask(creatures.make_creature("tetrapod", torch.float64), horizon=2)
+    mirrored = ppo.GaussianFramePolicy(tetrapod, PPOConfig(creature="tetrapod", horizon=2, dtype="float64"))
+    state = tetrapod.reset(1)
+    with pytest.raises(ValueError, match=rf"inputs must have shape \(K, 2 n_obs\).* n_obs = "
+                                         rf"{tetrapod.num_observations}, got \(1, {tetrapod.num_observations}\)"):
+        mirrored.distribution(tetrapod.observe(state))
+    mirrored.distribution(mirrored.inputs(tetrapod, state))

@@ -113,7 +113,9 @@ CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& 
   const torch::Tensor first = p;
   auto iterate = [&] {  // CG from the current x, r, z, p, rz and done
     while (out.iterations < max_iter && !done.all().item<bool>()) {
-      torch::Tensor ap = apply_a(p);
+      // (finished rows' products are not used: zeroed, so that a row whose H is not finite, or whose right-hand
+      // side is 0 where the loss leaves a problem out, cannot turn its own zeros into NaN: 0 x inf)
+      torch::Tensor ap = torch::where(done.unsqueeze(1), torch::zeros_like(p), apply_a(p));
       ++out.iterations;
       torch::Tensor pap = row_dot(p, ap);
       // Non-positive curvature, relative to the scale of H: the angle between p and Ap is 90 degrees or more.
@@ -131,7 +133,9 @@ CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& 
       z = apply_m(r);
       torch::Tensor rz_new = row_dot(r, z);
       r_norm = row_norm(r);
-      done = done | (r_norm <= rtol);
+      // (a row whose residual is not finite, from a Hessian with NaN or inf entries, stops: its x is no answer,
+      // its residual says so, and the other rows go on)
+      done = done | (r_norm <= rtol) | torch::isfinite(r_norm).logical_not();
       torch::Tensor beta = masked_ratio(done.logical_not() & (rz != 0), rz_new, rz);
       p = z + beta.unsqueeze(1) * p;
       rz = rz_new;
@@ -144,9 +148,10 @@ CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& 
     // truncated) ends on the true residual, one more product, and restarts from its x (at most twice) where
     // that is above the tolerance and the last run at least halved it.
     const torch::Tensor unit_b = b / scale;
+    const torch::Tensor zero_rows = (row_norm(unit_b) == 0).unsqueeze(1);  // x = 0 exactly, whatever H is
     torch::Tensor last = torch::full_like(r_norm, std::numeric_limits<double>::infinity());
     for (int restart = 0;; ++restart) {
-      r = unit_b - apply_a(x);
+      r = torch::where(zero_rows, torch::zeros_like(x), unit_b - apply_a(x));
       r_norm = row_norm(r);
       torch::Tensor again = (r_norm > rtol) & (r_norm < 0.5 * last) & torch::isfinite(r_norm);
       if (restart == 2 || out.iterations >= max_iter || out.negative_curvature || !again.any().item<bool>()) break;
@@ -193,7 +198,10 @@ CGResult solve_rows(const AnalyticDerivatives& point, const torch::Tensor& b_in,
   if (direct.any().item<bool>()) {
     // The factorization's residual, measured, and iterative refinement where it is above the tolerance
     // (round-off in the factor grows with H's condition number), kept while it halves the residual.
-    auto residual = [&](const torch::Tensor& x) { return b - point.hvp(x); };
+    const torch::Tensor zero_rows = (row_norm(b) == 0).unsqueeze(1);  // x = 0 exactly, whatever H is
+    auto residual = [&](const torch::Tensor& x) {
+      return torch::where(zero_rows, torch::zeros_like(x), b - point.hvp(x));
+    };
     torch::Tensor r = residual(out.x);
     out.residual = torch::where(direct, row_norm(r), out.residual);
     torch::Tensor refine_rows = direct & (out.residual > rtol);

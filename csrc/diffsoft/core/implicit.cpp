@@ -24,22 +24,26 @@ struct Problem : torch::CustomClassHolder {
   std::vector<int64_t> versions;  // of the saved tensors (params, then x*) as the forward left them
 };
 
+// "0, 3, 7" for the rows marked in a (B,) mask (the first 10, then "and N more"). The Python backends name
+// problems alike.
+std::string listed(const torch::Tensor& mask) {
+  torch::Tensor idx = torch::nonzero(mask.cpu()).flatten();
+  std::ostringstream out;
+  for (int64_t k = 0; k < idx.numel() && k < 10; ++k) out << (k ? ", " : "") << idx[k].item<int64_t>();
+  if (idx.numel() > 10) out << " and " << idx.numel() - 10 << " more";
+  return out.str();
+}
+
 // The problems whose forward solve did not converge and whose gradient is asked for (a nonzero row of
-// dL/dx*: a problem a loss leaves out, such as a failed creature a trainer skips, gets no gradient to doubt), as
-// "0, 3, 7" (the first ten, then "and K more"); empty if none. The Python backends name problems alike.
+// dL/dx*: a problem a loss leaves out, such as a failed creature a trainer skips, gets no gradient to doubt),
+// listed; empty if none.
 std::string unsolved_problems(const SolveInfo& info, const torch::Tensor& dl_dx) {
   if (info.converged) return "";
-  torch::Tensor used = (dl_dx.abs().amax(1) > 0).cpu();
-  const bool* asked = used.data_ptr<bool>();
-  std::vector<size_t> rows;
-  for (size_t i = 0; i < static_cast<size_t>(used.size(0)); ++i) {
-    const bool converged = i < info.problem_converged.size() && info.problem_converged[i];
-    if (!converged && asked[i]) rows.push_back(i);
+  torch::Tensor unsolved = (dl_dx.abs().amax(1) > 0).cpu();  // the problems the loss reads
+  for (int64_t i = 0; i < unsolved.size(0); ++i) {
+    if (i < static_cast<int64_t>(info.problem_converged.size()) && info.problem_converged[i]) unsolved[i] = false;
   }
-  std::ostringstream out;
-  for (size_t k = 0; k < rows.size() && k < 10; ++k) out << (k ? ", " : "") << rows[k];
-  if (rows.size() > 10) out << " and " << rows.size() - 10 << " more";
-  return out.str();
+  return listed(unsolved);
 }
 
 // Where part of a user energy's second derivative is lost (an op whose backward autograd cannot differentiate,
@@ -154,7 +158,7 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
       if (saved[i].defined() && saved[i]._version() > pb->versions[i]) {
         std::ostringstream msg;
         msg << "one of the variables needed for gradient computation has been modified by an inplace operation: "
-            << "diffsoft's implicit layer's param " << i << " (shape " << saved[i].sizes() << ") is at version "
+            << "diffsoft's implicit layer's params[" << i << "] (shape " << saved[i].sizes() << ") is at version "
             << saved[i]._version() << "; expected version " << pb->versions[i]
             << " instead. A solve's inputs (a step's state, a body's fields, a simulator's constants, a collider's "
                "fields) must keep their values until its backward has run: change them after it, or on a copy";
@@ -228,7 +232,11 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
     } else if (!cg.converged) {
       msg << "the adjoint solve's relative residual is " << info.backward_residual
           << " > backward_rtol = " << rtol << " after ";
-      if (info.backward_direct) {
+      const torch::Tensor not_finite = torch::isfinite(cg.residual).logical_not();
+      if (not_finite.any().item<bool>()) {
+        msg << "Hessian-vector products that are not finite for problem(s) " << listed(not_finite)
+            << ": the energy's second derivatives hold NaN or inf at their x*";
+      } else if (info.backward_direct) {
         msg << "a sparse factorization with iterative refinement (H too ill-conditioned for this tolerance)";
       } else {
         msg << cg.iterations << " CG iterations (backward_max_iter = " << max_iter << ")";
@@ -241,14 +249,16 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
       msg << "converged";
     }
     info.backward_message = msg.str();
-    if (!info.backward_converged) {
-      const std::string what = (unsolved.empty() ? "adjoint solve failed: " : "implicit gradient at an unconverged "
-                                                                               "solve: ") + info.backward_message;
+    auto fail = [&](const std::string& what) {
       if (opt.raise_on_failure) {
         if (pb->raise_backward) pb->raise_backward(what);
         throw ConvergenceError(what);
       }
       TORCH_WARN("diffsoft: ", what);
+    };
+    if (!info.backward_converged) {
+      fail((unsolved.empty() ? "adjoint solve failed: " : "implicit gradient at an unconverged solve: ") +
+           info.backward_message);
     } else if (pb->autograd_hessian) {
       warn_of_a_lost_second_derivative(pb->energy, x_rows, pb->shape, consts, cg.x, dl_dx, info.backward_residual);
     }
@@ -258,8 +268,29 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
         analytic && analytic->mixed_vjp
             ? analytic->mixed_vjp(x_rows, cg.x, wrt_index)
             : SecondOrderPoint(pb->energy, x_rows, pb->shape, params, opt.batched).mixed_vjp(cg.x, wrt);
+    bool finite = true;
     for (size_t k = 0; k < wrt.size(); ++k) {
-      if (vjp[k].defined()) grads[2 + wrt_index[k]] = -vjp[k];
+      if (vjp[k].defined()) {
+        grads[2 + wrt_index[k]] = -vjp[k];
+        finite = finite && torch::isfinite(vjp[k]).all().item<bool>();
+      }
+    }
+    if (!finite && info.backward_converged) {
+      // A finite adjoint and a gradient that is not: a problem whose derivatives are not finite at its x*
+      // reaches the params through autograd's chain rule even where the loss does not read it (0 x NaN).
+      const torch::Tensor rows = torch::isfinite(point.grad).all(1).logical_not();
+      std::ostringstream why;
+      why << "the implicit gradient with respect to the params is not finite: ";
+      if (rows.any().item<bool>()) {
+        why << "the energy's gradient is not finite at x* for problem(s) " << listed(rows)
+            << ", which autograd carries into the params' gradient (0 x NaN) even where the loss does not read "
+               "them: leave them out of the batch, or keep their energy's derivatives finite";
+      } else {
+        why << "the energy's mixed derivatives d/dparams grad_x E hold NaN or inf at x*";
+      }
+      info.backward_converged = false;
+      info.backward_message = why.str();
+      fail(info.backward_message);
     }
     return grads;
   }

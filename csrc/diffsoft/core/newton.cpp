@@ -334,10 +334,12 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
           << torch::where(active, ratio, torch::zeros_like(ratio)).max().item<double>()
           << " x its tolerance (||g|| = " << info.grad_norm << ") for problem(s) " << indices(active);
       // With atol 0 the tolerance is rtol times ||g0||: a start at or near the minimum (a solve warm-started from
-      // its own answer) puts it below the gradient's round-off, where no x reaches it.
-      if (opt.atol == 0)
+      // its own answer) puts it below the gradient's round-off, where no x reaches it. (Not where the gradient
+      // has grown since the start: a problem that is diverging.)
+      const torch::Tensor near = active & (g_norm <= g0_norm);
+      if (opt.atol == 0 && near.any().item<bool>())
         why << " (atol is 0, so the tolerance is rtol x ||g0||, here down to "
-            << torch::where(active, threshold, torch::full_like(threshold, inf)).min().item<double>()
+            << torch::where(near, threshold, torch::full_like(threshold, inf)).min().item<double>()
             << ": where that is below the gradient's round-off, as from a start at or near the minimum, no x "
                "reaches it; set atol)";
       why << "; ";
