@@ -49,7 +49,6 @@ import gc
 import json
 import math
 import os
-import platform
 import sys
 import time
 
@@ -424,17 +423,6 @@ def measure(pb, names, repeat, g):
     return rows
 
 
-def versions():
-    out = {"torch": torch.__version__, "python": platform.python_version()}
-    for module in ("theseus", "torchopt"):
-        try:
-            out[module] = __import__(module).__version__
-        except ImportError:
-            out[module] = None
-    out["diffsoft_commit"] = provenance.commit()
-    return out
-
-
 def table(results):
     lines = ["| problem | unknowns | method | forward ms | backward ms | total vs diffsoft | gradient error "
              "(vs central differences) | forward's distance to the reference | peak memory MB |",
@@ -464,7 +452,8 @@ def main():
     args = ap.parse_args()
     set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
-    results = {"command": "python benchmarks/layer_peers.py " + " ".join(sys.argv[1:]), "versions": versions(),
+    results = {"command": "python benchmarks/layer_peers.py " + " ".join(sys.argv[1:]),
+               "versions": provenance.versions("theseus", "torchopt"),
                "threads": args.threads, "repeat": args.repeat, "problems": {}, "unknowns": {},
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     for prob in args.only:

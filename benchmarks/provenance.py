@@ -6,7 +6,10 @@ installed whatever this checkout says; an editable one runs this checkout's Pyth
 last build. setup.py records the build's commit in ``diffsoft._build_info.SOURCE_COMMIT``.
 """
 import os
+import platform
 import subprocess
+
+import torch
 
 import diffsoft
 
@@ -47,3 +50,16 @@ def commit():
     if built and built != here:
         return text + f" (diffsoft's compiled core built at {built})"
     return text
+
+
+def versions(*peers):
+    """torch's and Python's versions, each of the ``peers`` modules' (None where it is not installed), and
+    :func:`commit`'s text: a report's record of what ran."""
+    out = {"torch": torch.__version__, "python": platform.python_version()}
+    for module in peers:
+        try:
+            out[module] = __import__(module).__version__
+        except ImportError:
+            out[module] = None
+    out["diffsoft_commit"] = commit()
+    return out

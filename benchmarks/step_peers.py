@@ -37,7 +37,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
 import time
 
@@ -209,17 +208,6 @@ def run(name, sim, x0, dt, steps, judge, args):
     return run_newton(name, sim, x0, dt, steps, judge, args.vbd_iterations)
 
 
-def versions():
-    out = {"torch": torch.__version__, "python": platform.python_version()}
-    for module in ("newton", "warp"):
-        try:
-            out[module] = __import__(module).__version__
-        except ImportError:
-            out[module] = None
-    out["diffsoft_commit"] = provenance.commit()
-    return out
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--refinement", type=int, default=4, help="cubes across the beam (8: cantilever.py's full bar)")
@@ -237,7 +225,8 @@ def main():
     sim, x0 = beam(args.refinement)
     judge = Judge(sim, x0)
     material_error = check_same_material(sim, x0)
-    results = {"command": "python benchmarks/step_peers.py " + " ".join(sys.argv[1:]), "versions": versions(),
+    results = {"command": "python benchmarks/step_peers.py " + " ".join(sys.argv[1:]),
+               "versions": provenance.versions("newton", "warp"),
                "material_error": material_error, "threads": args.threads, "refinement": args.refinement,
                "vertices": sim.body.num_vertices, "tetrahedra": len(sim.body.elements), "seconds": args.seconds,
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": {}}
