@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include <torch/version.h>
@@ -296,6 +297,87 @@ TEST_F(Core, GradientAtAnUnconvergedSolveIsReportedByTheBackward) {
   torch::autograd::grad({x.sum()}, {k});
   EXPECT_TRUE(info->backward_converged) << info->backward_message;
   EXPECT_EQ(warnings.messages.size(), 1u);
+}
+
+TEST_F(Core, EachBackwardJudgesItsOwnForwardWhereTheRecordIsShared) {
+  // One record passed to every solve of a rollout: a later converged forward overwrites it before the first
+  // solve's backward runs, which must still say that its own forward stopped short (and the other way round:
+  // a converged solve's backward is not blamed for a later failure).
+  const EnergyFn per_problem = [](const Tensor& x, const std::vector<Tensor>& p) {
+    return (0.5 * p[0] * x * x + 0.25 * x.pow(4) - p[1] * x).sum(1);
+  };
+  Tensor k = torch::ones({1, 4}, f64).requires_grad_();
+  Tensor b = torch::full({1, 4}, 3.0, f64);
+  diffsoft::SolverOptions short_of, enough;
+  short_of.batched = enough.batched = true;
+  short_of.max_iter = 1;
+  auto info = std::make_shared<diffsoft::SolveInfo>();
+  CapturedWarnings warnings;
+  CapturedWarnings::Guard guard(&warnings);
+  Tensor x1 = diffsoft::implicit_minimize(per_problem, torch::full({1, 4}, 50.0, f64), {k, b}, short_of, info);
+  Tensor x2 = diffsoft::implicit_minimize(per_problem, torch::zeros({1, 4}, f64), {k, b}, enough, info);
+  ASSERT_TRUE(info->converged);  // the record now holds the second forward
+  torch::autograd::grad({x1.sum()}, {k});
+  EXPECT_FALSE(info->backward_converged);
+  EXPECT_NE(info->backward_message.find("the forward solve did not converge for problem(s) 0 (max_iter"),
+            std::string::npos) << info->backward_message;
+  ASSERT_EQ(warnings.messages.size(), 1u);
+  x1 = diffsoft::implicit_minimize(per_problem, torch::zeros({1, 4}, f64), {k, b}, enough, info);
+  x2 = diffsoft::implicit_minimize(per_problem, torch::full({1, 4}, 50.0, f64), {k, b}, short_of, info);
+  ASSERT_FALSE(info->converged);
+  torch::autograd::grad({x1.sum()}, {k});
+  EXPECT_TRUE(info->backward_converged) << info->backward_message;
+  EXPECT_EQ(warnings.messages.size(), 1u);
+}
+
+TEST_F(Core, ConjugateGradientToATightToleranceStopsAtRoundOffNotAtFalseCurvature) {
+  // rtol 0 asks for what round-off allows: the residual reaches 0 or underflows, where p.Ap = 0 once read as H
+  // not positive definite (NaN x, negative_curvature on diag(1, 2, 3, 4)).
+  Tensor d = torch::arange(1, 5, f64);
+  auto apply = [&](const Tensor& v) { return v * d; };
+  Tensor b = torch::ones({1, 4}, f64);
+  for (bool truncate : {false, true}) {
+    auto r = diffsoft::conjugate_gradient(apply, b, torch::zeros({1}, f64), 50, truncate);
+    EXPECT_FALSE(r.negative_curvature);
+    EXPECT_TRUE(r.converged);
+    EXPECT_TRUE(torch::allclose(r.x, b / d, 1e-14, 1e-14)) << r.x;
+  }
+  // Arguments that do not fit are named.
+  EXPECT_THROW(diffsoft::conjugate_gradient(apply, b, torch::zeros({3}, f64), 50, false), std::invalid_argument);
+  EXPECT_THROW(diffsoft::conjugate_gradient(apply, b, torch::full({1}, -1.0, f64), 50, false), std::invalid_argument);
+  EXPECT_THROW(diffsoft::conjugate_gradient(apply, torch::ones({4}, f64), torch::zeros({1}, f64), 50, false),
+               std::invalid_argument);
+}
+
+TEST_F(Core, ALineSearchThatUnderflowsToNoStepFailsAndSaysSo) {
+  // An energy whose gradient points the wrong way (its value is sum x^2, its "gradient" 2x + 5): no step lowers
+  // it. With a tiny shrink factor the trial step underflows to 0, and x + 0 d once passed the decrease test:
+  // Newton went on to max_iter. It must fail as the default search does. (With thousands of trials, steps of an
+  // ulp still pass it, within the energy's round-off allowance: not caught.)
+  const EnergyFn wrong_gradient = [](const Tensor& x, const std::vector<Tensor>&) {
+    return x.square().sum() + (5 * x - (5 * x).detach()).sum();  // value sum x^2, gradient 2 x + 5
+  };
+  for (auto set : std::vector<std::function<void(diffsoft::SolverOptions&)>>{
+           [](diffsoft::SolverOptions&) {}, [](diffsoft::SolverOptions& o) { o.ls_shrink = 1e-200; }}) {
+    diffsoft::SolverOptions opt;
+    set(opt);
+    diffsoft::SolveInfo info;
+    diffsoft::newton_minimize(wrong_gradient, torch::ones({3}, f64), {}, opt, info);
+    EXPECT_FALSE(info.converged);
+    EXPECT_NE(info.message.find("the line search found no decrease"), std::string::npos) << info.message;
+    EXPECT_LE(info.iterations, 2) << info.message;
+  }
+}
+
+TEST_F(Core, BadInputNamesTheArgument) {
+  diffsoft::SolverOptions opt;
+  diffsoft::SolveInfo info;
+  const std::vector<Tensor> p = {torch::ones({3}, f64), torch::ones({3}, f64)};
+  EXPECT_THROW(diffsoft::newton_minimize(quartic, torch::zeros({3}, torch::kHalf), p, opt, info),
+               std::invalid_argument);
+  EXPECT_THROW(diffsoft::implicit_minimize(quartic, Tensor(), p, opt), std::invalid_argument);
+  opt.probe_batch = -1;
+  EXPECT_THROW(diffsoft::newton_minimize(quartic, torch::zeros({3}, f64), p, opt, info), std::invalid_argument);
 }
 
 TEST_F(Core, BackwardRefusesCreateGraph) {

@@ -443,9 +443,8 @@ TRIGGERS = [
      "norm at R x its tolerance ...", lambda tmp: _not_converging()),
     ("... the line search found no decrease of the energy after K trials at Newton iteration i for problem(s) ... "
      "(||g|| = ..., tolerance ...)", lambda tmp: _kink()),
-    ("... max_iter = N Newton iterations reached ... (atol is 0, so the tolerance is rtol x ||g0||, here down "
-     "to T: where that is below the gradient's round-off, as from a start at or near the minimum, no x reaches it; "
-     "set atol)", lambda tmp: _warm_start()),
+    ("... (atol is 0, so the tolerance is rtol x ||g0||, here down to T: where that is below the gradient's "
+     "round-off, as from a start at or near the minimum, no x reaches it; set atol)", lambda tmp: _warm_start()),
     ("NotImplementedError: ... reads a forward-mode dual tensor that is not among its params (one its closure "
      "captured): ...", lambda tmp: _dual_in_a_closure()),
     ("RuntimeWarning: ... depends on a tensor that requires grad and is not among its params",

@@ -94,7 +94,19 @@ torch::Tensor rhs_scale(const torch::Tensor& b) {
 CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& b, const torch::Tensor& rtol,
                             int64_t max_iter, bool truncate, const LinearOperator& precondition) {
   torch::NoGradGuard no_grad;
+  if (!b.defined() || b.dim() != 2 || !b.is_floating_point())
+    throw std::invalid_argument("conjugate_gradient: b must be a (B, n) floating-point tensor of right-hand sides");
+  if (!rtol.defined() || rtol.dim() != 1 || rtol.size(0) != b.size(0))
+    throw std::invalid_argument("conjugate_gradient: rtol must be a (B,) tensor, one tolerance per row of b (B = " +
+                                std::to_string(b.size(0)) + ")");
+  if (!(rtol >= 0).all().item<bool>())
+    throw std::invalid_argument("conjugate_gradient: rtol must be >= 0 (and not NaN)");
   const double eps = b.scalar_type() == torch::kFloat64 ? 1e-14 : 1e-6;
+  // A row whose (relative) residual falls below this has met any tolerance round-off allows: beyond it its
+  // direction's curvature p.Ap underflows to 0, which would read as H not positive definite.
+  const double floor = std::sqrt(b.scalar_type() == torch::kFloat64 ? std::numeric_limits<double>::min()
+                                                                     : std::numeric_limits<float>::min());
+  const torch::Tensor stop_at = torch::clamp_min(rtol, floor);
   auto apply_m = [&](const torch::Tensor& r) { return precondition ? precondition(r) : r; };
   CGResult out;
   // Solved for b / ||b||, so that the residual is the relative one and the tolerance cannot underflow.
@@ -105,7 +117,7 @@ CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& 
   torch::Tensor p = z;
   torch::Tensor rz = row_dot(r, z);
   torch::Tensor r_norm = row_norm(r);
-  torch::Tensor done = r_norm <= rtol;
+  torch::Tensor done = r_norm <= stop_at;
   // Rows stopped by non-positive curvature on their very first iteration return the first direction,
   // M^-1 b: a descent direction for -g = b since M is positive definite.
   torch::Tensor fallback = torch::zeros_like(done);
@@ -135,7 +147,7 @@ CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& 
       r_norm = row_norm(r);
       // (a row whose residual is not finite, from a Hessian with NaN or inf entries, stops: its x is no answer,
       // its residual says so, and the other rows go on)
-      done = done | (r_norm <= rtol) | torch::isfinite(r_norm).logical_not();
+      done = done | (r_norm <= stop_at) | torch::isfinite(r_norm).logical_not();
       torch::Tensor beta = masked_ratio(done.logical_not() & (rz != 0), rz_new, rz);
       p = z + beta.unsqueeze(1) * p;
       rz = rz_new;
@@ -153,7 +165,7 @@ CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& 
     for (int restart = 0;; ++restart) {
       r = torch::where(zero_rows, torch::zeros_like(x), unit_b - apply_a(x));
       r_norm = row_norm(r);
-      torch::Tensor again = (r_norm > rtol) & (r_norm < 0.5 * last) & torch::isfinite(r_norm);
+      torch::Tensor again = (r_norm > stop_at) & (r_norm < 0.5 * last) & torch::isfinite(r_norm);
       if (restart == 2 || out.iterations >= max_iter || out.negative_curvature || !again.any().item<bool>()) break;
       last = r_norm;
       done = again.logical_not();
@@ -167,7 +179,7 @@ CGResult conjugate_gradient(const LinearOperator& apply_a, const torch::Tensor& 
   out.x = x * scale;
   out.indefinite = indefinite;
   out.residual = r_norm;
-  out.converged = (out.residual <= rtol).all().item<bool>() && !out.negative_curvature;
+  out.converged = (out.residual <= stop_at).all().item<bool>() && !out.negative_curvature;
   return out;
 }
 

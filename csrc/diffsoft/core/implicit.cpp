@@ -22,6 +22,9 @@ struct Problem : torch::CustomClassHolder {
   bool autograd_hessian = false;  // H from the energy's double backward (a user energy, or probes of it)
   RaiseFn raise_backward;
   std::vector<int64_t> versions;  // of the saved tensors (params, then x*) as the forward left them
+  // This solve's forward record, kept for its backward: `info` may be shared with later solves (one record
+  // passed to every step of a rollout), whose forwards overwrite it before this backward runs.
+  SolveInfo forward;
 };
 
 // "0, 3, 7" for the rows marked in a (B,) mask (the first 10, then "and N more"). The Python backends name
@@ -110,6 +113,7 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
                                            problem->analytic.get(),
                                            problem->options.keep_factor ? &problem->factor : nullptr);
     problem->shape = x_star.sizes().vec();
+    problem->forward = *problem->info;
     ctx->saved_data["problem"] = c10::IValue::make_capsule(problem);
     ps.push_back(x_star);
     for (const auto& t : ps) problem->versions.push_back(t._version());
@@ -211,18 +215,20 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
     CGResult cg = solve_rows(point, dl_dx, torch::full({batch}, rtol, dl_dx.options()), max_iter,
                              /*truncate=*/false, &direct_rows);
 
+    // The backward's record goes into the caller's (shared) info; what the forward did is this solve's own.
     SolveInfo& info = *pb->info;
+    const SolveInfo& forward = pb->forward;
     info.backward_ran = true;
     info.backward_cg_iterations = cg.iterations;
     info.backward_direct = direct_rows.all().item<bool>();
     info.backward_residual = cg.residual.max().item<double>();
     // A gradient taken where the forward stopped short is the derivative of an equation that does not hold
     // there (grad E(x) != 0): the forward's failure is the backward's too.
-    const std::string unsolved = unsolved_problems(info, dl_dx);
+    const std::string unsolved = unsolved_problems(forward, dl_dx);
     info.backward_converged = cg.converged && unsolved.empty();
     std::ostringstream msg;
     if (!unsolved.empty()) {
-      msg << "the forward solve did not converge for problem(s) " << unsolved << " (" << info.message
+      msg << "the forward solve did not converge for problem(s) " << unsolved << " (" << forward.message
           << "): the implicit gradient assumes grad E(x*) = 0, which does not hold there, and is unreliable; the "
              "adjoint solve: ";
     }
@@ -233,7 +239,11 @@ class ImplicitMinimize : public torch::autograd::Function<ImplicitMinimize> {
       msg << "the adjoint solve's relative residual is " << info.backward_residual
           << " > backward_rtol = " << rtol << " after ";
       const torch::Tensor not_finite = torch::isfinite(cg.residual).logical_not();
-      if (not_finite.any().item<bool>()) {
+      const torch::Tensor bad_loss = torch::isfinite(dl_dx).all(1).logical_not();
+      if (bad_loss.any().item<bool>()) {
+        msg << "a gradient dL/dx* that is not finite for problem(s) " << listed(bad_loss)
+            << " (the loss's, before the solve: not the energy's)";
+      } else if (not_finite.any().item<bool>()) {
         msg << "Hessian-vector products that are not finite for problem(s) " << listed(not_finite)
             << ": the energy's second derivatives hold NaN or inf at their x*";
       } else if (info.backward_direct) {
@@ -302,6 +312,7 @@ torch::Tensor implicit_minimize(EnergyFn energy, const torch::Tensor& x0, const 
                                 const SolverOptions& options, std::shared_ptr<SolveInfo> info,
                                 std::shared_ptr<const AnalyticEnergy> analytic, const torch::Tensor& sparsity,
                                 RaiseFn raise_backward, BatchedVjp batched_vjp) {
+  if (!x0.defined()) throw std::invalid_argument("x0 is an undefined tensor");
   const bool autograd_hessian = !analytic;
   if (sparsity.defined() && !analytic) {
     analytic = std::make_shared<AnalyticEnergy>(probed_energy(energy, params, x0.sizes(), options.batched, sparsity,

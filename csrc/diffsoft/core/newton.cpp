@@ -142,6 +142,7 @@ void check_options(const SolverOptions& o) {
   require(o.ls_c1 > 0 && o.ls_c1 < 0.5, "ls_c1 must be in (0, 0.5)");
   require(o.ls_shrink > 0 && o.ls_shrink < 1, "ls_shrink must be in (0, 1)");
   require(o.ls_max_iter >= 1, "ls_max_iter must be >= 1");
+  require(o.probe_batch >= 0, "probe_batch must be >= 0 (0: measured)");
 }
 
 torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, const std::vector<torch::Tensor>& params,
@@ -149,7 +150,10 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
                               LinearOperator* last_solve) {
   PhaseTimer timer(Phase::newton);
   check_options(opt);
-  if (!x0.is_floating_point()) throw std::invalid_argument("x0 must be a floating-point tensor");
+  if (!x0.defined()) throw std::invalid_argument("x0 is an undefined tensor");
+  if (x0.scalar_type() != torch::kFloat64 && x0.scalar_type() != torch::kFloat32)
+    throw std::invalid_argument("x0 must be a float32 or float64 tensor (the dtypes the solver runs in), got " +
+                                std::string(c10::toString(x0.scalar_type())));
   if (opt.batched && x0.dim() < 1) throw std::invalid_argument("batched=True needs x0 with a leading batch dimension");
   if (x0.numel() == 0) throw std::invalid_argument("x0 is empty");
   if (!torch::isfinite(x0).all().item<bool>()) throw std::invalid_argument("x0 has non-finite values");
@@ -328,20 +332,23 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     info.grad_norm = torch::where(torch::isnan(g_norm), torch::full_like(g_norm, inf), g_norm).max().item<double>();
     torch::Tensor active = (g_norm > threshold) & failed.logical_not();
     if (!active.any().item<bool>()) break;
-    if (it == opt.max_iter) {
-      torch::Tensor ratio = g_norm / threshold.clamp_min(std::numeric_limits<double>::min());
-      why << "max_iter = " << opt.max_iter << " Newton iterations reached with the gradient norm at "
-          << torch::where(active, ratio, torch::zeros_like(ratio)).max().item<double>()
-          << " x its tolerance (||g|| = " << info.grad_norm << ") for problem(s) " << indices(active);
-      // With atol 0 the tolerance is rtol times ||g0||: a start at or near the minimum (a solve warm-started from
-      // its own answer) puts it below the gradient's round-off, where no x reaches it. (Not where the gradient
-      // has grown since the start: a problem that is diverging.)
-      const torch::Tensor near = active & (g_norm <= g0_norm);
+    // With atol 0 the tolerance is rtol times ||g0||: a start at or near the minimum (a solve warm-started from
+    // its own answer) puts it below the gradient's round-off, where no x reaches it: said where a failure may be
+    // that (only where the gradient fell since the start: not for a problem diverging, or one that did not move).
+    auto atol_hint = [&](const torch::Tensor& rows) {
+      const torch::Tensor near = rows & (g_norm < g0_norm);
       if (opt.atol == 0 && near.any().item<bool>())
         why << " (atol is 0, so the tolerance is rtol x ||g0||, here down to "
             << torch::where(near, threshold, torch::full_like(threshold, inf)).min().item<double>()
             << ": where that is below the gradient's round-off, as from a start at or near the minimum, no x "
                "reaches it; set atol)";
+    };
+    if (it == opt.max_iter) {
+      torch::Tensor ratio = g_norm / threshold.clamp_min(std::numeric_limits<double>::min());
+      why << "max_iter = " << opt.max_iter << " Newton iterations reached with the gradient norm at "
+          << torch::where(active, ratio, torch::zeros_like(ratio)).max().item<double>()
+          << " x its tolerance (||g|| = " << info.grad_norm << ") for problem(s) " << indices(active);
+      atol_hint(active);
       why << "; ";
       break;
     }
@@ -463,8 +470,10 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       }
       ++info.line_search_steps;
       tried += searched.logical_not().to(torch::kLong);
+      // (a step so short that it leaves x where it was is no decrease: long searches underflow to it)
+      const torch::Tensor moves = (trial != x).any(1);
       torch::Tensor ok = torch::isfinite(e_trial) & (e_trial <= e + opt.ls_c1 * step * slope + e_noise * e_scale) &
-                         searched.logical_not();
+                         (per_problem ? moves : moves.any().reshape({1})) & searched.logical_not();
       x_next = torch::where((per_problem ? ok : ok.expand({batch})).unsqueeze(1), trial, x_next);
       accepted = accepted | ok;
       searched = searched | ok;
@@ -481,7 +490,9 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
           << " trials at Newton iteration "
           << it << " for problem(s) " << indices(stuck) << " (||g|| = "
           << torch::where(stuck, g_norm, torch::zeros_like(g_norm)).max().item<double>() << ", tolerance "
-          << torch::where(stuck, threshold, torch::zeros_like(threshold)).max().item<double>() << "); ";
+          << torch::where(stuck, threshold, torch::zeros_like(threshold)).max().item<double>() << ")";
+      atol_hint(stuck);
+      why << "; ";
       failed = failed | stuck;
     }
   }
