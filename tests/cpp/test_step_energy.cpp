@@ -272,6 +272,30 @@ TEST(StepEnergyKernelInput, RefusesBadShapesAndIndices) {
   EXPECT_THROW(diffsoft::step_energy_derivatives(q3.model, q3.state), std::invalid_argument);
 }
 
+// An unset (undefined) tensor of the model or the state is named, not read as another field's shape.
+TEST(StepEnergyKernelInput, NamesTheUnsetTensor) {
+  auto message = [](const Problem& p) {
+    try {
+      diffsoft::step_energy_value(p.model, p.state);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  Problem a = make(2, 0);
+  a.model.elements = torch::Tensor();  // was "StepModel.Dm_inv must be ..."
+  EXPECT_NE(message(a).find("elements, muscles and slot must be int64 CPU tensors"), std::string::npos) << message(a);
+  Problem b = make(2, 0);
+  b.model.slot = torch::Tensor();  // was "x0 must be (B, N, d)"
+  EXPECT_NE(message(b).find("elements, muscles and slot"), std::string::npos) << message(b);
+  Problem c = make(2, 0);
+  c.state.y = torch::Tensor();  // was c10's "undefined tensor"
+  EXPECT_NE(message(c).find("y must be (B, F, d)"), std::string::npos) << message(c);
+  Problem e = make(2, 0);
+  e.state.x0_free = torch::Tensor();
+  EXPECT_NE(message(e).find("StepState.x0_free is an undefined tensor"), std::string::npos) << message(e);
+}
+
 // The test problems exercise every collider kind: each one alone adds energy (contact or friction).
 TEST(StepEnergyKernel, EveryColliderKindActsOnTheTestProblems) {
   for (int d : {2, 3}) {

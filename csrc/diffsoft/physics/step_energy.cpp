@@ -179,9 +179,15 @@ std::invalid_argument bad_param(const std::string& name, const Shape& shape, int
 }
 
 void check(const StepModel& m, const StepState& s) {
+  if (!s.y.defined() || s.y.dim() != 3 || (s.y.size(2) != 2 && s.y.size(2) != 3))
+    throw std::invalid_argument("y must be (B, F, d) with d = 2 or 3");
   const int64_t d = s.y.size(-1);
   if (!s.y.device().is_cpu()) throw std::invalid_argument("the fused step kernels run on CPU tensors only");
-  if (s.y.dim() != 3 || (d != 2 && d != 3)) throw std::invalid_argument("y must be (B, F, d) with d = 2 or 3");
+  // The model's indices first: the shapes below are read from them.
+  check_model(m, s.y.size(1), d);
+  for (const auto& [name, t] : {std::pair<const char*, const torch::Tensor*>{"x0", &s.x0}, {"x0_free", &s.x0_free},
+                                {"x_hat", &s.x_hat}, {"activation", m.muscles.numel() ? &s.activation : nullptr}})
+    if (t && !t->defined()) throw std::invalid_argument(std::string("StepState.") + name + " is an undefined tensor");
   if (s.x0_free.sizes() != s.y.sizes() || s.x_hat.sizes() != s.y.sizes())
     throw std::invalid_argument("x0_free and x_hat must have the shape of y");
   if (s.x0.dim() != 3 || s.x0.size(0) != s.y.size(0) || s.x0.size(1) != m.slot.size(0) || s.x0.size(2) != d)
@@ -233,7 +239,6 @@ void check(const StepModel& m, const StepState& s) {
       }
     });
   }
-  check_model(m, f, d);
 }
 
 // Calls f(view, b, point) with problem b's view and pointers into the (checked) state, for every problem of
