@@ -555,6 +555,9 @@ class SoftBody:
             # 1 - 2 nu underflows near 0.5, or E is near the dtype's largest number.
             _require(torch.isfinite(lam_) & torch.isfinite(mu_), "youngs_modulus and poisson_ratio", "element",
                      f"give Lame parameters that are finite in {self._dtype}; lam is", lam_)
+            # E at the dtype's smallest normal number gives a subnormal mu, which the body refuses: said of E.
+            _require(mu_ >= self._tiny, "youngs_modulus", "element", f"must give mu = E / (2 (1 + nu)) of at least "
+                     f"{self._tiny:.3g} (the smallest normal number in {self._dtype}); mu is", mu_)
             _check_lam_for(self.material, nu, "poisson_ratio")
         else:
             mu_, lam_ = self._per("mu", mu, e, "element"), self._per("lam", lam, e, "element")

@@ -34,12 +34,20 @@ from ._checks import MIN_ACTIVATION, is_finite_real, is_integer
 from ._io import only_numbers, read_json
 
 POLICY_KEYS = ("fc1", "fc2", "min_a", "max_abs_da", "center_vertex_id", "forward_vertex_id")
+DIFFSOFT_POLICY_KEYS = ("space_dim", "steered", "mirror")
+"""The keys diffsoft's policy files add to algovivo's :data:`POLICY_KEYS` (:func:`save_algovivo_policy`)."""
+IGNORED_POLICY_KEYS = ("scale",)
+"""Keys some of algovivo's policy files carry that its policy does not need here, and the reader passes over
+(algovivo's quadruped's ``scale``: with it ignored, the policy walks as in algovivo's own engine,
+``tests/python/test_algovivo_reference.py``). Any other key is refused."""
 
 
 def heading_direction(heading, dim, dtype=None, device=None):
     """The unit vector of commanded headings in the ground plane: ``heading`` ``(B,)`` angles in radians (a
     tensor, or a number or sequence of them) -> ``(B, dim)``: ``(cos h, 0, sin h)`` in 3D; ``(cos h, 0)`` in 2D,
     where a heading must be 0 or pi (+x or -x: a ValueError otherwise)."""
+    if not (is_integer(dim) and dim in (2, 3)):
+        raise ValueError(f"dim must be 2 or 3 (the body's dimension), got {dim!r}")
     h = torch.as_tensor(heading, dtype=dtype or torch.get_default_dtype(), device=device)
     h = h.reshape(-1) if h.dim() == 0 else h
     if h.dim() != 1 or not bool(torch.isfinite(h).all()):
@@ -68,7 +76,11 @@ class Mirror:
     @classmethod
     def of(cls, sim, tolerance=1e-6):
         """The mirror symmetry of ``sim``'s body, found from its rest pose (each vertex's image within
-        ``tolerance`` of the body's size); a ValueError naming the vertex or muscle without an image."""
+        ``tolerance`` of the body's size, a finite number >= 0); a ValueError naming the vertex or muscle without
+        an image."""
+        if not (is_finite_real(tolerance) and tolerance >= 0):
+            raise ValueError(f"tolerance must be a finite number >= 0 (a fraction of the body's size), got "
+                             f"{tolerance!r}")
         b = sim.body
         x = b.rest_positions.detach().to(torch.float64).cpu()
         axis = cls.axis_of(b.dim)
@@ -204,7 +216,9 @@ def observe(x, v, center_vertex_id, forward_vertex_id, heading=None):
     """algovivo's policy input: ``(B, 2 N d)``, every vertex's position relative to the center vertex in the
     body frame (vertex-major, ``[p0x, p0y, p1x, ...]``), then every vertex's velocity in that frame; with
     ``heading`` ``(B,)`` (a steered policy's), then the heading's direction (:func:`heading_direction`) in
-    that frame: ``(B, 2 N d + d)``. x, v: ``(B, N, d)``."""
+    that frame: ``(B, 2 N d + d)``. x, v: ``(B, N, d)``; the frame's vertices as :class:`FramePolicy`'s
+    (:func:`check_frame`)."""
+    check_frame(x.shape[-2], center_vertex_id, forward_vertex_id)
     origin, R = body_frame(x, center_vertex_id, forward_vertex_id)
     p = (x - origin[:, None]) @ R.transpose(1, 2)
     u = v @ R.transpose(1, 2)
@@ -227,30 +241,48 @@ class FramePolicy(nn.Module):
             docstring); None (default): :func:`reads_heading` of ``dim``, so in 3D only.
         mirror: a :class:`Mirror` of the body: the policy is symmetric by construction (see the module
             docstring; it must be steered); None (default): it is not.
+
+    These fields may be set later; :meth:`check` checks them as ``__init__`` does wherever they are used.
     """
 
     def __init__(self, num_vertices, num_muscles, dim, center_vertex_id, forward_vertex_id, hidden=32,
                  min_a=0.25, max_abs_da=0.3, steered=None, mirror=None):
         super().__init__()
-        check_frame_and_limits(num_vertices, center_vertex_id, forward_vertex_id, min_a, max_abs_da)
         if not (is_integer(hidden) and hidden >= 1):
             raise ValueError(f"hidden must be a positive integer (the hidden layer's width), got {hidden!r}")
         self.num_vertices, self.num_muscles, self.dim = num_vertices, num_muscles, dim
+        self.center_vertex_id, self.forward_vertex_id = center_vertex_id, forward_vertex_id
+        self.min_a, self.max_abs_da = min_a, max_abs_da
+        self.steered = reads_heading(dim) if steered is None else bool(steered)
+        self.mirror = mirror
+        self.fc1 = nn.Linear(2 * dim * num_vertices + (dim if self.steered else 0), hidden)
+        self.fc2 = nn.Linear(hidden, num_muscles)
+        self.check()
         self.center_vertex_id, self.forward_vertex_id = int(center_vertex_id), int(forward_vertex_id)
         self.min_a, self.max_abs_da = float(min_a), float(max_abs_da)
-        self.steered = reads_heading(dim) if steered is None else bool(steered)
-        if mirror is not None:
-            if not isinstance(mirror, Mirror):
+
+    def check(self):
+        """A ValueError naming the first field at fault (a TypeError for a mirror that is not a :class:`Mirror`):
+        the frame and limits (:func:`check_frame_and_limits`), ``steered`` as ``fc1``'s inputs say, ``mirror`` one
+        of this body's sizes on a steered policy. ``__init__`` checks its arguments with it, and :meth:`forward`,
+        :meth:`update` and :func:`run_policy` (once a rollout) the fields as they are then, set after
+        construction too: plain Python on numbers, no tensor read."""
+        check_frame_and_limits(self.num_vertices, self.center_vertex_id, self.forward_vertex_id, self.min_a,
+                               self.max_abs_da)
+        inputs = 2 * self.dim * self.num_vertices + (self.dim if self.steered else 0)
+        if self.fc1.in_features != inputs:
+            raise ValueError(f"steered is {self.steered!r}, but fc1 takes {self.fc1.in_features} inputs, not 2 * "
+                             f"{self.dim} * {self.num_vertices}{f' + {self.dim}' if self.steered else ''} = {inputs}: "
+                             f"a policy reads a heading or not as it was made (FramePolicy(..., steered=...))")
+        if self.mirror is not None:
+            if not isinstance(self.mirror, Mirror):
                 raise TypeError(f"mirror must be a diffsoft.policy.Mirror (Mirror.of(sim)) or None, got "
-                                f"{type(mirror).__name__}")
-            mirror.check(num_vertices, num_muscles, dim)
+                                f"{type(self.mirror).__name__}")
+            self.mirror.check(self.num_vertices, self.num_muscles, self.dim)
             if not self.steered:
                 raise ValueError("a mirrored policy must be steered (steered=True; in training TrainConfig.steer, "
                                  "--steer true): the mirror turns its heading (in 2D forward into backward), "
                                  "which it must read")
-        self.mirror = mirror
-        self.fc1 = nn.Linear(2 * dim * num_vertices + (dim if self.steered else 0), hidden)
-        self.fc2 = nn.Linear(hidden, num_muscles)
 
     @classmethod
     def for_simulator(cls, sim, **kw):
@@ -271,6 +303,13 @@ class FramePolicy(nn.Module):
     def forward(self, x, v, heading=None):
         """The raw activation change ``tanh(...)``: ``(B, M)`` from x, v ``(B, N, d)``; ``heading`` (a steered
         policy's command, ``(B,)`` radians or one number for all; default 0, along +x)."""
+        self.check_state(x, v)
+        return self.changes(x, v, self.command(heading, x))
+
+    def check_state(self, x, v):
+        """:meth:`forward`'s checks: the policy's fields (:meth:`check`), and positions and velocities x, v
+        ``(B, N, d)`` of its creature, in its dtype and on its device (a ValueError or TypeError naming them)."""
+        self.check()
         heading_inputs = f" + {self.dim}" if self.steered else ""
         for name, t in (("x", x), ("v", v)):
             if t.dim() != 3 or t.shape[1:] != (self.num_vertices, self.dim):
@@ -283,7 +322,11 @@ class FramePolicy(nn.Module):
             if t.dtype != self.fc1.weight.dtype:
                 raise TypeError(f"{name} is {t.dtype} but this policy's weights are {self.fc1.weight.dtype}: "
                                 f"policy.to({t.dtype}), or load_algovivo_policy(path, dtype={t.dtype})")
-        return self.changes(x, v, self.command(heading, x))
+            if t.device != self.fc1.weight.device:
+                raise ValueError(f"{name} is on {t.device} but this policy's weights are on "
+                                 f"{self.fc1.weight.device}: policy.to('{t.device}')")
+        if v.shape[0] != x.shape[0]:
+            raise ValueError(f"x and v must hold the same creatures, got shapes {tuple(x.shape)} and {tuple(v.shape)}")
 
     def changes(self, x, v, heading, obs=None):
         """:meth:`forward` without its checks, for a caller that has checked its input and may have the
@@ -330,6 +373,7 @@ class FramePolicy(nn.Module):
 
         ``straight_through``: the same values, but the clamps pass gradients as if they were not there (see
         :class:`TrainConfig`)."""
+        self.check()
         if a.shape[-1:] != (self.num_muscles,):
             raise ValueError(f"a has shape {tuple(a.shape)}, but this policy drives {self.num_muscles} muscles: give "
                              f"(B, {self.num_muscles}) activations of the creature it was made for")
@@ -339,13 +383,19 @@ class FramePolicy(nn.Module):
 
 
 def check_frame_and_limits(num_vertices, center_vertex_id, forward_vertex_id, min_a, max_abs_da):
-    """ValueError naming the first argument at fault: the frame's vertices must be distinct indices in
-    ``[0, num_vertices)``, ``min_a`` in ``[MIN_ACTIVATION, 1)``, ``max_abs_da`` positive (shared by :class:`FramePolicy` and
+    """ValueError naming the first argument at fault: ``min_a`` in ``[MIN_ACTIVATION, 1)``, ``max_abs_da``
+    positive, the frame as :func:`check_frame` (shared by :class:`FramePolicy` and
     :class:`~diffsoft.task.LocomotionTask`)."""
     if not (is_finite_real(min_a) and MIN_ACTIVATION <= min_a < 1):
         raise ValueError(f"min_a must be a number in [{MIN_ACTIVATION:g}, 1), got {min_a!r}")
     if not (is_finite_real(max_abs_da) and max_abs_da > 0):
         raise ValueError(f"max_abs_da must be a positive finite number, got {max_abs_da!r}")
+    check_frame(num_vertices, center_vertex_id, forward_vertex_id)
+
+
+def check_frame(num_vertices, center_vertex_id, forward_vertex_id):
+    """ValueError naming the first argument at fault: the frame's vertices must be distinct indices in
+    ``[0, num_vertices)`` (the same vertex twice gives no direction: :func:`observe` would return zeros)."""
     for name, i in (("center_vertex_id", center_vertex_id), ("forward_vertex_id", forward_vertex_id)):
         if not (is_integer(i) and 0 <= i < num_vertices):
             raise ValueError(f"{name} must be a vertex index in [0, {num_vertices}), got {i!r}")
@@ -411,6 +461,10 @@ def _policy_from(data, path, dtype):
     missing = [k for k in POLICY_KEYS if not isinstance(data, dict) or k not in data]
     if missing:
         raise ValueError(f"{path}: missing key '{missing[0]}' (an algovivo policy has {', '.join(POLICY_KEYS)})")
+    unknown = [k for k in data if k not in POLICY_KEYS + DIFFSOFT_POLICY_KEYS + IGNORED_POLICY_KEYS]
+    if unknown:  # (a misspelt optional key would read as absent: "mirrror", a policy without its mirror)
+        raise ValueError(f"{path}: unknown key(s) {', '.join(map(repr, unknown))} (a policy file holds "
+                         f"{', '.join(POLICY_KEYS + DIFFSOFT_POLICY_KEYS)})")
     layers = {}
     for name in ("fc1", "fc2"):
         try:
@@ -485,34 +539,79 @@ def run_policy(sim, policy, steps, batch=None, a0=None, noise=None, heading=None
     """A rollout of ``policy`` from the rest pose, without gradients.
 
     Args:
-        batch: number of creatures (default 1); a0: ``(B, M)`` initial activations (default relaxed, 1);
-        noise: ``(T, B, M)`` added to the activation changes, or None; heading: a steered policy's command
-        (``(B,)`` radians, or one for all; default 0).
+        steps: the number of steps T; batch: number of creatures B (default 1); a0: ``(M,)`` (for all) or
+        ``(B, M)`` initial activations (default relaxed, 1); noise: ``(T, B, M)`` added to the activation changes
+        (not broadcast), or None; heading: a steered policy's command (``(B,)`` radians, or one for all; default 0).
 
     Returns:
         ``xs (T + 1, B, N, d)``, ``activations (T, B, M)``.
+
+    The policy's fields (:meth:`FramePolicy.check`) and a mirrored policy's mirror against the body's (its rest
+    pose's, :meth:`Mirror.of`: 0.08 ms on the tetrapod, a thousandth of 100 steps) are checked once, before the
+    first step.
     """
     body = sim.body
+    m = body.num_muscles
     if not (is_integer(steps) and steps >= 1):
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
-    if noise is not None and len(noise) < steps:
-        raise ValueError(f"noise must hold one (B, M) change per step, {steps}, got {len(noise)}")
-    if (policy.num_vertices, policy.num_muscles, policy.dim) != (body.num_vertices, body.num_muscles, body.dim):
+    b = 1 if batch is None else batch
+    if not (is_integer(b) and b >= 1):
+        raise ValueError(f"batch must be a positive integer (the number of creatures), got {batch!r}")
+    if noise is not None:
+        if not isinstance(noise, torch.Tensor):
+            raise TypeError(f"noise must be a tensor of shape (T, B, M) = ({steps}, {b}, {m}), got "
+                            f"{type(noise).__name__}")
+        if noise.dim() != 3 or noise.shape[1:] != (b, m):  # (broadcast, (T, B, 1) gave every muscle one)
+            raise ValueError(f"noise must have shape (T, B, M) = ({steps}, {b}, {m}), one change per step, creature "
+                             f"and muscle (it is not broadcast), got {tuple(noise.shape)}")
+        if len(noise) != steps:
+            raise ValueError(f"noise must hold one (B, M) change per step, {steps}, got {len(noise)}")
+    if a0 is not None:
+        if not isinstance(a0, torch.Tensor):
+            raise TypeError(f"a0 must be a tensor of shape ({m},) or ({b}, {m}) (the initial activations), got "
+                            f"{type(a0).__name__}")
+        if a0.shape not in ((m,), (b, m)):
+            raise ValueError(f"a0 must have shape ({m},) or ({b}, {m}) (the initial activations of {m} muscles, for "
+                             f"all creatures or each), got {tuple(a0.shape)}")
+    if (policy.num_vertices, policy.num_muscles, policy.dim) != (body.num_vertices, m, body.dim):
         raise ValueError(f"the policy was made for a creature of {policy.num_vertices} vertices and "
                          f"{policy.num_muscles} muscles in {policy.dim}D, but this one has {body.num_vertices} "
-                         f"vertices and {body.num_muscles} muscles in {body.dim}D: load or train a policy for it")
-    b = 1 if batch is None else batch
+                         f"vertices and {m} muscles in {body.dim}D: load or train a policy for it")
     x, v = sim.rest_state
     x, v = x.expand(b, -1, -1).clone(), v.expand(b, -1, -1).clone()
-    a = torch.ones(b, sim.body.num_muscles, dtype=x.dtype, device=x.device) if a0 is None else a0
+    policy.check_state(x, v)
+    _check_mirror_fits(sim, policy)
+    heading = policy.command(heading, x)
+    a = torch.ones(b, m, dtype=x.dtype, device=x.device) if a0 is None else a0
     xs, acts = [x], []
     with torch.no_grad():
-        for t in range(steps):
-            a = policy.act(x, v, a, None if noise is None else noise[t], heading)
+        for t in range(steps):  # policy.act, its checks made above
+            da = policy.changes(x, v, heading)
+            a = next_activation(a, da if noise is None else da + noise[t], policy.min_a, policy.max_abs_da)
             x, v = sim.step(x, v, a)
             xs.append(x)
             acts.append(a)
     return torch.stack(xs), torch.stack(acts)
+
+
+def _check_mirror_fits(sim, policy):
+    """A ValueError unless a mirrored ``policy``'s mirror is ``sim``'s body's (:meth:`Mirror.of`): a policy file
+    records the body's sizes only, and its mirror, a permutation that is its own inverse, need not be this
+    body's (another creature of the same sizes, a body no longer symmetric, a hand-edited file)."""
+    if policy.mirror is None:
+        return
+    fix = ("A mirrored policy belongs to the body it was made for (FramePolicy.for_simulator(sim, mirror=True)): "
+           "load or train one for this creature")
+    try:
+        body = Mirror.of(sim)
+    except ValueError as e:
+        raise ValueError(f"the policy's mirror does not fit this body: {e}. {fix}") from None
+    for what, ours, theirs in (("vertex", policy.mirror.vertices, body.vertices),
+                               ("muscle", policy.mirror.muscles, body.muscles)):
+        i = next((i for i, (p, q) in enumerate(zip(ours, theirs)) if p != q), None)
+        if i is not None:
+            raise ValueError(f"the policy's mirror does not fit this body: it maps {what} {i} to {ours[i]}, the "
+                             f"body's mirror (Mirror.of(sim)) to {theirs[i]}. {fix}")
 
 
 def distance_walked(sim, policy, steps):
@@ -528,6 +627,8 @@ def moves_along(sim, policy, steps, headings):
     of the rest of it (across the heading), one batched rollout of K creatures, one per heading of ``headings``
     ``(K,)`` (radians)."""
     headings = torch.as_tensor(headings, dtype=sim.body.dtype, device=sim.body.device).reshape(-1)
+    if len(headings) == 0:
+        raise ValueError("headings must hold at least one heading (radians), got none")
     xs, _ = run_policy(sim, policy, steps, batch=len(headings), heading=headings)
     moved = center_of_mass(sim, xs[-1]) - center_of_mass(sim, xs[0])  # (K, d)
     moved[:, 1] = 0
@@ -641,17 +742,21 @@ class Gait:
         (a policy's: :func:`gait`; any trainer's deterministic rollout:
         :meth:`~diffsoft.task.LocomotionTask.rollout`); its distances along +x, or along ``heading`` (radians,
         :func:`heading_direction`: a steered policy's command)."""
-        if xs.dim() != 3 or xs.shape[1:] != (sim.body.num_vertices, sim.body.dim):
-            raise ValueError(f"xs must be one creature's positions (steps + 1, {sim.body.num_vertices}, "
-                             f"{sim.body.dim}), got shape {tuple(xs.shape)}")
+        n = sim.body.num_vertices
+        if xs.dim() != 3 or xs.shape[1:] != (n, sim.body.dim):
+            raise ValueError(f"xs must be one creature's positions (steps + 1, {n}, {sim.body.dim}), got shape "
+                             f"{tuple(xs.shape)}")
+        if sim.body.mass.shape not in ((n,), (1, n)):  # (a (B, N) weighed step t by creature t's masses)
+            raise ValueError(f"body.mass has shape {tuple(sim.body.mass.shape)}, but it must be ({n},) (shared by the "
+                             f"batch) or (1, {n}): xs are one creature's positions, and a gait weighs them by its "
+                             f"own masses (run it on a simulator of that creature's)")
         steps = xs.shape[0] - 1
-        if not 0 < window <= steps:
-            raise ValueError(f"a gait needs 0 < window <= steps, got window={window!r}, steps={steps!r}")
+        _check_window(window, steps)
         if heading is None:
             com = center_of_mass_x(sim, xs)
         else:
             com = center_of_mass(sim, xs) @ heading_direction([heading], sim.body.dim, xs.dtype, xs.device)[0]
-        return cls(distance=(com - com[0]).tolist(), height=Posture(sim).height(xs).tolist(), window=window)
+        return cls(distance=(com - com[0]).tolist(), height=Posture(sim).height(xs).tolist(), window=int(window))
 
     def summary(self):
         """The record a benchmark keeps: steps, first, last, least height and the verdicts."""
@@ -664,7 +769,14 @@ def gait(sim, policy, steps=1000, window=100, heading=None):
     """How a policy's gait lasts: one creature running the deterministic ``policy`` from rest for ``steps``
     steps (:class:`Gait`: its distances and heights; ``lasts`` when it keeps walking and never falls); a
     steered policy toward ``heading`` (radians; default 0, +x), its distances along it."""
-    if not 0 < window <= steps:
-        raise ValueError(f"a gait needs 0 < window <= steps, got window={window!r}, steps={steps!r}")
+    _check_window(window, steps)
     xs, _ = run_policy(sim, policy, steps, heading=heading)
     return Gait.of(sim, xs[:, 0], window, heading)
+
+
+def _check_window(window, steps):
+    """A ValueError unless ``window`` is a positive integer of at most ``steps``."""
+    if not (is_integer(window) and window >= 1):
+        raise ValueError(f"window must be a positive integer (a number of steps), got {window!r}")
+    if not 0 < window <= steps:
+        raise ValueError(f"a gait needs 0 < window <= steps, got window={window!r}, steps={steps!r}")

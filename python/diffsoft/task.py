@@ -77,6 +77,8 @@ class LocomotionTask:
 
     def reset(self, batch):
         """``batch`` creatures at rest with relaxed muscles."""
+        if not (is_integer(batch) and batch >= 1):
+            raise ValueError(f"batch must be a positive integer (the number of creatures), got {batch!r}")
         x, v = self.sim.rest_state
         x, v = x.expand(batch, -1, -1).clone(), v.expand(batch, -1, -1).clone()
         a = torch.ones(batch, self.num_actions, dtype=x.dtype, device=x.device)
@@ -85,7 +87,15 @@ class LocomotionTask:
 
     def reset_where(self, state, mask):
         """``state`` with the creatures where ``mask (B,)`` (bool) is True reset (the others unchanged)."""
-        fresh = self.reset(len(mask))
+        self._check(state)
+        b = state.x.shape[0]
+        if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool):
+            raise TypeError(f"mask must be a bool tensor of shape ({b},) (one flag per creature of the state), got "
+                            f"{mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__}")
+        if mask.shape != (b,):  # (broadcast, a (1,) mask reset every creature or none)
+            raise ValueError(f"mask must have shape ({b},) (one flag per creature of the state), got "
+                             f"{tuple(mask.shape)}")
+        fresh = self.reset(b)
         mask = mask.to(state.x.device)
 
         def pick(new, old):
@@ -95,6 +105,7 @@ class LocomotionTask:
 
     def observe(self, state):
         """The frame policy's input, ``(B, num_observations)``: with the heading +x (0) where it reads one."""
+        self._check(state)
         x = state.x
         heading = x.new_zeros(x.shape[0]) if self.steered else None
         return observe(x, state.v, self.center_vertex_id, self.forward_vertex_id, heading)
@@ -104,6 +115,7 @@ class LocomotionTask:
         once, without gradients. Returns the next state and the reward ``(B,)``: each centre of mass's
         progress along +x; with ``return_info`` also the step's :class:`~diffsoft.SolveInfo` (its
         ``problem_converged``: whether each creature's step reached Newton's tolerance)."""
+        self._check(state)
         want = (state.x.shape[0], self.num_actions)
         if not isinstance(da, torch.Tensor) or tuple(da.shape) != want:  # (broadcast, (B, 1) gave every muscle one)
             raise ValueError(f"da must be a tensor of shape {want} (each creature's activation changes), got "
@@ -138,4 +150,15 @@ class LocomotionTask:
 
     def distance(self, state):
         """How far each centre of mass has moved along +x since the reset, ``(B,)``."""
+        self._check(state)
         return center_of_mass_x(self.sim, state.x) - state.start
+
+    def _check(self, state):
+        """A ValueError unless ``state`` holds creatures of this task's: x and v ``(B, N, d)``, a ``(B, M)``
+        (shapes only: no tensor read)."""
+        n, d, m = self.sim.body.num_vertices, self.sim.body.dim, self.num_actions
+        x, v, a = state.x, state.v, state.a
+        if x.dim() != 3 or x.shape[1:] != (n, d) or v.shape != x.shape or a.shape != (x.shape[0], m):
+            raise ValueError(f"state holds x {tuple(x.shape)}, v {tuple(v.shape)} and a {tuple(a.shape)}, but this "
+                             f"task's creature takes x and v (B, {n}, {d}) ({n} vertices in {d}D) and a (B, {m}): a "
+                             f"state of another creature (a task steps the states its reset makes)")

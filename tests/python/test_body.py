@@ -78,6 +78,9 @@ def test_to_casts_floating_fields():
     (dict(mu=None, lam=None, youngs_modulus=1e5, poisson_ratio=0.5), ValueError, r"poisson_ratio must be in \(-1, 0.5\)"),
     (dict(mu=None, lam=None, youngs_modulus=1e5, poisson_ratio=-1.0), ValueError, "poisson_ratio"),
     (dict(mu=None, lam=None, youngs_modulus=-1.0, poisson_ratio=0.3), ValueError, "youngs_modulus must be positive"),
+    # E at float64's smallest normal number gives a subnormal mu: named as E's, which the caller gave (was "mu").
+    (dict(mu=None, lam=None, youngs_modulus=2.2250738585072014e-308, poisson_ratio=0.3), ValueError,
+     r"youngs_modulus must give mu = E / \(2 \(1 \+ nu\)\) of at least 2.23e-308"),
     (dict(youngs_modulus=1.0, poisson_ratio=0.3), ValueError, "either as youngs_modulus"),
     (dict(muscles=[[0, 99]]), ValueError, r"muscles\[0\] = \[0, 99\] has vertex 99"),
     (dict(muscles=[[3, 3]]), ValueError, "muscle 0 joins vertex 3 to itself"),

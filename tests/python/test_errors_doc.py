@@ -438,6 +438,22 @@ def _ragged_action():
     env.step([[0.0] * 16, [0.0] * 17])
 
 
+def _worm_policy(**kw):
+    return policy.FramePolicy.for_simulator(creatures.worm(), **kw)
+
+
+def _edited_policy(**fields):
+    p = _worm_policy()
+    for name, value in fields.items():
+        setattr(p, name, value)
+    return p
+
+
+def _task_of(name):
+    from diffsoft.task import LocomotionTask
+    return LocomotionTask(creatures.make_creature(name))
+
+
 TRIGGERS = [
     ("RuntimeWarning: diffsoft.minimize did not converge: max_iter = N Newton iterations reached with the gradient "
      "norm at R x its tolerance ...", lambda tmp: _not_converging()),
@@ -479,6 +495,26 @@ TRIGGERS = [
      "got ...", lambda tmp: render.render_frame(_sim(), _sim().rest_state[0], bounds=(0.3, 0.3 + 1e-9, 0.0, 1.0))),
     ("ValueError: steps must be an integer >= 1, got ...",
      lambda tmp: policy.run_policy(_sim(), policy.FramePolicy.for_simulator(_sim()), 0)),
+    ("ValueError: noise must have shape (T, B, M) = (...), one change per step, creature and muscle (it is not "
+     "broadcast), got S", lambda tmp: policy.run_policy(creatures.worm(), _worm_policy(), 2, noise=torch.zeros(2, 1, 1))),
+    ("ValueError: min_a must be a number in [1e-06, 1), got v",
+     lambda tmp: policy.run_policy(creatures.worm(), _edited_policy(min_a=2.0), 1)),
+    ("ValueError: the policy's mirror does not fit this body: ... A mirrored policy belongs to the body it was made "
+     "for (FramePolicy.for_simulator(sim, mirror=True)): load or train one for this creature",
+     lambda tmp: policy.run_policy(creatures.worm(), _worm_policy(steered=True, mirror=policy.Mirror(
+         0, tuple(range(18)), tuple(range(16)))), 1)),
+    ("ValueError: tolerance must be a finite number >= 0 (a fraction of the body's size), got v",
+     lambda tmp: policy.Mirror.of(creatures.worm(), tolerance=float("nan"))),
+    ("ValueError: PATH: unknown key(s) 'K' (a policy file holds fc1, fc2, min_a, max_abs_da, center_vertex_id, "
+     "forward_vertex_id, space_dim, steered, mirror)",
+     lambda tmp: policy.load_algovivo_policy(_edited(tmp, "policy.json", lambda path: policy.save_algovivo_policy(
+         policy.FramePolicy(4, 2, 2, 0, 1), path), lambda data: data.update(mirrror=None)))),
+    ("ValueError: window must be a positive integer (a number of steps), got v",
+     lambda tmp: policy.gait(creatures.worm(), _worm_policy(), 4, 2.5)),
+    ("ValueError: dim must be 2 or 3 (the body's dimension), got v", lambda tmp: policy.heading_direction(0.0, 4)),
+    ("ValueError: state holds x S, v S and a S, but this task's creature takes x and v (B, N, d) (...) and a (B, M): "
+     "a state of another creature (a task steps the states its reset makes)",
+     lambda tmp: _task_of("worm").observe(_task_of("biped").reset(1))),
     ("ValueError: horizon must be a positive integer below 2**63 (the episode length in steps), got v",
      lambda tmp: _envs().LocomotionEnv("worm", horizon=2 ** 63)),
     ("ValueError: dtype must be torch.float32 or torch.float64 (or 'float32', 'float64'), got v",

@@ -332,6 +332,142 @@ def test_rollout_steps_and_noise_are_checked_by_name():
         run_policy(sim, policy, 3, noise=torch.zeros(2, 1, sim.body.num_muscles, dtype=torch.float64))
 
 
+def test_rollout_noise_batch_and_a0_are_checked_by_name():
+    # noise (T, B, 1) added one value to all of a creature's muscles, (T, M) one row to every creature; a0 and
+    # batch failed in torch; an empty headings failed in the simulator
+    from diffsoft.policy import moves_along
+    sim = creatures.biped(dtype=F64)
+    policy, m = FramePolicy.for_simulator(sim), sim.body.num_muscles
+    for shape in ((3, 2, 1), (3, m), (3, 2, m + 1), (3, 1, m)):
+        with pytest.raises(ValueError, match=rf"noise must have shape \(T, B, M\) = \(3, 2, {m}\), .* not broadcast"):
+            run_policy(sim, policy, 3, batch=2, noise=torch.zeros(shape, dtype=F64))
+    with pytest.raises(ValueError, match="noise must hold one .* per step, 3, got 4"):
+        run_policy(sim, policy, 3, noise=torch.zeros(4, 1, m, dtype=F64))
+    with pytest.raises(TypeError, match=r"noise must be a tensor of shape \(T, B, M\).*got list"):
+        run_policy(sim, policy, 3, noise=[[[0.0] * m]] * 3)
+    for batch in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="batch must be a positive integer"):
+            run_policy(sim, policy, 2, batch=batch)
+    with pytest.raises(TypeError, match="a0 must be a tensor of shape"):
+        run_policy(sim, policy, 2, a0=[[1.0] * m])
+    with pytest.raises(ValueError, match=rf"a0 must have shape \({m},\) or \(2, {m}\).*got \(3, {m}\)"):
+        run_policy(sim, policy, 2, batch=2, a0=torch.ones(3, m, dtype=F64))
+    one = torch.full((m,), 0.8, dtype=F64)  # one row for all creatures, or one per creature: the same run
+    assert torch.equal(run_policy(sim, policy, 2, batch=2, a0=one)[1], run_policy(sim, policy, 2, batch=2,
+                                                                                  a0=one.expand(2, m))[1])
+    steered = FramePolicy.for_simulator(sim, steered=True)
+    with pytest.raises(ValueError, match="headings must hold at least one heading"):
+        moves_along(sim, steered, 2, [])
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("min_a", 2.0, r"min_a must be a number in \[1e-06, 1\), got 2.0"),
+    ("max_abs_da", -0.3, "max_abs_da must be a positive finite number, got -0.3"),
+    ("center_vertex_id", 100, r"center_vertex_id must be a vertex index in \[0, 26\), got 100"),
+    ("forward_vertex_id", "center", "center_vertex_id and forward_vertex_id must differ"),
+    ("steered", True, r"steered is True, but fc1 takes 104 inputs, not 2 \* 2 \* 26 \+ 2 = 106"),
+    ("mirror", "x", "mirror must be a diffsoft.policy.Mirror")])
+def test_fields_set_after_construction_are_checked_where_they_are_used(field, value, message):
+    # min_a 2 held every activation at 1 and a distance came back; steered and the frame failed inside torch
+    from diffsoft.policy import distance_walked, gait
+    sim = creatures.biped(dtype=F64)
+    policy = FramePolicy.for_simulator(sim)
+    setattr(policy, field, policy.center_vertex_id if value == "center" else value)
+    x, v = sim.rest_state
+    a = torch.ones(1, sim.body.num_muscles, dtype=F64)
+    error = TypeError if field == "mirror" else ValueError
+    for use in (lambda: run_policy(sim, policy, 2), lambda: distance_walked(sim, policy, 2),
+                lambda: gait(sim, policy, 2, 1), lambda: policy(x[None], v[None]),
+                lambda: policy.update(a, torch.zeros_like(a)), lambda: policy.check()):
+        with pytest.raises(error, match=message):
+            use()
+
+
+def test_a_mirrored_policy_runs_on_the_body_of_its_mirror_only(tmp_path):
+    # a tetrapod's mirrored policy ran on a tetrapod whose +z side is 15% taller, and a file's identity mirror
+    # (its own inverse, so Mirror.check passed) ran on the tetrapod, whose mirror maps vertex 0 to another
+    from diffsoft.policy import distance_walked
+    tetrapod = creatures.tetrapod(dtype=F64)
+    creatures.save(tetrapod, str(tmp_path / "tetrapod.json"))
+    data = json.loads((tmp_path / "tetrapod.json").read_text())
+    top = max(p[2] for p in data["vertices"])
+    for p in data["vertices"]:
+        if p[2] == top:
+            p[1] *= 1.15
+    (tmp_path / "taller.json").write_text(json.dumps(data))
+    taller = creatures.make_creature(str(tmp_path / "taller.json"), F64)
+    policy = FramePolicy.for_simulator(tetrapod, mirror=True)
+    distance_walked(tetrapod, policy, 1)
+    with pytest.raises(ValueError, match="the policy's mirror does not fit this body: the body is not its own mirror "
+                                         "image .* belongs to the body it was made for"):
+        distance_walked(taller, policy, 1)
+    save_algovivo_policy(policy, str(tmp_path / "policy.json"))
+    data = json.loads((tmp_path / "policy.json").read_text())
+    data["mirror"]["vertices"] = list(range(tetrapod.body.num_vertices))
+    data["mirror"]["muscles"] = list(range(tetrapod.body.num_muscles))
+    (tmp_path / "identity.json").write_text(json.dumps(data))
+    identity = load_algovivo_policy(str(tmp_path / "identity.json"), F64)
+    with pytest.raises(ValueError, match=rf"the policy's mirror does not fit this body: it maps vertex 0 to 0, the "
+                                         rf"body's mirror \(Mirror.of\(sim\)\) to {Mirror.of(tetrapod).vertices[0]}"):
+        run_policy(tetrapod, identity, 1)
+    for tolerance in (float("nan"), float("inf"), -1e-6, "1e-6", True):
+        with pytest.raises(ValueError, match="tolerance must be a finite number >= 0"):
+            Mirror.of(taller, tolerance=tolerance)
+
+
+def test_a_policy_file_with_a_key_the_reader_does_not_know_is_refused(tmp_path):
+    # a misspelt "mirror" read back as a policy without its mirror: another controller
+    sim = creatures.tetrapod(dtype=F64)
+    save_algovivo_policy(FramePolicy.for_simulator(sim, mirror=True), str(tmp_path / "policy.json"))
+    data = json.loads((tmp_path / "policy.json").read_text())
+    assert set(data) == {*POLICY_KEYS, "space_dim", "steered", "mirror"}  # what diffsoft writes reads back
+    data["mirrror"] = data.pop("mirror")
+    data["hiden"] = 64
+    (tmp_path / "typo.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"typo.json: unknown key\(s\) 'mirrror', 'hiden' \(a policy file holds fc1, "
+                                         r"fc2, .* space_dim, steered, mirror\)"):
+        load_algovivo_policy(str(tmp_path / "typo.json"))
+
+
+def test_a_gaits_window_is_a_positive_integer_and_its_masses_one_creatures():
+    # window 2.5 returned a Gait whose .lasts failed on a list index; (B, N) masses failed in torch or, where
+    # steps + 1 == B, weighed step t by creature t's masses
+    from diffsoft.policy import Gait, gait
+    sim = creatures.biped(dtype=F64)
+    policy = FramePolicy.for_simulator(sim)
+    for window in (2.5, True, 0, "1"):
+        with pytest.raises(ValueError, match="window must be a positive integer"):
+            gait(sim, policy, 4, window)
+    xs, _ = run_policy(sim, policy, 1, batch=2)
+    with pytest.raises(ValueError, match="window must be a positive integer"):
+        Gait.of(sim, xs[:, 0], 1.0)
+    m = sim.body.mass
+    sim.body.mass = torch.stack([m, 2 * m])
+    with pytest.raises(ValueError, match=r"body.mass has shape \(2, 26\), but it must be \(26,\) .* or \(1, 26\)"):
+        Gait.of(sim, xs[:, 1], 1)
+    sim.body.mass = m[None]
+    assert Gait.of(sim, xs[:, 0], 1).summary()["window"] == 1
+
+
+def test_misuses_of_headings_frames_and_devices_name_themselves():
+    from diffsoft.policy import heading_direction
+    for dim in (1, 4, 3.0):
+        with pytest.raises(ValueError, match="dim must be 2 or 3"):
+            heading_direction(0.0, dim)
+    sim = creatures.biped(dtype=F64)
+    x, v = sim.rest_state
+    with pytest.raises(ValueError, match="center_vertex_id and forward_vertex_id must differ"):
+        observe(x[None], v[None], 11, 11)  # all zeros, before
+    with pytest.raises(ValueError, match=r"forward_vertex_id must be a vertex index in \[0, 26\)"):
+        observe(x[None], v[None], 11, 26)
+    policy = FramePolicy.for_simulator(sim)
+    with pytest.raises(ValueError, match="x is on cpu but this policy's weights are on meta"):
+        run_policy(sim, policy.to("meta"), 2)
+    with pytest.raises(ValueError, match=r"x and v must hold the same creatures, got shapes \(2, 26, 2\) and "
+                                         r"\(3, 26, 2\)"):
+        FramePolicy.for_simulator(sim)(x.expand(2, -1, -1), v.expand(3, -1, -1))
+
+
 def test_files_for_algovivo_say_what_algovivo_will_not_run_as_diffsoft_does(tmp_path):
     sim = creatures.biped(dtype=torch.float64)
     with pytest.warns(UserWarning, match="holds 16 hidden units, and algovivo's engine runs 32 only"):

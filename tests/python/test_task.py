@@ -81,6 +81,30 @@ def test_reset_where_resets_only_the_masked_creatures(task):
     assert not torch.equal(state.x[1], fresh.x[1])  # the kept creature had moved
 
 
+def test_reset_where_takes_one_flag_per_creature(task):
+    # a (1,) mask reset every creature (or none); int, list and 0-dim masks failed in torch or Python
+    state = task.reset(4)
+    for mask in (torch.tensor([True]), torch.tensor(True), torch.ones(4, 1, dtype=torch.bool)):
+        with pytest.raises(ValueError, match=r"mask must have shape \(4,\) \(one flag per creature"):
+            task.reset_where(state, mask)
+    for mask, got in ((torch.tensor([1, 0, 1, 0]), "torch.int64"), ([True, False, True, False], "list")):
+        with pytest.raises(TypeError, match=rf"mask must be a bool tensor of shape \(4,\) .* got {got}"):
+            task.reset_where(state, mask)
+
+
+def test_a_state_of_another_creature_is_refused_by_shape(task):
+    # a worm's task observed a biped's state as a (2, 104) observation of its own 72 inputs; step and distance
+    # failed in torch
+    worm = LocomotionTask(creatures.worm(dtype=F64))
+    state = task.reset(2)
+    message = (r"state holds x \(2, 26, 2\), v \(2, 26, 2\) and a \(2, 16\), but this task's creature takes x and "
+               r"v \(B, 18, 2\) \(18 vertices in 2D\) and a \(B, 16\)")
+    for use in (lambda: worm.observe(state), lambda: worm.step(state, torch.zeros(2, worm.num_actions, dtype=F64)),
+                lambda: worm.distance(state), lambda: worm.reset_where(state, torch.ones(2, dtype=torch.bool))):
+        with pytest.raises(ValueError, match=message):
+            use()
+
+
 def test_observation_and_action_sizes(task):
     body = task.sim.body
     assert task.observe(task.reset(2)).shape == (2, task.num_observations) == (2, 2 * body.dim * body.num_vertices)
@@ -95,3 +119,6 @@ def test_bad_arguments_name_themselves():
         LocomotionTask(sim, min_a=1.0)
     with pytest.raises(ValueError, match="center_vertex_id and forward_vertex_id must differ"):
         LocomotionTask(sim, center_vertex_id=1, forward_vertex_id=1)
+    for batch in (0, -1, 2.0, True):  # failed in torch (0 at the first step)
+        with pytest.raises(ValueError, match="batch must be a positive integer"):
+            LocomotionTask(sim).reset(batch)
