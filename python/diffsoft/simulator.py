@@ -12,6 +12,7 @@ solver's tolerances are force tolerances (see :class:`Simulator`). Scaling chang
 nor Newton's steps, nor the implicit gradients.
 """
 import functools
+import inspect
 import math
 import numbers
 import sys
@@ -76,6 +77,15 @@ def _user_stacklevel():
 def _unit_y(dim, dtype, device):
     """+y in ``dim`` dimensions, made once: the ground's normal."""
     return torch.eye(dim, dtype=dtype, device=device)[1]
+
+
+_TORCH_OPTIONS = frozenset(inspect.signature(torch_backend.solve_step).parameters) - {"params", "top",
+                                                                                        "linear_solver"}
+"""The ``solver_options`` the torch backend takes (:func:`diffsoft.torch_backend.solve_step`'s)."""
+_CPP_OPTIONS = frozenset(inspect.signature(minimize).parameters) - {"energy", "x0", "params", "batched",
+                                                                    "return_info", "sparsity", "_analytic"}
+"""The ``solver_options`` the C++ backend and ``fused=False`` take (:func:`diffsoft.minimize`'s, less what the step
+sets itself)."""
 
 
 class Simulator:
@@ -146,7 +156,10 @@ class Simulator:
             ``"cpp"`` for CPU tensors, ``"torch"`` for any other device. ``fused=False`` always takes
             :func:`diffsoft.minimize`'s path.
         max_iter, cg_rtol, cg_max_iter, backward_rtol, backward_max_iter, on_failure: passed to
-            :func:`diffsoft.minimize`; all are kept in ``self.solver_options``, which may be edited.
+            :func:`diffsoft.minimize`; all are kept in ``self.solver_options``, which may be edited (with the
+            other options of the backend that steps: ``ls_*`` and ``probe_batch`` the C++ backend's,
+            ``check_every`` the torch backend's; a key the stepping backend does not take is a ValueError naming
+            it).
 
     Differentiable inputs (``docs/parameters.md`` lists them all): the six constants ``dt``, ``gravity``,
     ``ground``, ``contact_stiffness``, ``friction`` and ``friction_eps`` each take a number, a 0-dim tensor, or
@@ -560,6 +573,7 @@ class Simulator:
             self._terms_checked = top
         params, shift = self._recentred(params, top)
         backend = self._backend_for(x0)
+        self._check_solver_options(backend)
         try:
             if backend == "torch":
                 solver = torch_backend.linear_solver_for(self.solver, len(self.body.free) * self.body.dim)
@@ -577,6 +591,24 @@ class Simulator:
         x1 = top.full_positions(y if shift is None else y + shift[..., None, :], x0)
         v1 = (x1 - x0) / params.h[..., None, None]  # h: () or (B,), one per creature
         return (x1, v1, info) if return_info else (x1, v1)
+
+    def _check_solver_options(self, backend):
+        """A ValueError naming a ``solver_options`` key that the path about to step does not take (each backend
+        has a few of its own; ``reuse_factor`` on the torch backend has its own message, below)."""
+        torch_path = backend == "torch" and self.fused
+        takes = _TORCH_OPTIONS if torch_path else _CPP_OPTIONS
+        for key in self.solver_options:
+            if key in takes or (torch_path and key == "reuse_factor"):
+                continue
+            if key not in _TORCH_OPTIONS | _CPP_OPTIONS:
+                raise ValueError(f"sim.solver_options[{key!r}] is no solver option (the C++ backend takes "
+                                 f"{', '.join(sorted(_CPP_OPTIONS))}; the torch backend "
+                                 f"{', '.join(sorted(_TORCH_OPTIONS))}): delete it")
+            owner = ("the torch backend's (diffsoft.torch_backend.solve_step)" if key in _TORCH_OPTIONS else
+                     "the C++ backend's (diffsoft.minimize)")
+            path = "the torch backend" if torch_path else "the C++ backend (or fused=False, diffsoft.minimize)"
+            raise ValueError(f"sim.solver_options[{key!r}] is {owner} option, and this step runs on {path}, which "
+                             f"does not take it: delete it (del sim.solver_options[{key!r}]), or step on that backend")
 
     def _recentred(self, params, top):
         """The step's problem in a frame moved horizontally to each creature, and the move ``([B,] d)`` (None:
@@ -866,6 +898,14 @@ class Simulator:
                                  f"got shape {tuple(t.shape)}")
         if x0.shape != v0.shape:
             raise ValueError(f"x0 and v0 must have the same shape, got {tuple(x0.shape)} and {tuple(v0.shape)}")
+        if x0.dim() == 3 and len(x0) == 0:
+            raise ValueError("x0 holds no creatures (a batch of 0): step at least one")
+        if not bool(torch.isfinite(x0).all() & torch.isfinite(v0).all()):  # (one host read for both)
+            for name, t in (("x0", x0), ("v0", v0)):
+                bad = ~torch.isfinite(t).reshape(-1 if t.dim() == 3 else 1, *t.shape[-2:]).flatten(1).all(1)
+                if bool(bad.any()):
+                    which = f" for creature(s) {torch.nonzero(bad).flatten().tolist()[:10]}" if t.dim() == 3 else ""
+                    raise ValueError(f"{name} has non-finite (NaN or infinite) values{which}")
         return x0.dim() == 3
 
     def _check_activation(self, a, x0):

@@ -504,21 +504,31 @@ def _adjoint(y, top, hess, dl_dy, o, info, kept):
         info.backward_cg_iterations = iterations
         what = ("the Hessian at y* is not positive definite (non-positive curvature met by CG) for problem(s) "
                 "{who}; the implicit gradient is unreliable")
+    # A creature the loss leaves out is no part of the solve: its lambda is 0 (not 0 x NaN, where its Hessian is
+    # not finite), and nothing of it is judged (as on the C++ path).
+    lam = torch.where(asked[:, None], lam, torch.zeros_like(lam))
+    residual = torch.where(asked, residual, torch.zeros_like(residual))
+    problem = problem & asked
     host_residual, host_problem, host_asked = residual.tolist(), problem.tolist(), asked.tolist()
-    info.backward_residual = max(host_residual)
-    bad = [i for i, v in enumerate(host_problem) if v]
+    broken = [i for i, r in enumerate(host_residual) if math.isnan(r) or math.isinf(r)]
+    info.backward_residual = math.nan if broken else max(host_residual)
+    bad = [i for i, v in enumerate(host_problem) if v and i not in broken]
     slow = [i for i, r in enumerate(host_residual) if not r <= o.backward_rtol]
     unsolved = [i for i, ok in enumerate(info.problem_converged) if not ok and host_asked[i]]
     info.backward_converged = not bad and not slow and not unsolved
     if bad:
         info.backward_message = what.format(who=_names(bad))
     elif slow:
-        how = ("a dense Cholesky factorization with iterative refinement (H too ill-conditioned for this "
-               "tolerance)" if info.backward_direct else
-               f"{info.backward_cg_iterations} block-Jacobi CG iterations (backward_max_iter = "
-               f"{o.backward_max_iter or 10 * n})")
+        if broken:  # (the C++ path's words)
+            how = (f"Hessian-vector products that are not finite for problem(s) {_names(broken)}: the energy's "
+                   f"second derivatives hold NaN or inf at their x*")
+        else:
+            how = ("a dense Cholesky factorization with iterative refinement (H too ill-conditioned for this "
+                   "tolerance)" if info.backward_direct else
+                   f"{info.backward_cg_iterations} block-Jacobi CG iterations (backward_max_iter = "
+                   f"{o.backward_max_iter or 10 * n})") + f" for problem(s) {_names(slow)}"
         info.backward_message = (f"the adjoint solve's relative residual is {info.backward_residual:.3g} > "
-                                 f"backward_rtol = {o.backward_rtol:g} after {how} for problem(s) {_names(slow)}")
+                                 f"backward_rtol = {o.backward_rtol:g} after {how}")
         if rhs.dtype == torch.float32 and not info.backward_direct:  # (the dense solve is in float64)
             info.backward_message += ("; in float32, round-off bounds the residual near H's condition number times "
                                       "1.2e-7: solve in float64, or loosen backward_rtol")
@@ -698,7 +708,7 @@ def _cg(apply, rhs, rtol, max_iter, precondition, active, truncate, check_every)
         z = precondition(r)
         rz_new = (r * z).sum(1)
         r_norm = torch.where(run, _row_norm(r), r_norm)
-        done = done | (r_norm <= rtol)
+        done = done | (r_norm <= rtol) | ~torch.isfinite(r_norm)  # (a row of NaN products stops: it is reported)
         keep_going = ~done & (rz != 0)
         beta = torch.where(keep_going, rz_new / torch.where(keep_going, rz, torch.ones_like(rz)), torch.zeros_like(rz))
         p = torch.where(run[:, None], z + beta[:, None] * p, p)

@@ -454,6 +454,20 @@ def _task_of(name):
     return LocomotionTask(creatures.make_creature(name))
 
 
+def _with_options(backend, **options):
+    sim = creatures.worm()
+    sim.backend = backend
+    sim.solver_options.update(options)
+    sim.step(*sim.rest_state)
+
+
+def _nan_creature():
+    sim = creatures.worm()
+    x, v = (t.expand(2, -1, -1).clone() for t in sim.rest_state)
+    x[1, 0, 0] = float("nan")
+    sim.step(x, v)
+
+
 TRIGGERS = [
     ("RuntimeWarning: diffsoft.minimize did not converge: max_iter = N Newton iterations reached with the gradient "
      "norm at R x its tolerance ...", lambda tmp: _not_converging()),
@@ -495,6 +509,9 @@ TRIGGERS = [
      "got ...", lambda tmp: render.render_frame(_sim(), _sim().rest_state[0], bounds=(0.3, 0.3 + 1e-9, 0.0, 1.0))),
     ("ValueError: steps must be an integer >= 1, got ...",
      lambda tmp: policy.run_policy(_sim(), policy.FramePolicy.for_simulator(_sim()), 0)),
+    ("ValueError: sim.solver_options['K'] is the C++ backend's (diffsoft.minimize) option, and this step runs on the "
+     "torch backend, which does not take it: ...", lambda tmp: _with_options(backend="torch", ls_max_iter=5)),
+    ("ValueError: x0 has non-finite (NaN or infinite) values for creature(s) [...]", lambda tmp: _nan_creature()),
     ("ValueError: noise must have shape (T, B, M) = (...), one change per step, creature and muscle (it is not "
      "broadcast), got S", lambda tmp: policy.run_policy(creatures.worm(), _worm_policy(), 2, noise=torch.zeros(2, 1, 1))),
     ("ValueError: min_a must be a number in [1e-06, 1), got v",

@@ -1,6 +1,8 @@
 """The torch backend (``Simulator(backend="torch")``, :mod:`diffsoft.torch_backend`): the C++ path's states and
 gradients on a batch of bipeds, gradients against finite differences, the block-Jacobi CG path, honest records
 and failures, on every device present (the ``device`` fixture)."""
+import warnings
+
 import pytest
 import torch
 
@@ -334,3 +336,77 @@ def test_the_adjoint_cg_reports_its_true_residual():
     x, residual, _, _ = torch_backend._measured_cg(lambda v: v @ A.double(), rhs.double(), rtol.double(), 3000,
                                                      lambda r: r, 1)
     assert bool((residual <= 1e-5).all())
+
+
+def _trapped_creature_step(path, batch=2):
+    """A batch of bipeds whose creature 1 lands, in Newton's first step, where a user Term's gradient is NaN (its
+    energy finite: the torch.where / sqrt trap), so that its step stops, named; the loss reads creature 0 only,
+    through the shared mu. Returns (dL/dx0, dL/dmu, info)."""
+    sim = biped(dtype=F64)
+    sim.solver = path.get("solver", "auto")
+    if "backend" in path:
+        sim.backend = path["backend"]
+    mu = sim.body.mu.detach().clone().requires_grad_()
+    sim.body.mu = mu
+    x, v = (t.expand(2, -1, -1).clone() for t in sim.rest_state)
+    v[..., 0] += 0.8
+    v[1, :, 1] -= 3.0
+    top = int(x[0, :, 1].argmax())
+    c = torch.tensor([[-100.0], [float(x[1, top, 1] + sim.dt * v[1, top, 1]) - 0.001]], dtype=F64)
+
+    def trap(y, y0, h, c):
+        s = y[..., 0, 1] - c
+        return torch.where(s < 0, torch.zeros_like(s), torch.sqrt(s) ** 4)
+    sim.terms = [Term(trap, rows=[[top]], params=(c[:batch],))]
+    x = x[:batch].clone().requires_grad_()
+    with pytest.warns(RuntimeWarning, match="not finite") if batch == 2 else _nothing():
+        x1, _, info = sim.step(x, v[:batch], return_info=True)
+    x1[0].sum().backward()
+    return x.grad, mu.grad, info
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("path", [{}, {"backend": "torch", "solver": "direct"}, {"backend": "torch", "solver": "cg"}],
+                         ids=["cpp", "torch-direct", "torch-cg"])
+def test_a_failed_creature_the_loss_leaves_out_spoils_no_gradient_on_any_backend(path):
+    """Found by a review: on the torch backend the left-out creature's NaN Hessian made its zero adjoint NaN (0 x
+    NaN), so dL/dx0 of that creature and the shared dL/dmu came back NaN, under a warning that reported the NaN
+    residual as a number below the tolerance; the C++ backend gave exact zeros and the one-creature gradient."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the backward itself must not complain
+        gx, gmu, info = _trapped_creature_step(path)
+    assert info.problem_converged == [True, False]
+    assert torch.equal(gx[1], torch.zeros_like(gx[1]))
+    _, alone, _ = _trapped_creature_step(path, batch=1)
+    torch.testing.assert_close(gmu, alone, rtol=1e-12, atol=1e-14)
+
+
+def test_solver_options_of_the_other_backend_and_non_finite_states_are_named():
+    """Found by a review: ls_* on the torch backend and check_every on the C++ one were torch's TypeError naming an
+    internal function; a NaN in one creature's state was "the energy overflows" or "element 0 is inverted"
+    depending on the backend; an empty batch reached torch's max()."""
+    for backend, key, value in (("torch", "ls_max_iter", 5), ("cpp", "check_every", 2)):
+        sim = small_sim()
+        sim.backend = backend
+        sim.solver_options[key] = value
+        with pytest.raises(ValueError, match=rf"sim.solver_options\['{key}'\] is the .* option, and this step runs on"):
+            sim.step(*sim.rest_state)
+    sim = small_sim()
+    sim.solver_options["tolerance"] = 1e-3
+    with pytest.raises(ValueError, match=r"sim.solver_options\['tolerance'\] is no solver option"):
+        sim.step(*sim.rest_state)
+    for backend in ("cpp", "torch"):
+        sim = small_sim(backend=backend)
+        x, v = (t.expand(3, -1, -1).clone() for t in sim.rest_state)
+        x[2, 1, 0] = float("nan")
+        with pytest.raises(ValueError, match=r"x0 has non-finite \(NaN or infinite\) values for creature\(s\) \[2\]"):
+            sim.step(x, v)
+        with pytest.raises(ValueError, match=r"x0 holds no creatures \(a batch of 0\)"):
+            sim.step(x[:0], v[:0])
