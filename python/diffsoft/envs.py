@@ -64,8 +64,8 @@ def _check_batch(sim, num_envs):
         with torch.no_grad():
             sim.step_problem(x.expand(num_envs, -1, -1), v.expand(num_envs, -1, -1), a)
     except ValueError as e:
-        raise ValueError(f"the Simulator cannot step num_envs={num_envs} creature(s) (a LocomotionEnv steps 1): "
-                         f"{e}") from None
+        raise ValueError(f"the Simulator cannot step num_envs={num_envs} creature(s)"
+                         f"{' (a LocomotionEnv steps 1)' if num_envs == 1 else ''}: {e}") from None
 
 
 def _device(device):

@@ -536,7 +536,7 @@ TRIGGERS = [
      lambda tmp: _envs().LocomotionEnv("worm", horizon=2 ** 63)),
     ("ValueError: dtype must be torch.float32 or torch.float64 (or 'float32', 'float64'), got v",
      lambda tmp: _envs().LocomotionEnv("worm", dtype="float")),
-    ("ValueError: the Simulator cannot step num_envs=N creature(s) (a LocomotionEnv steps 1): NAME has shape S, but "
+    ("ValueError: the Simulator cannot step num_envs=N creature(s): NAME has shape S, but "
      "it must be ...", lambda tmp: _per_creature_masses()),
     ("ValueError: action must have shape S (the activation changes of M muscles), got ...",
      lambda tmp: _ragged_action()),
