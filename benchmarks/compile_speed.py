@@ -13,9 +13,14 @@ Usage: ``.venv-pip/bin/python benchmarks/compile_speed.py [--creature biped] [--
 """
 import argparse
 import copy
+import os
 import time
 
-import torch
+# Idle OpenMP threads sleep instead of spinning: read once, when torch loads OpenMP (benchmarks/README.md,
+# "Threads under load").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 from diffsoft import training
 from diffsoft.creatures import make_creature

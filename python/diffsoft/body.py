@@ -485,7 +485,8 @@ class SoftBody:
         if not (shape == core or (len(shape) == len(core) + 1 and shape[1:] == core)
                 or (shape == () and name in _SCALAR_OK)):
             one = " or () (one value for all)" if name in _SCALAR_OK else ""
-            raise ValueError(f"{label} has shape {shape}, but the body has {count} {what}s: it must be {core}{one}, "
+            what = {"vertex": "vertices"}.get(what, what + "s") if count != 1 else what
+            raise ValueError(f"{label} has shape {shape}, but the body has {count} {what}: it must be {core}{one}, "
                              f"or (B, {', '.join(map(str, core))}) with one row per creature of a batch")
         v = t.detach()
         if name in _POSITIVE and bool((torch.isfinite(v) & (v >= self._tiny)).all()):

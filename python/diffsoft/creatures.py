@@ -14,9 +14,9 @@ Two file formats, both JSON:
   range, :attr:`~diffsoft.body.SoftBody.min_a`; files written before it read 0.25) and ``simulator``:
   ``{"dt", "gravity", "ground" (a number or null), "contact_stiffness", "friction" (each a number, or null: the
   default, which follows the masses), "friction_eps"}`` and, optionally,
-  ``"colliders"``: a list of ``{"kind": "plane" | "height_field" | "sphere", its fields, "stiffness",
-  "friction", "friction_eps"}`` (:meth:`diffsoft.colliders.Collider.to_dict`; a contact constant that is null
-  follows the simulator's). Lists are nested JSON arrays, numbers are written with full float64 precision.
+  ``"colliders"``: a list of ``{"kind": "plane" | "height_field" | "smooth_height_field" | "sphere" | "capsule",
+  its fields, "stiffness", "friction", "friction_eps"}`` (:meth:`diffsoft.colliders.Collider.to_dict`; a contact
+  constant that is null follows the simulator's). Lists are nested JSON arrays, numbers are written with full float64 precision.
 
 Procedural creatures (:func:`biped`, :func:`quadruped`, :func:`worm`) are 2D algovivo-style bodies with
 algovivo's constants, standing on the ground (y = 0) and facing +x; :func:`tetrapod` and :func:`caterpillar`
