@@ -294,6 +294,9 @@ TEST(StepEnergyKernelInput, NamesTheUnsetTensor) {
   Problem e = make(2, 0);
   e.state.x0_free = torch::Tensor();
   EXPECT_NE(message(e).find("StepState.x0_free is an undefined tensor"), std::string::npos) << message(e);
+  // The solver's analytic path reads the state's shapes when it is made: named there too (was torch's "shape
+  // '[0]' is invalid" at its first evaluation).
+  EXPECT_THROW(diffsoft::step_analytic_energy(e.model, e.state, true), std::invalid_argument);
 }
 
 // The test problems exercise every collider kind: each one alone adds energy (contact or friction).

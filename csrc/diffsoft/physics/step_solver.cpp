@@ -29,6 +29,10 @@ AnalyticEnergy step_analytic_energy(const StepModel& model, const StepState& sta
     if (k < 0 || (k >= count && !extra))
       throw std::invalid_argument("step parameter index " + std::to_string(k) + " is not in [0, " +
                                   std::to_string(count) + ")");
+  // (the state's shapes are read here, before any kernel checks them)
+  for (const auto& [name, t] : {std::pair<const char*, const torch::Tensor*>{"x0", &state.x0},
+                                {"x0_free", &state.x0_free}, {"x_hat", &state.x_hat}})
+    if (!t->defined()) throw std::invalid_argument(std::string("StepState.") + name + " is an undefined tensor");
   auto m = std::make_shared<const StepModel>(kernels::contiguous(model));
   auto st = std::make_shared<const StepState>(
       StepState{torch::Tensor(), state.x0.contiguous(), state.x0_free.contiguous(), state.x_hat.contiguous(),
