@@ -421,7 +421,8 @@ def _envs():
     return pytest.importorskip("diffsoft.envs")
 
 
-def _ppo_task(creature="worm", dtype=torch.float32):
+def _task(creature="worm", dtype=torch.float32):
+    """A LocomotionTask of episodes of 2 steps (PPOConfig(horizon=2)'s) on a creature by name."""
     from diffsoft.task import LocomotionTask
     return LocomotionTask(creatures.make_creature(creature, dtype), 2)
 
@@ -447,11 +448,6 @@ def _edited_policy(**fields):
     for name, value in fields.items():
         setattr(p, name, value)
     return p
-
-
-def _task_of(name):
-    from diffsoft.task import LocomotionTask
-    return LocomotionTask(creatures.make_creature(name))
 
 
 def _with_options(backend, **options):
@@ -531,7 +527,7 @@ TRIGGERS = [
     ("ValueError: dim must be 2 or 3 (the body's dimension), got v", lambda tmp: policy.heading_direction(0.0, 4)),
     ("ValueError: state holds x S, v S and a S, but this task's creature takes x and v (B, N, d) (...) and a (B, M): "
      "a state of another creature (a task steps the states its reset makes)",
-     lambda tmp: _task_of("worm").observe(_task_of("biped").reset(1))),
+     lambda tmp: _task("worm").observe(_task("biped").reset(1))),
     ("ValueError: horizon must be a positive integer below 2**63 (the episode length in steps), got v",
      lambda tmp: _envs().LocomotionEnv("worm", horizon=2 ** 63)),
     ("ValueError: dtype must be torch.float32 or torch.float64 (or 'float32', 'float64'), got v",
@@ -541,9 +537,9 @@ TRIGGERS = [
     ("ValueError: action must have shape S (the activation changes of M muscles), got ...",
      lambda tmp: _ragged_action()),
     ("ValueError: PPOConfig.NAME is v but the task's is v: ...",
-     lambda tmp: ppo.GaussianFramePolicy(_ppo_task(dtype=torch.float64), ppo.PPOConfig(horizon=2))),
+     lambda tmp: ppo.GaussianFramePolicy(_task(dtype=torch.float64), ppo.PPOConfig(horizon=2))),
     ("ValueError: inputs must have shape (K, n_obs), n_obs = N, got S: make them with GaussianFramePolicy.inputs(task, "
-     "state) ...", lambda tmp: ppo.GaussianFramePolicy(_ppo_task(), ppo.PPOConfig(horizon=2)).distribution(
+     "state) ...", lambda tmp: ppo.GaussianFramePolicy(_task(), ppo.PPOConfig(horizon=2)).distribution(
          torch.zeros(1, 3))),
     ("ValueError: the number of threads must be at most K (4 per core of this machine's N, or 64), got n",
      lambda tmp: __import__("diffsoft.threads").threads.set_num_threads(10 ** 6)),
