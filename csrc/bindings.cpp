@@ -2,6 +2,7 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/extension.h>
 
+#include "diffsoft/core/parallel.h"
 #include "diffsoft/core/solver.h"
 #include "diffsoft/core/timers.h"
 #include "ops.h"
@@ -237,6 +238,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::pickle([](const diffsoft::FactorCache&) { return py::tuple(); },  // copies start empty
                       [](const py::tuple&) { return std::make_shared<diffsoft::FactorCache>(); }));
   m.attr("HAS_CHOLMOD") = diffsoft::has_cholmod();
+  m.attr("HAS_OPENMP") = diffsoft::has_openmp();
   // Testing and benchmarking only (core/timers.h): switch the phase timers on (zeroed) or off, read them.
   m.def("_phase_timers", [](bool on) {
     auto& t = diffsoft::phase_timers();

@@ -52,3 +52,41 @@ def test_debians_torch_runs_on_openblas():
 def test_set_num_threads_refuses_what_is_not_a_positive_integer(bad):
     with pytest.raises(ValueError, match="positive integer"):
         threads.set_num_threads(bad)
+
+
+def test_the_core_runs_its_loops_over_a_batch_on_torchs_threads():
+    """ATen's at::parallel_for runs serially in code compiled without OpenMP, with no word: the core is built with
+    it wherever torch is an OpenMP build (Debian's and pip's are)."""
+    from diffsoft import _C
+    if "OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("this torch is not an OpenMP build")
+    assert _C.HAS_OPENMP
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_batch_steps_to_the_same_bits_on_one_thread_and_on_two(dtype, restore_threads):
+    """256 bipeds: the batch's loops split it between threads (core/parallel.h). Each creature's arithmetic is
+    its own, so states and gradients do not depend on the thread count."""
+    from diffsoft.creatures import biped
+    sim = biped(dtype=dtype)
+    g = torch.Generator().manual_seed(0)
+    b = 256
+    x, v = sim.rest_state
+    x = x.expand(b, -1, -1).clone()
+    v = v.expand(b, -1, -1) + torch.tensor([0.5, -0.3], dtype=dtype) * torch.rand(b, 1, 2, generator=g, dtype=dtype)
+    acts = 0.6 + 0.4 * torch.rand(3, b, sim.body.num_muscles, generator=g, dtype=dtype)
+
+    def run():
+        x0, v0, a = (t.clone().requires_grad_() for t in (x, v, acts))
+        xt, vt = x0, v0
+        for t in range(len(a)):
+            xt, vt = sim.step(xt, vt, a[t])
+        ((xt[..., 0] - x0[..., 0].detach()).sum() + (vt * vt).sum()).backward()
+        return [t.detach() for t in (xt, vt, x0.grad, v0.grad, a.grad)]
+
+    threads.set_num_threads(1)
+    one = run()
+    threads.set_num_threads(2)
+    two = run()
+    for a, b_ in zip(one, two):
+        assert torch.equal(a, b_)

@@ -44,6 +44,7 @@ struct FactorCache {
   std::shared_ptr<const LowerPattern> pattern;  // the model's assembly pattern, made once by its user
   int64_t spare_max = 1;           // how many unused numeric factors to keep (the largest batch factored)
   int64_t reused = 0;              // factorizations made in an unused factor's memory
+  std::shared_ptr<void> dense;     // the unused memory of dense factors (factor.cpp's DenseSpares)
 };
 
 // A factored matrix: A^-1 b, and what making it and solving with it cost (counted, see FactorCounts).
@@ -63,6 +64,10 @@ std::unique_ptr<Factor> factor_symmetric(const LowerPattern& pattern, const std:
                                          FactorCache* cache = nullptr);
 
 bool has_cholmod();
+
+// A dense factorization's cost per n^3 in nanoseconds (about 6 us at n = 52, float64 on one core), to size the
+// chunks of a batch's loop of factorizations (core/parallel.h): an estimate, right to its order of magnitude.
+constexpr double kDenseFactorNs = 0.04;
 
 // The factors of a batch's matrices, one per row of the right-hand sides, each made on the first solve whose
 // right-hand side needs it: a problem already converged (a zero right-hand side) is never factored, nor is

@@ -12,7 +12,8 @@ namespace diffsoft {
 // The phases. Each is timed inclusively where it runs: `kernels` (energy values, gradients, Hessian blocks
 // and Hessian-vector products of an analytic energy), `assembly` (a Hessian's sparse matrix from its blocks),
 // `analysis` (symbolic: ordering, supernodes), `factorization` (numeric), `solves` (back-substitutions),
-// `newton` (the whole forward solve in C++) and `adjoint` (the whole backward in C++).
+// `newton` (the whole forward solve in C++) and `adjoint` (the whole backward in C++). A phase timed inside a
+// batch's loop (assembly, factorization) adds up the time of every thread that ran it (core/parallel.h).
 enum class Phase { kernels, assembly, analysis, factorization, solves, newton, adjoint, count };
 constexpr const char* kPhaseNames[] = {"kernels", "assembly", "analysis", "factorization", "solves", "newton",
                                        "adjoint"};

@@ -1,8 +1,6 @@
 // Products, diagonal and factorization of the step Hessian from its blocks; see step_energy.h.
 #include "diffsoft/physics/hessian_blocks.h"
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <mutex>
 #include <stdexcept>
@@ -10,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "diffsoft/core/factor.h"
+#include "diffsoft/core/parallel.h"
 #include "diffsoft/core/timers.h"
 #include "diffsoft/physics/kernels.h"
 #include "diffsoft/physics/step_energy.h"
@@ -156,11 +156,15 @@ std::unique_ptr<Factor> problem_factor(const View<S, D>& v, const ProblemBlocks<
     }
   }
   const std::vector<int>& place = pattern->place;
-  std::vector<double> values;
+  // Scratch kept by each thread of the batch's loop: a fresh vector per problem would be memory that the
+  // thread's malloc arena hands back to the system and faults in again (see factor.cpp's DenseSpares). Written
+  // through a local pointer: through the thread_local itself the scatter below took twice as long.
+  thread_local std::vector<double> scratch;
   size_t k = 0;
   {
     PhaseTimer timer(Phase::assembly);
-    values.assign(pattern->nnz(), 0.0);
+    scratch.assign(pattern->nnz(), 0.0);
+    double* const values = scratch.data();
     for_each_entry(v, blocks, [&](int64_t i, int64_t j, double value) {
       // A cache shared with a model of another topology is caught by the count of entries (never read past);
       // one with as many entries would make a wrong factor, which solve_rows's measured residual and CG fix.
@@ -170,7 +174,7 @@ std::unique_ptr<Factor> problem_factor(const View<S, D>& v, const ProblemBlocks<
   if (k != place.size())
     throw std::invalid_argument("factor_step_hessians: the model's factor_cache belongs to a model of another "
                                 "topology (give each model its own FactorCache)");
-  return factor_symmetric(*pattern, values, cache);
+  return factor_symmetric(*pattern, scratch, cache);
 }
 
 // The blocks' shapes are the model's (B, E, (d+1)d, (d+1)d), (B, M, 2d, 2d) and (B, F, d, d), CPU, one dtype
@@ -208,9 +212,9 @@ void check(const StepModel& m, const StepDerivatives& blocks) {
 }
 
 // Calls f(view, b, blocks) with problem b's pointers into the blocks of step_energy_derivatives (and its extra
-// terms'), for every problem of the batch, in parallel.
+// terms'), for every problem of the batch, in parallel; `factors`: f factors each problem's Hessian.
 template <typename F>
-void for_each_problem(const StepModel& m, const StepDerivatives& blocks, F&& f) {
+void for_each_problem(const StepModel& m, const StepDerivatives& blocks, F&& f, bool factors = false) {
   check(m, blocks);
   const torch::Tensor k_el = blocks.element_blocks.contiguous(), k_mu = blocks.muscle_blocks.contiguous(),
                       k_v = blocks.vertex_blocks.contiguous();
@@ -222,18 +226,17 @@ void for_each_problem(const StepModel& m, const StepDerivatives& blocks, F&& f) 
     constexpr int D = decltype(dim)::value;
     constexpr int ND = (D + 1) * D;
     View<S, D> v(m);
-    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        ProblemBlocks<S> p{k_v.data_ptr<S>() + b * v.f * D * D,
-                           {{v.elements, e, D + 1, k_el.data_ptr<S>() + b * e * ND * ND},
-                            {v.muscles, nm, 2, k_mu.data_ptr<S>() + b * nm * 4 * D * D}}};
-        for (const auto& rows_values : extra) {
-          const torch::Tensor &rows = rows_values.first, &values = rows_values.second;
-          p.rows.push_back({rows.data_ptr<int64_t>(), rows.size(0), static_cast<int>(rows.size(1)),
-                            values.template data_ptr<S>() + b * (values.numel() / batch)});
-        }
-        f(v, b, p);
+    const double n = double(v.f * D), ns = v.kernel_ns() + (factors ? kDenseFactorNs * n * n * n : 0.0);
+    for_each_in_batch(batch, ns, [&](int64_t b) {
+      ProblemBlocks<S> p{k_v.data_ptr<S>() + b * v.f * D * D,
+                         {{v.elements, e, D + 1, k_el.data_ptr<S>() + b * e * ND * ND},
+                          {v.muscles, nm, 2, k_mu.data_ptr<S>() + b * nm * 4 * D * D}}};
+      for (const auto& rows_values : extra) {
+        const torch::Tensor &rows = rows_values.first, &values = rows_values.second;
+        p.rows.push_back({rows.data_ptr<int64_t>(), rows.size(0), static_cast<int>(rows.size(1)),
+                          values.template data_ptr<S>() + b * (values.numel() / batch)});
       }
+      f(v, b, p);
     });
   });
 }
@@ -276,7 +279,7 @@ void factor_step_hessians(const StepModel& model, const StepDerivatives& derivat
   }
   kernels::for_each_problem(m, derivatives, [&](const auto& v, int64_t b, const auto& blocks) {
     if (need[b]) out[b] = kernels::problem_factor(v, blocks);
-  });
+  }, /*factors=*/true);
 }
 
 }  // namespace diffsoft

@@ -2,13 +2,12 @@
 // their stencils' rows. See step_energy.h for the model and the shapes.
 #include "diffsoft/physics/step_energy.h"
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "diffsoft/core/parallel.h"
 #include "diffsoft/physics/kernels.h"
 #include "diffsoft/physics/terms.h"
 
@@ -253,13 +252,11 @@ void for_each_state(const StepModel& model, const StepState& state, F&& f) {
     using S = decltype(s);
     constexpr int D = decltype(dim)::value;
     View<S, D> v(m, y.size(0));
-    at::parallel_for(0, y.size(0), 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        const Point<S> pt{y.data_ptr<S>() + b * v.f * D, x0.data_ptr<S>() + b * v.n * D,
-                          x0_free.data_ptr<S>() + b * v.f * D, x_hat.data_ptr<S>() + b * v.f * D,
-                          v.nm ? act.data_ptr<S>() + b * v.nm : nullptr};
-        f(v.problem(b), b, pt);
-      }
+    for_each_in_batch(y.size(0), v.kernel_ns(), [&](int64_t b) {
+      const Point<S> pt{y.data_ptr<S>() + b * v.f * D, x0.data_ptr<S>() + b * v.n * D,
+                        x0_free.data_ptr<S>() + b * v.f * D, x_hat.data_ptr<S>() + b * v.f * D,
+                        v.nm ? act.data_ptr<S>() + b * v.nm : nullptr};
+      f(v.problem(b), b, pt);
     });
   });
 }
