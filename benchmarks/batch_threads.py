@@ -9,8 +9,8 @@ small batches of small creatures stay on one thread, where waking another costs 
         [--out benchmarks/results/batch_threads]
 
 Each measurement is the best of ``--rounds`` 8-step rollouts from rest under random activations, forward and
-backward (a loss on the last state, gradients to x0 and the activations); ``diffsoft.threads.set_num_threads``
-sets the count (torch's threads and OpenBLAS's).
+backward (a loss on the last state, gradients to x0 and the activations), each after an untimed one at the same
+count; ``diffsoft.threads.set_num_threads`` sets the count (torch's threads and OpenBLAS's).
 """
 import argparse
 import json
@@ -65,6 +65,7 @@ def main():
         for _ in range(args.rounds):
             for n in counts:
                 set_num_threads(n)
+                rollout_seconds(sim, batch, dtype)  # the first after a switch meets a new team of threads
                 best[n] = min(best[n], rollout_seconds(sim, batch, dtype))
         us = {n: 1e6 * best[n] / (batch * STEPS) for n in counts}
         rows.append(dict(creature=creature, batch=batch, us_per_creature_step=us, speedup=us[1] / us[args.threads]))
