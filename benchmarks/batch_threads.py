@@ -55,6 +55,7 @@ def main():
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     ap.add_argument("--out", default=None, help="folder for batch_threads.md and batch_threads.json")
     args = ap.parse_args()
+    openmp = getattr(_C, "HAS_OPENMP", False)  # (builds before 04955a6 have no flag, and no OpenMP)
     dtype = getattr(torch, args.dtype)
     counts = (1, args.threads)
     rows = []
@@ -75,7 +76,7 @@ def main():
         os.makedirs(args.out, exist_ok=True)
         head = (f"`python benchmarks/batch_threads.py --threads {args.threads} --rounds {args.rounds} --dtype "
                 f"{args.dtype}` at {provenance.commit()}; torch {torch.__version__}, built with OpenMP: "
-                f"{_C.HAS_OPENMP}; {os.cpu_count()} cores; best of {args.rounds}, {STEPS}-step rollouts, forward "
+                f"{openmp}; {os.cpu_count()} cores; best of {args.rounds}, {STEPS}-step rollouts, forward "
                 f"and backward; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.")
         lines = [head, "", f"| creature | batch | us per creature-step, 1 thread | {args.threads} threads | speedup |",
                  "| --- | ---: | ---: | ---: | ---: |"]
@@ -85,7 +86,7 @@ def main():
             f.write("\n".join(lines) + "\n")
         with open(os.path.join(args.out, "batch_threads.json"), "w") as f:
             json.dump(dict(args=vars(args), commit=provenance.commit(), torch=torch.__version__,
-                           openmp=_C.HAS_OPENMP, rows=rows), f, indent=1)
+                           openmp=openmp, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -239,6 +239,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                       [](const py::tuple&) { return std::make_shared<diffsoft::FactorCache>(); }));
   m.attr("HAS_CHOLMOD") = diffsoft::has_cholmod();
   m.attr("HAS_OPENMP") = diffsoft::has_openmp();
+  // Testing only (core/parallel.h): the least work a thread of a batch's loop takes; returns the previous value.
+  m.def("_set_min_chunk_ns", [](double ns) {
+    const double before = diffsoft::min_chunk_ns();
+    diffsoft::set_min_chunk_ns(ns);
+    return before;
+  });
   // Testing and benchmarking only (core/timers.h): switch the phase timers on (zeroed) or off, read them.
   m.def("_phase_timers", [](bool on) {
     auto& t = diffsoft::phase_timers();

@@ -3,6 +3,8 @@
 // factorizations; bad shapes and indices are refused.
 #include <gtest/gtest.h>
 
+#include <ATen/Parallel.h>
+
 #include "diffsoft/physics/step_energy.h"
 #include "diffsoft/physics/step_solver.h"
 
@@ -217,6 +219,52 @@ TEST_P(StepEnergyKernel, DirectSolvesFactorOnlyWhatTheyNeed) {
 INSTANTIATE_TEST_SUITE_P(Materials, StepEnergyKernel,
                          ::testing::Combine(::testing::Values(2, 3), ::testing::Values(0, 1, 2),
                                             ::testing::Values(false, true)));
+
+// The batch's loops split it between threads (tests/cpp/threaded_loops.cpp): values, gradients, products,
+// parameter derivatives and direct solves are the same bits on one thread as on two.
+TEST(StepEnergyKernelThreads, OneThreadAndTwoGiveTheSameBits) {
+  const int before = at::get_num_threads();
+  for (int d : {2, 3}) {
+    const Problem p = make(d, 1, /*per_problem=*/true);
+    const Tensor v = torch::randn_like(p.state.y);
+    std::vector<std::vector<Tensor>> out;
+    for (int threads : {1, 2}) {
+      at::set_num_threads(threads);
+      const diffsoft::StepDerivatives all = diffsoft::step_energy_derivatives(p.model, p.state);
+      diffsoft::AnalyticEnergy analytic = diffsoft::step_analytic_energy(p.model, p.state, /*factorize=*/true);
+      const diffsoft::AnalyticDerivatives point = analytic.derivatives(p.state.y.reshape({2, -1}));
+      out.push_back({diffsoft::step_energy_value(p.model, p.state), all.grad,
+                     diffsoft::step_energy_hvp(p.model, all, v), point.solve(v.reshape({2, -1})),
+                     diffsoft::step_energy_param_grads(p.model, p.state, {}, v).flat()[4]});
+    }
+    for (size_t k = 0; k < out[0].size(); ++k)
+      EXPECT_TRUE(torch::equal(out[0][k], out[1][k])) << "d = " << d << ", output " << k;
+  }
+  at::set_num_threads(before);
+}
+
+// A FactorCache shared with a model of another topology is refused, by the thread of the batch's loop that
+// finds it: the error reaches the caller.
+TEST(StepEnergyKernelThreads, AnErrorInALoopsThreadReachesTheCaller) {
+  Problem p = make(2, 1);
+  p.model.factor_cache = std::make_shared<diffsoft::FactorCache>();
+  Problem other = p;
+  other.model.muscles = torch::tensor({1, 3, 1, 2}, i64).view({2, 2});
+  other.model.rest_length = torch::full({2}, 1.2, f64);
+  other.model.stiffness = torch::full({2}, 4.0, f64);
+  other.state.activation = torch::cat({p.state.activation, p.state.activation}, 1);
+  const Tensor b = torch::randn_like(p.state.y).reshape({2, -1});
+  diffsoft::step_analytic_energy(p.model, p.state, true).derivatives(p.state.y.reshape({2, -1})).solve(b);
+  auto solve = [&] {
+    diffsoft::step_analytic_energy(other.model, other.state, true).derivatives(other.state.y.reshape({2, -1})).solve(b);
+  };
+  try {
+    solve();
+    FAIL() << "a factor cache of another topology was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("another topology"), std::string::npos) << e.what();
+  }
+}
 
 // A batch whose parameters are per problem: each problem's energy and gradient are those of the problem alone
 // with its own parameters.

@@ -16,6 +16,17 @@ DTYPES = (F64, F32)
 """Float64 first: derivatives are checked against finite differences in it; float32 is the training dtype."""
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _threaded_loops():
+    """The C++ core's loops over a batch split every batch of two or more between torch's threads (the
+    machine's count), not only batches with work enough to be worth a thread (csrc/diffsoft/core/parallel.h):
+    the suite's small batches run the threaded paths too."""
+    from diffsoft import _C
+    before = _C._set_min_chunk_ns(0)
+    yield
+    _C._set_min_chunk_ns(before)
+
+
 @pytest.fixture(autouse=True)
 def _seeded():
     """Every test starts from the same global random state."""

@@ -20,11 +20,16 @@ bool has_openmp();
 // problem a thread, 2 threads stepped 16-32 bipeds 1.2-1.3x slower than one.
 constexpr double kMinChunkNs = 100e3;
 
-// Calls f(b) for b in [0, batch), in chunks of at least kMinChunkNs of work, for problems of about
+// The chunks' least work now: kMinChunkNs, unless set (0 splits every batch of two or more problems between
+// the threads: the test suite's setting, so that its small batches run the threaded paths too). Thread-safe.
+double min_chunk_ns();
+void set_min_chunk_ns(double ns);
+
+// Calls f(b) for b in [0, batch), in chunks of at least min_chunk_ns() of work, for problems of about
 // `ns_per_problem` nanoseconds each (an estimate: its order of magnitude is what counts).
 template <typename F>
 void for_each_in_batch(int64_t batch, double ns_per_problem, const F& f) {
-  const auto grain = static_cast<int64_t>(std::ceil(kMinChunkNs / std::max(ns_per_problem, 1.0)));
+  const auto grain = static_cast<int64_t>(std::ceil(min_chunk_ns() / std::max(ns_per_problem, 1.0)));
   at::parallel_for(0, batch, std::max<int64_t>(grain, 1), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) f(b);
   });
