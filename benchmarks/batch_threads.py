@@ -2,7 +2,7 @@
 by side in one process (the thread counts alternate within each round, so that both meet the same load).
 
 The C++ core's loops over a batch's creatures (their energies, Hessian blocks, factorizations and solves) run on
-torch's intra-op threads (``csrc/diffsoft/core/parallel.h``), in chunks of at least about 100 us of work each:
+torch's intra-op threads (``csrc/diffsoft/core/parallel.h``), in chunks of at least about 300 us of work each:
 small batches of small creatures stay on one thread, where waking another costs more than it saves.
 
     .venv/bin/python benchmarks/batch_threads.py [--threads 2] [--rounds 3] [--dtype float32]

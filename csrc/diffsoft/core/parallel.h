@@ -16,9 +16,10 @@ namespace diffsoft {
 bool has_openmp();
 
 // The least work, in nanoseconds, worth a thread of its own. Waking threads that sleep between parallel regions
-// (OMP_WAIT_POLICY=PASSIVE, which the training command sets) costs tens of microseconds a region: with one
-// problem a thread, 2 threads stepped 16-32 bipeds 1.2-1.3x slower than one.
-constexpr double kMinChunkNs = 100e3;
+// (OMP_WAIT_POLICY=PASSIVE, which the training command sets) costs tens of microseconds a region, more on a
+// loaded machine: with one problem a thread, 2 threads stepped 16-32 bipeds 1.2-1.3x slower than one, and with
+// chunks of 100 us 32 bipeds (two chunks of factorizations) still 1.05-1.2x slower (2-core AMD EPYC).
+constexpr double kMinChunkNs = 300e3;
 
 // The chunks' least work now: kMinChunkNs, unless set (0 splits every batch of two or more problems between
 // the threads: the test suite's setting, so that its small batches run the threaded paths too). Thread-safe.
