@@ -1,6 +1,7 @@
 // The implicit layer: x* = argmin_x E(x, theta) as an autograd Function whose backward uses the implicit
 // function theorem instead of differentiating through Newton's iterations.
 #include "diffsoft/core/factor.h"
+#include "diffsoft/core/listed.h"
 #include "diffsoft/core/timers.h"
 #include "diffsoft/core/solver.h"
 
@@ -26,16 +27,6 @@ struct Problem : torch::CustomClassHolder {
   // passed to every step of a rollout), whose forwards overwrite it before this backward runs.
   SolveInfo forward;
 };
-
-// "0, 3, 7" for the rows marked in a (B,) mask (the first 10, then "and N more"). The Python backends name
-// problems alike.
-std::string listed(const torch::Tensor& mask) {
-  torch::Tensor idx = torch::nonzero(mask.cpu()).flatten();
-  std::ostringstream out;
-  for (int64_t k = 0; k < idx.numel() && k < 10; ++k) out << (k ? ", " : "") << idx[k].item<int64_t>();
-  if (idx.numel() > 10) out << " and " << idx.numel() - 10 << " more";
-  return out.str();
-}
 
 // The problems whose forward solve did not converge and whose gradient is asked for (a nonzero row of
 // dL/dx*: a problem a loss leaves out, such as a failed creature a trainer skips, gets no gradient to doubt),

@@ -1,5 +1,6 @@
 // Newton's method with a backtracking line search; each Newton system solved by truncated CG on
 // Hessian-vector products. Vectors are handled as (B, n) rows: B independent problems of n unknowns.
+#include "diffsoft/core/listed.h"
 #include "diffsoft/core/timers.h"
 #include "diffsoft/core/solver.h"
 
@@ -11,15 +12,6 @@
 namespace diffsoft {
 
 namespace {
-
-// "3, 7, 12" for the true entries of a (B,) mask (at most the first 10, then "...").
-std::string indices(const torch::Tensor& mask) {
-  torch::Tensor idx = torch::nonzero(mask.cpu()).flatten();
-  std::ostringstream s;
-  for (int64_t i = 0; i < idx.numel() && i < 10; ++i) s << (i ? ", " : "") << idx[i].item<int64_t>();
-  if (idx.numel() > 10) s << ", ... (" << idx.numel() << " in all)";
-  return s.str();
-}
 
 double default_rtol(torch::ScalarType t) { return t == torch::kFloat64 ? 1e-8 : 1e-4; }
 
@@ -266,7 +258,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       if (!row_finite.all().item<bool>()) {
         throw std::invalid_argument("energy or its gradient is not finite at x0 (energy = " +
                                     std::to_string(e.sum().item<double>()) + ", problem(s) " +
-                                    indices(row_finite.logical_not()) + ")");
+                                    listed(row_finite.logical_not()) + ")");
       }
       g0_norm = g_norm;
       threshold = torch::clamp_min(g0_norm * rtol, opt.atol);
@@ -324,7 +316,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     info.iterations = it;
     torch::Tensor bad = row_finite.logical_not() & failed.logical_not();
     if (bad.any().item<bool>()) {
-      why << "the gradient is not finite at Newton iteration " << it << " for problem(s) " << indices(bad) << "; ";
+      why << "the gradient is not finite at Newton iteration " << it << " for problem(s) " << listed(bad) << "; ";
       failed = failed | bad;
     }
     // Failed problems count too (frozen at their last point): the record says where the solve ended.
@@ -347,7 +339,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       torch::Tensor ratio = g_norm / threshold.clamp_min(std::numeric_limits<double>::min());
       why << "max_iter = " << opt.max_iter << " Newton iterations reached with the gradient norm at "
           << torch::where(active, ratio, torch::zeros_like(ratio)).max().item<double>()
-          << " x its tolerance (||g|| = " << info.grad_norm << ") for problem(s) " << indices(active);
+          << " x its tolerance (||g|| = " << info.grad_norm << ") for problem(s) " << listed(active);
       atol_hint(active);
       why << "; ";
       break;
@@ -488,7 +480,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       why << "the line search found no decrease of the energy after "
           << torch::where(stuck_groups, tried, torch::zeros_like(tried)).max().item<int64_t>()
           << " trials at Newton iteration "
-          << it << " for problem(s) " << indices(stuck) << " (||g|| = "
+          << it << " for problem(s) " << listed(stuck) << " (||g|| = "
           << torch::where(stuck, g_norm, torch::zeros_like(g_norm)).max().item<double>() << ", tolerance "
           << torch::where(stuck, threshold, torch::zeros_like(threshold)).max().item<double>() << ")";
       atol_hint(stuck);
