@@ -63,6 +63,18 @@ def test_the_core_runs_its_loops_over_a_batch_on_torchs_threads():
     assert _C.HAS_OPENMP
 
 
+def test_one_openmp_runtime_serves_torch_and_the_core():
+    """The core links libgomp by its name, which the loader resolves to the copy torch loaded first (pip's
+    torch bundles its own): a second runtime would keep a second pool of threads that torch.set_num_threads
+    does not set."""
+    from diffsoft import _C  # noqa: F401
+    if not os.path.exists("/proc/self/maps"):
+        pytest.skip("no /proc/self/maps on this system")
+    with open("/proc/self/maps") as f:
+        runtimes = {line.split()[-1] for line in f if "libgomp" in line}
+    assert len(runtimes) <= 1, runtimes
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_a_batch_steps_to_the_same_bits_on_one_thread_and_on_two(dtype, restore_threads):
     """256 bipeds: the batch's loops split it between threads (core/parallel.h). Each creature's arithmetic is
