@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "diffsoft/core/factor.h"
+#include "diffsoft/core/parallel.h"
 #include "diffsoft/core/solver.h"
 
 namespace diffsoft {
@@ -63,6 +64,8 @@ AnalyticEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Te
     throw std::invalid_argument("a sparsity pattern's vertex index is out of range [0, " + std::to_string(n_vertices) +
                                 ")");
   auto nb = std::make_shared<const std::vector<std::vector<int64_t>>>(neighbours(n_vertices, elements));
+  int64_t entries = 0;  // neighbour pairs: the matrix's d x d blocks
+  for (const auto& list : *nb) entries += static_cast<int64_t>(list.size());
   int64_t colours = 0;
   auto c = std::make_shared<const std::vector<int64_t>>(colour(*nb, colours));
   const torch::Tensor colour_of = torch::tensor(*c, torch::kLong);
@@ -153,8 +156,11 @@ AnalyticEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Te
             }
           }
           *probes += total;
-          for (int64_t r = 0; r < batch; ++r) {
-            if (!need[r]) continue;
+          // Each problem's matrix from the products, then its factor: on the batch's threads (core/parallel.h),
+          // at about 50 ns an entry for the triplets' sort, and a dense factorization's cost.
+          const double n = double(n_vertices * d), ns = 50.0 * double(entries) * d * d + kDenseFactorNs * n * n * n;
+          for_each_in_batch(batch, ns, [&](int64_t r) {
+            if (!need[r]) return;
             std::vector<Eigen::Triplet<double>> lower;
             for (int64_t j = 0; j < n_vertices; ++j)
               for (int64_t i : (*nb)[j])
@@ -164,7 +170,7 @@ AnalyticEnergy probed_energy(const EnergyFn& energy, const std::vector<torch::Te
                     if (j * d + b >= i * d + a) lower.emplace_back(j * d + b, i * d + a, col[j * d + b]);
                 }
             out[r] = factor_symmetric(n_vertices * d, lower, cache.get());
-          }
+          });
         });
     out.solve = [factors](const torch::Tensor& b) { return factors->solve(b); };
     out.factorizations = [factors] { return factors->count(); };
