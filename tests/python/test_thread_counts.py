@@ -2,6 +2,7 @@
 (whose pthread build otherwise keeps one worker per core, busy beside a process told to use one thread)."""
 import ctypes
 import os
+from queue import Empty
 
 import pytest
 import torch
@@ -102,3 +103,39 @@ def test_a_batch_steps_to_the_same_bits_on_one_thread_and_on_two(dtype, restore_
     two = run()
     for a, b_ in zip(one, two):
         assert torch.equal(a, b_)
+
+
+def _fork_child_rollout(sim, x, v, a, queue):
+    queue.put(_three_steps(sim, x, v, a).tolist())  # (a tensor would be shared through a socket the child closes)
+
+
+def _three_steps(sim, x, v, a):
+    for _ in range(3):
+        x, v = sim.step(x, v, a)
+    return x
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() on this system")
+def test_a_forked_child_steps_after_its_parent_ran_the_threaded_loops(restore_threads):
+    """GNU OpenMP's threads do not survive fork(): a child that enters a parallel region its parent had run waits
+    for them forever. The core runs its loops on one thread in a fork's child (core/parallel.h), so a
+    multiprocessing worker started by fork steps, to the same bits."""
+    import multiprocessing
+    from diffsoft.creatures import biped
+    threads.set_num_threads(2)
+    sim = biped()
+    x, v = (t.expand(64, -1, -1).clone() for t in sim.rest_state)
+    a = torch.full((64, sim.body.num_muscles), 0.8)
+    parent = _three_steps(sim, x, v, a)  # the loops run on 2 threads here (conftest.py splits every batch)
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_fork_child_rollout, args=(sim, x, v, a, queue))
+    child.start()
+    try:
+        got = queue.get(timeout=60)  # before join: a child blocks at exit until what it put is read
+    except Empty:
+        child.kill()
+        pytest.fail("the forked child hung in the core's threaded loops")
+    child.join(10)
+    assert child.exitcode == 0
+    assert torch.equal(torch.tensor(got, dtype=parent.dtype), parent)

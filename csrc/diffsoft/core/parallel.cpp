@@ -1,6 +1,8 @@
 // Whether the core's loops over a batch run on torch's threads; see parallel.h.
 #include "diffsoft/core/parallel.h"
 
+#include <pthread.h>
+
 #include <atomic>
 
 namespace diffsoft {
@@ -15,7 +17,11 @@ bool has_openmp() {
 
 namespace {
 std::atomic<double> chunk_ns{kMinChunkNs};
+std::atomic<bool> in_child{false};
+const int kAtFork = pthread_atfork(nullptr, nullptr, [] { in_child.store(true); });
 }  // namespace
+
+bool forked() { return in_child.load(std::memory_order_relaxed); }
 
 double min_chunk_ns() { return chunk_ns.load(std::memory_order_relaxed); }
 

@@ -26,10 +26,19 @@ constexpr double kMinChunkNs = 300e3;
 double min_chunk_ns();
 void set_min_chunk_ns(double ns);
 
+// True in a process made by fork(): GNU OpenMP's threads do not survive a fork, and a parallel region in the
+// child of a process that had run one waits for them forever (torch's own OpenMP ops alike). A fork's child
+// (multiprocessing's default start on Linux, DataLoader workers) runs the loops on its one thread.
+bool forked();
+
 // Calls f(b) for b in [0, batch), in chunks of at least min_chunk_ns() of work, for problems of about
 // `ns_per_problem` nanoseconds each (an estimate: its order of magnitude is what counts).
 template <typename F>
 void for_each_in_batch(int64_t batch, double ns_per_problem, const F& f) {
+  if (forked()) {
+    for (int64_t b = 0; b < batch; ++b) f(b);
+    return;
+  }
   const auto grain = static_cast<int64_t>(std::ceil(min_chunk_ns() / std::max(ns_per_problem, 1.0)));
   at::parallel_for(0, batch, std::max<int64_t>(grain, 1), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) f(b);
