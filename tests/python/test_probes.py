@@ -176,15 +176,14 @@ def test_bad_probe_batch_is_refused_by_name(bad):
 def test_a_batch_factors_to_the_same_bits_on_one_thread_and_on_two():
     """The batch's matrices are assembled and factored on its threads (core/parallel.h; conftest.py splits every
     batch): the same iterates and gradients, bit for bit, as on one thread."""
-    from diffsoft.threads import set_num_threads
     body = _sheet(5, 3)
-    before = torch.get_num_threads()
+    before = torch.get_num_threads()  # the loops' count; OpenBLAS's (diffsoft.threads) is left as it is
     try:
-        set_num_threads(1)
+        torch.set_num_threads(1)
         one = _solve(neo_hookean(body), body, probe_batch=4, batched=True)
-        set_num_threads(2)
+        torch.set_num_threads(2)
         two = _solve(neo_hookean(body), body, probe_batch=4, batched=True)
     finally:
-        set_num_threads(before)
+        torch.set_num_threads(before)
     assert torch.equal(one[0], two[0]) and all(torch.equal(a, b) for a, b in zip(one[1], two[1]))
     assert one[2].factorizations == two[2].factorizations > 0
