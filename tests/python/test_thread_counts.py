@@ -139,3 +139,20 @@ def test_a_forked_child_steps_after_its_parent_ran_the_threaded_loops(restore_th
     child.join(10)
     assert child.exitcode == 0
     assert torch.equal(torch.tensor(got, dtype=parent.dtype), parent)
+
+
+def test_the_chunk_knob_refuses_what_is_not_a_size_and_an_infinite_chunk_keeps_a_batch_together():
+    from diffsoft import _C
+    from diffsoft.creatures import biped
+    for bad in (float("nan"), -1.0):
+        with pytest.raises(ValueError, match="min_chunk_ns must be >= 0"):
+            _C._set_min_chunk_ns(bad)
+    sim = biped()
+    x, v = (t.expand(8, -1, -1).clone() for t in sim.rest_state)
+    a = torch.full((8, sim.body.num_muscles), 0.8)
+    split = _three_steps(sim, x, v, a)  # conftest.py's 0: every batch split
+    before = _C._set_min_chunk_ns(float("inf"))
+    try:
+        assert torch.equal(_three_steps(sim, x, v, a), split)
+    finally:
+        _C._set_min_chunk_ns(before)

@@ -4,6 +4,8 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <stdexcept>
+#include <string>
 
 namespace diffsoft {
 
@@ -25,6 +27,9 @@ bool forked() { return in_child.load(std::memory_order_relaxed); }
 
 double min_chunk_ns() { return chunk_ns.load(std::memory_order_relaxed); }
 
-void set_min_chunk_ns(double ns) { chunk_ns.store(std::max(ns, 0.0), std::memory_order_relaxed); }
+void set_min_chunk_ns(double ns) {
+  if (!(ns >= 0.0)) throw std::invalid_argument("min_chunk_ns must be >= 0, got " + std::to_string(ns));
+  chunk_ns.store(ns, std::memory_order_relaxed);
+}
 
 }  // namespace diffsoft

@@ -22,7 +22,8 @@ bool has_openmp();
 constexpr double kMinChunkNs = 300e3;
 
 // The chunks' least work now: kMinChunkNs, unless set (0 splits every batch of two or more problems between
-// the threads: the test suite's setting, so that its small batches run the threaded paths too). Thread-safe.
+// the threads: the test suite's setting, so that its small batches run the threaded paths too; a negative or
+// NaN value is an invalid_argument). Thread-safe.
 double min_chunk_ns();
 void set_min_chunk_ns(double ns);
 
@@ -39,8 +40,9 @@ void for_each_in_batch(int64_t batch, double ns_per_problem, const F& f) {
     for (int64_t b = 0; b < batch; ++b) f(b);
     return;
   }
-  const auto grain = static_cast<int64_t>(std::ceil(min_chunk_ns() / std::max(ns_per_problem, 1.0)));
-  at::parallel_for(0, batch, std::max<int64_t>(grain, 1), [&](int64_t b0, int64_t b1) {
+  // (bounded by the batch before the cast: an infinite chunk or a huge estimate keeps the whole batch together)
+  const double grain = std::min(std::ceil(min_chunk_ns() / std::max(ns_per_problem, 1.0)), double(batch));
+  at::parallel_for(0, batch, std::max<int64_t>(static_cast<int64_t>(grain), 1), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) f(b);
   });
 }
