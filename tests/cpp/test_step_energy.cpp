@@ -1,6 +1,8 @@
 // The fused step-energy kernels: gradient, Hessian-vector products and parameter derivatives against central
 // differences of the kernel's own value and gradient, for each material in 2D and 3D; the analytic path's
 // factorizations; bad shapes and indices are refused.
+#include <functional>
+#include <limits>
 #include <gtest/gtest.h>
 
 #include <ATen/Parallel.h>
@@ -345,6 +347,47 @@ TEST(StepEnergyKernelInput, NamesTheUnsetTensor) {
   // The solver's analytic path reads the state's shapes when it is made: named there too (was torch's "shape
   // '[0]' is invalid" at its first evaluation).
   EXPECT_THROW(diffsoft::step_analytic_energy(e.model, e.state, true), std::invalid_argument);
+}
+
+// Physical values out of range are refused by field (they had been taken as given: a negative mass or time step
+// gave an energy unbounded below, or a wrong step), per problem too; the test problems' own values pass.
+TEST(StepEnergyKernelInput, RefusesPhysicalValuesOutOfRange) {
+  auto message = [](const Problem& p) {
+    try {
+      diffsoft::step_energy_value(p.model, p.state);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const struct {
+    std::function<void(diffsoft::StepModel&)> edit;
+    const char* said;
+  } cases[] = {
+      {[](auto& m) { m.mass = m.mass.clone(); m.mass[1] = -1.0; },
+       "StepModel.mass holds -1 (flat entry 1): must be positive"},
+      {[](auto& m) { m.mass = torch::zeros({2, m.mass.size(0)}, f64) + 1.0; m.mass[1][0] = 0.0; },
+       "StepModel.mass holds 0 (flat entry "},
+      {[](auto& m) { m.h = torch::tensor(-0.01, f64); }, "StepModel.h holds -0.01"},
+      {[&](auto& m) { m.mu = m.mu.clone(); m.mu[0] = nan; }, "StepModel.mu holds nan"},
+      {[](auto& m) { m.lam = m.lam.clone(); m.lam[0] = -1.0; }, "StepModel.lam holds -1 (flat entry 0): must be >= 0"},
+      {[](auto& m) { m.gravity = torch::tensor(-9.8, f64); }, "StepModel.gravity holds -9.8"},
+      {[](auto& m) { m.stiffness = m.stiffness.clone(); m.stiffness[0] = 0.0; }, "StepModel.stiffness holds 0"},
+      {[](auto& m) { m.colliders[0].params[1] = torch::tensor(-0.5, f64); }, "StepModel.colliders[0].friction holds"},
+      {[](auto& m) { m.colliders[1].params[0] = torch::tensor(0.0, f64); }, "StepModel.colliders[1].stiffness holds"},
+  };
+  for (const auto& c : cases) {
+    Problem p = make(2, 0);
+    ASSERT_GT(p.model.muscles.size(0), 0);
+    ASSERT_EQ(message(p), "accepted");
+    c.edit(p.model);
+    EXPECT_NE(message(p).find(c.said), std::string::npos) << message(p);
+  }
+  Problem stable = make(2, 0);  // the stable neo-Hookean takes a negative lam (a negative Poisson ratio)
+  stable.model.material = 2;
+  stable.model.lam = stable.model.lam.clone() * -0.1;
+  EXPECT_EQ(message(stable), "accepted");
 }
 
 // The test problems exercise every collider kind: each one alone adds energy (contact or friction).
