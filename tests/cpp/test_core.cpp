@@ -131,30 +131,6 @@ TEST_F(Core, NewtonBatchJudgesEachProblemOnItsOwnTolerance) {
   for (int64_t i = 0; i < 3; ++i) EXPECT_LE(g[i].norm().item<double>(), 1e-10 * b[i].norm().item<double>());
 }
 
-// With atol 0 a solve started at its own answer is held to rtol x ||g0||, below the gradient's round-off: it ends
-// converged where every component of its gradient is round-off (it ran to max_iter and failed), its tolerance
-// raised and reported, and a solve away from the answer keeps the tolerance it had.
-TEST_F(Core, AWarmStartFromItsOwnAnswerConverges) {
-  const int64_t n = 6;
-  Tensor k = torch::rand({2, n}, f64) + 1, b = torch::randn({2, n}, f64);
-  diffsoft::SolverOptions opt;
-  opt.batched = true;
-  opt.raise_on_failure = true;
-  diffsoft::SolveInfo cold, warm;
-  Tensor x1 = diffsoft::newton_minimize(quartic, torch::zeros({2, n}, f64), {k, b}, opt, cold);
-  const Tensor g1 = k * x1 + x1.pow(3) - b;
-  for (int64_t i = 0; i < 2; ++i) EXPECT_DOUBLE_EQ(cold.problem_tolerance.at(i), 1e-8 * b[i].norm().item<double>());
-  Tensor x2 = diffsoft::newton_minimize(quartic, x1, {k, b}, opt, warm);
-  EXPECT_TRUE(warm.converged) << warm.message;
-  EXPECT_LE(warm.iterations, 8);
-  EXPECT_LE((x2 - x1).abs().max().item<double>(), 1e-8);
-  const Tensor g2 = k * x2 + x2.pow(3) - b;
-  for (int64_t i = 0; i < 2; ++i) {
-    EXPECT_GE(warm.problem_tolerance.at(i), 1e-8 * g1[i].norm().item<double>());
-    EXPECT_LE(g2[i].norm().item<double>(), warm.problem_tolerance.at(i));
-  }
-}
-
 TEST_F(Core, ImplicitBackwardMatchesCentralFiniteDifferences) {
   const int64_t n = 7;
   Tensor k = (torch::rand({n}, f64) + 1).requires_grad_();
