@@ -102,11 +102,11 @@ py::tuple solve_info_state(const SolveInfo& i) {
   return py::make_tuple(i.converged, i.iterations, i.cg_iterations, i.hvp_count, i.factorizations,
                         i.line_search_steps, i.fallback_steps, i.energy, i.grad_norm, i.grad_norm_initial,
                         i.problem_converged, i.message, i.backward_ran, i.backward_converged, i.backward_cg_iterations,
-                        i.backward_direct, i.backward_residual, i.backward_message, i.problem_tolerance);
+                        i.backward_direct, i.backward_residual, i.backward_message);
 }
 
 std::shared_ptr<SolveInfo> solve_info_from(const py::tuple& t) {
-  if (t.size() != 19) throw std::invalid_argument("SolveInfo: a pickled state of 19 fields expected");
+  if (t.size() != 18) throw std::invalid_argument("SolveInfo: a pickled state of 18 fields expected");
   auto i = std::make_shared<SolveInfo>();
   i->converged = t[0].cast<bool>();
   i->iterations = t[1].cast<int64_t>();
@@ -126,7 +126,6 @@ std::shared_ptr<SolveInfo> solve_info_from(const py::tuple& t) {
   i->backward_direct = t[15].cast<bool>();
   i->backward_residual = t[16].cast<double>();
   i->backward_message = t[17].cast<std::string>();
-  i->problem_tolerance = t[18].cast<std::vector<double>>();
   return i;
 }
 
@@ -218,7 +217,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("grad_norm", &SolveInfo::grad_norm)
       .def_readwrite("grad_norm_initial", &SolveInfo::grad_norm_initial)
       .def_readwrite("problem_converged", &SolveInfo::problem_converged)
-      .def_readwrite("problem_tolerance", &SolveInfo::problem_tolerance)
       .def_readwrite("message", &SolveInfo::message)
       .def_readwrite("backward_ran", &SolveInfo::backward_ran)
       .def_readwrite("backward_converged", &SolveInfo::backward_converged)

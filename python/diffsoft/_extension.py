@@ -26,8 +26,7 @@ SolveInfo = _C.SolveInfo
 SolveInfo.__doc__ = """The record of one solve (``minimize(..., return_info=True)``, ``Simulator.step(...,
 return_info=True)``): ``converged``, ``iterations``, ``cg_iterations``, ``hvp_count``, ``factorizations``,
 ``line_search_steps``, ``fallback_steps``, ``energy``, ``grad_norm``, ``grad_norm_initial``,
-``problem_converged`` (one flag per problem of a batch), ``problem_tolerance`` (the gradient norm each was held
-to) and ``message``; after ``backward()``, the adjoint solve's
+``problem_converged`` (one flag per problem of a batch) and ``message``; after ``backward()``, the adjoint solve's
 ``backward_converged``, ``backward_cg_iterations``, ``backward_direct``, ``backward_residual`` (relative) and
 ``backward_message``. docs/concepts.md describes each."""
 SolverOptions = _C.SolverOptions

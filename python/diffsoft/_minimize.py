@@ -109,12 +109,7 @@ def minimize(
             energy unbounded below) is frozen and named in the report while the others go on. With a summed
             energy the line search takes one step size for all.
         rtol, atol: gradient tolerances (see ``batched``); ``rtol=None`` means 1e-8 for float64, 1e-4 for
-            float32. With ``atol`` 0, a problem whose gradient stops falling (not halved by an iteration whose step
-            was within sqrt(eps) of ``x``) or whose line search finds no decrease has also converged where every
-            component of its gradient is round-off, within 64 eps of ``H x``'s (one Hessian-vector product): a
-            start at or near the minimum, such as a solve warm-started from its own answer, makes ``rtol x
-            ||g0||`` itself round-off, which no ``x`` reaches. ``info.problem_tolerance`` holds each problem's
-            tolerance.
+            float32.
         max_iter: Newton iterations.
         cg_rtol: cap of the forcing term: each Newton system ``H p = -g`` is solved by CG to a relative
             residual ``min(cg_rtol, sqrt(||g|| / ||g0||))``. CG stops at non-positive curvature and returns a
@@ -176,9 +171,8 @@ def minimize(
     Returns:
         ``x*`` with the shape of ``x0``, or ``(x*, info)``. ``info`` holds converged, iterations,
         cg_iterations, hvp_count, factorizations, line_search_steps, fallback_steps, energy, grad_norm,
-        grad_norm_initial, problem_converged, problem_tolerance and message; after ``backward()`` the same object
-        also holds backward_ran, backward_converged, backward_cg_iterations, backward_residual and
-        backward_message.
+        grad_norm_initial, problem_converged and message; after ``backward()`` the same object also holds backward_ran,
+        backward_converged, backward_cg_iterations, backward_residual and backward_message.
     """
     if not callable(energy):
         raise TypeError(f"energy must be callable, got {type(energy).__name__}")

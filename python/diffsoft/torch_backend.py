@@ -438,7 +438,7 @@ def _record_forward(info, o, iterations, factorizations, cg_iterations, counts, 
     info.factorizations = factorizations
     info.energy = host["energy"]
     info.grad_norm, info.grad_norm_initial = max(host["g_norm"]), max(host["g0_norm"])
-    info.problem_converged, info.problem_tolerance = host["ok"], host["threshold"]
+    info.problem_converged = host["ok"]
     why = []
     for code, text in ((2, "the gradient is not finite (Newton iteration {it}) for problem(s) {who}"),
                        (3, f"the line search found no decrease of the energy after {o.ls_max_iter} trials "

@@ -123,17 +123,6 @@ def problem_grad_norms(energy, x, params):
     return gx.reshape(-1, x.shape[-1]).norm(dim=-1) if x.dim() == 2 else gx.norm().reshape(1)
 
 
-def round_off_components(energy, x, params):
-    """Per problem, whether every component of ``grad_x E`` is within 64 eps (x 1.01, for the reduction order)
-    of ``|H x|``'s, by autograd: ``(B,)`` (``(1,)`` unbatched)."""
-    x = x.detach().requires_grad_()
-    with torch.enable_grad():
-        (gx,) = torch.autograd.grad(energy(x, *params).sum(), x, create_graph=True)
-        (hx,) = torch.autograd.grad(gx, x, x.detach())
-    ok = gx.detach().abs() <= 1.01 * 64 * torch.finfo(x.dtype).eps * hx.abs()
-    return ok.reshape(len(x), -1).all(1) if x.dim() == 2 else ok.all().reshape(1)
-
-
 def check_solve(energy, x0, params, **options):
     """One ``minimize`` with ``on_failure="warn"``; checks the properties, replays a failure with
     ``on_failure="raise"``. Returns ``"converged"`` or ``"reported"``; violations raise AssertionError."""
@@ -146,16 +135,8 @@ def check_solve(energy, x0, params, **options):
     rtol = options.get("rtol") or (1e-8 if x0.dtype == torch.float64 else 1e-4)
     threshold = (rtol * problem_grad_norms(energy, x0, params)).clamp_min(options.get("atol", 0.0))
     g = problem_grad_norms(energy, x, params)
-    # A tolerance above rtol x ||g0|| (atol 0 only) is the gradient's round-off at x*: each component of the
-    # gradient within 64 eps of H x*'s (minimize's docstring).
-    held = torch.tensor(info.problem_tolerance, dtype=torch.float64)
-    assert len(held) == len(g) and (held >= threshold.to(torch.float64) * (1 - 1e-6)).all(), (held, threshold)
-    raised = held > threshold.to(torch.float64) * (1 + 1e-6)
-    if raised.any():
-        assert options.get("atol", 0.0) == 0, f"a tolerance raised with atol {options['atol']}"
-        assert (round_off_components(energy, x, params) | ~raised).all(), "a tolerance raised above round-off"
     # The solver's own gradient and autograd's are the same computation; allow a little for reduction order.
-    met = g <= torch.maximum(threshold.to(torch.float64), held).to(g.dtype) * (1 + 1e-6)
+    met = g <= threshold * (1 + 1e-6)
     flags = torch.tensor(info.problem_converged)
     assert len(flags) == len(g)
     assert (flags <= met).all(), f"problems {torch.nonzero(flags & ~met).flatten().tolist()} claim convergence"

@@ -267,11 +267,11 @@ def _checkpoint(tmp, edit=None, creature="biped", **kw):
     training.train(TrainConfig(**{**cfg, "iterations": 2, **kw}), resume=True, progress=False)
 
 
-def _cancelling_terms():
-    """``minimize`` with atol 0 on an energy whose gradient rounds to a large constant's precision (1.2e-4)."""
-    c = 1e12
-    energy = lambda x: (0.5 * (x + c) ** 2 - (c + 1 / 3) * x + 0.25 * x ** 4).sum()  # noqa: E731
-    diffsoft.minimize(energy, torch.zeros(3, dtype=F64), max_iter=10)
+def _warm_start():
+    """``minimize`` with atol 0 from its own answer: the relative tolerance below round-off."""
+    def energy(x):
+        return (0.5 * x * x + 0.25 * x ** 4 - x).sum()
+    diffsoft.minimize(energy, diffsoft.minimize(energy, torch.zeros(3, dtype=F64)), max_iter=3)
 
 
 def _dual_in_a_closure():
@@ -470,7 +470,7 @@ TRIGGERS = [
     ("... the line search found no decrease of the energy after K trials at Newton iteration i for problem(s) ... "
      "(||g|| = ..., tolerance ...)", lambda tmp: _kink()),
     ("... (atol is 0, so the tolerance is rtol x ||g0||, here down to T: where that is below the gradient's "
-     "round-off, as where the energy's terms cancel, no x reaches it; set atol)", lambda tmp: _cancelling_terms()),
+     "round-off, as from a start at or near the minimum, no x reaches it; set atol)", lambda tmp: _warm_start()),
     ("NotImplementedError: ... reads a forward-mode dual tensor that is not among its params (one its closure "
      "captured): ...", lambda tmp: _dual_in_a_closure()),
     ("RuntimeWarning: ... depends on a tensor that requires grad and is not among its params",

@@ -37,10 +37,6 @@ constexpr double kProductPerNonzero = 3.0;       // the Hessian-vector product, 
 // benchmarks/step_speed.py, at a budget of 2: 5 Newton iterations instead of 3, a step 1.9x slower).
 constexpr int64_t kMinReuseIterations = 4;
 
-// With atol 0, a gradient component within this many units of round-off of the gradient's terms, kRoundoffGradient
-// x eps x |(H x)_i|, is round-off (at_roundoff in newton_minimize).
-constexpr double kRoundoffGradient = 64;
-
 // How many iterations CG on the stale factor gets before the problems where it has not converged are factored
 // again: half of what a factorization costs over what an iteration costs, so that a failed try costs at most
 // half a factorization more than factoring at once. Where the factor was made from probes (minimize's
@@ -236,10 +232,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
   info = SolveInfo();
   torch::Tensor x = x0.detach().reshape({batch, n}).clone();
   torch::Tensor g0_norm, threshold, g_norm;
-  torch::Tensor g_last, x_last, floored;  // the last iteration's ||g|| and x; the problems at_roundoff looked at
   torch::Tensor failed = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kBool).device(x0.device()));
-  const double ulp = x0.scalar_type() == torch::kFloat64 ? std::numeric_limits<double>::epsilon()
-                                                         : std::numeric_limits<float>::epsilon();
   std::ostringstream why;
   // opt.reuse_factor: the last factorization's solve, and how many CG iterations on it are worth a try.
   LinearOperator stale;
@@ -249,23 +242,6 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
   // By autograd, the backtracking's last trial, evaluated with its graph: where Newton takes it (every row, as
   // it mostly does), the next iteration builds its gradient from that forward instead of evaluating again.
   std::shared_ptr<SecondOrderPoint> last_trial;
-  // With atol 0 the tolerance is relative to ||g0||, which a start at or near the minimum (a solve warm-started
-  // from its own answer) makes round-off itself: rtol x ||g0|| then lies below what any x reaches, and such a
-  // solve ran to max_iter and failed. Where a problem's gradient stops falling, or its line search finds no
-  // decrease, it has converged if every component of its gradient is round-off: |g_i| <= kRoundoffGradient x eps
-  // x |(H x)_i|, the size of the gradient's terms (by one product, once per problem); its tolerance is then that
-  // bound's norm. Component by component, so that a coordinate at 1e30 does not drown the others' gradients; a
-  // solve whose gradient falls as Newton's does never asks. Returns the problems converged so.
-  auto at_roundoff = [&](const AnalyticDerivatives& point, const torch::Tensor& x_point, torch::Tensor rows) {
-    rows = rows & floored.logical_not();
-    if (opt.atol != 0 || !rows.any().item<bool>()) return torch::zeros_like(rows);
-    const torch::Tensor bound = point.hvp(x_point).abs() * (kRoundoffGradient * ulp);
-    ++info.hvp_count;
-    const torch::Tensor within = rows & (point.grad.abs() <= bound).all(1);
-    threshold = torch::where(within, torch::maximum(threshold, row_norm(bound)), threshold);
-    floored = floored | rows;
-    return within;
-  };
   for (int64_t it = 0;; ++it) {
     const bool reuse = last_trial && last_trial->has_graph() && torch::equal(last_trial->x(), x);
     AnalyticDerivatives point = reuse ? derivatives_of(last_trial)
@@ -287,15 +263,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       g0_norm = g_norm;
       threshold = torch::clamp_min(g0_norm * rtol, opt.atol);
       info.grad_norm_initial = g0_norm.max().item<double>();
-      floored = torch::zeros_like(failed);
-    } else {
-      // (where a problem's gradient stopped falling: not halved by the last iteration, whose step was within
-      // sqrt(eps) of x, so that Newton's first, damped iterations ask for no product)
-      at_roundoff(point, x, (g_norm > threshold) & (g_norm > 0.5 * g_last) & failed.logical_not() &
-                                (row_norm(x - x_last) <= std::sqrt(ulp) * row_norm(x)));
     }
-    g_last = g_norm;
-    x_last = x;
     if (it == 0 && !probed) {
       // A start that is already stationary stops Newton at once, and a saddle or maximum there (zeros on a
       // symmetry plane, a straight chain under compression) would be returned as a minimum. Where H has
@@ -356,16 +324,15 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     info.grad_norm = torch::where(torch::isnan(g_norm), torch::full_like(g_norm, inf), g_norm).max().item<double>();
     torch::Tensor active = (g_norm > threshold) & failed.logical_not();
     if (!active.any().item<bool>()) break;
-    // With atol 0 the tolerance is rtol times ||g0||, which can lie below the gradient's round-off where
-    // at_roundoff cannot tell it: where the energy's terms cancel (a large constant's), the gradient's round-off
-    // is theirs, far above H x's. Said where a failure may be that (only where the gradient fell since the
-    // start: not for a problem diverging, or one that did not move).
+    // With atol 0 the tolerance is rtol times ||g0||: a start at or near the minimum (a solve warm-started from
+    // its own answer) puts it below the gradient's round-off, where no x reaches it: said where a failure may be
+    // that (only where the gradient fell since the start: not for a problem diverging, or one that did not move).
     auto atol_hint = [&](const torch::Tensor& rows) {
       const torch::Tensor near = rows & (g_norm < g0_norm);
       if (opt.atol == 0 && near.any().item<bool>())
         why << " (atol is 0, so the tolerance is rtol x ||g0||, here down to "
             << torch::where(near, threshold, torch::full_like(threshold, inf)).min().item<double>()
-            << ": where that is below the gradient's round-off, as where the energy's terms cancel, no x "
+            << ": where that is below the gradient's round-off, as from a start at or near the minimum, no x "
                "reaches it; set atol)";
     };
     if (it == opt.max_iter) {
@@ -504,10 +471,8 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       searched = searched | ok;
       step = torch::where(searched, step, step * opt.ls_shrink);
     }
-    const torch::Tensor x_point = x;
     x = x_next;
     torch::Tensor stuck = (per_problem ? accepted.logical_not() : accepted.logical_not().expand({batch})) & active;
-    if (stuck.any().item<bool>()) stuck = stuck & at_roundoff(point, x_point, stuck).logical_not();
     if (stuck.any().item<bool>()) {
       // (the trials the stuck problems' own searches took this iteration: a first dip's, then backtracking's;
       // the most among them)
@@ -526,8 +491,6 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
 
   torch::Tensor row_ok = ((g_norm <= threshold) & failed.logical_not()).cpu();
   info.problem_converged.assign(row_ok.data_ptr<bool>(), row_ok.data_ptr<bool>() + batch);
-  const torch::Tensor tolerance = threshold.to(torch::kCPU, torch::kFloat64).contiguous();
-  info.problem_tolerance.assign(tolerance.data_ptr<double>(), tolerance.data_ptr<double>() + batch);
   info.converged = row_ok.all().item<bool>();
   info.message = info.converged ? "converged" : why.str().substr(0, why.str().size() - 2);
   if (!info.converged && opt.raise_on_failure) throw ConvergenceError("Newton did not converge: " + info.message);

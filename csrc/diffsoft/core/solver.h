@@ -119,9 +119,6 @@ struct SolveInfo {
   double grad_norm = 0.0;          // max over problems of ||grad E(x*)|| (failed ones too; inf if not finite)
   double grad_norm_initial = 0.0;  // max over problems of ||grad E(x0)||
   std::vector<bool> problem_converged;
-  // The gradient norm each problem was held to: max(atol, rtol ||g0||), or with atol 0 the gradient's round-off
-  // where that is above it and the problem's gradient stopped falling (newton.cpp)
-  std::vector<double> problem_tolerance;
   std::string message;
 
   bool backward_ran = false;
