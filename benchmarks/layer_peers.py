@@ -2,6 +2,7 @@
 
     /work/venv2/peers/bin/python benchmarks/layer_peers.py [--threads 1] [--repeat 3] [--only quartic ...]
         [--out benchmarks/results/peers]
+    .venv-pip/bin/python benchmarks/layer_peers.py --floor [--only quartic batch fit]   # diffsoft's autograd floor
 
 Needs pip's torch 2.x with ``theseus-ai`` and ``torchopt`` (benchmarks/results/peers/README.md), and diffsoft
 built against that torch. Every method gets the same energy, written in torch, and nothing else (no
@@ -423,6 +424,87 @@ def measure(pb, names, repeat, g):
     return rows
 
 
+def autograd_floor(pb, repeat, calls=50):
+    """diffsoft's forward and backward at zero overhead, in seconds: the autograd calls its ``SolveInfo`` counts,
+    each kind timed alone (best of ``repeat`` rounds of ``calls``) at x0. The forward: its Hessian-vector
+    products, one energy and gradient with its graph per Newton iterate, one energy per line-search trial; the
+    backward: the adjoint's products and one gradient at x*. A lower bound (it leaves out the backward's
+    parameter derivatives and its checks), for any implementation of the same algorithm."""
+    params = tuple(p.detach().clone().requires_grad_() for p in pb.params)
+    x, info = run_diffsoft_info(pb, params)
+    x.sum().backward()
+    if pb.batched:
+        energy, x0 = pb.energy, pb.x0
+    else:
+        energy, x0 = (lambda y, *q: pb.energy(y.reshape(1, -1), *q).sum()), pb.x0[0].reshape(pb.shape or (-1,))
+
+    def with_graph():
+        y = x0.detach().requires_grad_()
+        (gy,) = torch.autograd.grad(energy(y, *params, *pb.extra).sum(), y, create_graph=True)
+        return gy, y
+    gy, y = with_graph()
+    v = torch.randn_like(gy)
+
+    def value():
+        with torch.no_grad():
+            return energy(x0, *params, *pb.extra)
+
+    def best(f):
+        out = math.inf
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f()
+            out = min(out, (time.perf_counter() - t0) / calls)
+        return out
+    t_graph, t_product, t_value = best(with_graph), best(lambda: torch.autograd.grad(gy, y, v, retain_graph=True)), \
+        best(value)
+    return {"forward": info.hvp_count * t_product + (info.iterations + 1) * t_graph + info.line_search_steps * t_value,
+            "backward": info.backward_cg_iterations * t_product + t_graph,
+            "counts": {"products": info.hvp_count, "iterations": info.iterations,
+                       "line_search": info.line_search_steps, "adjoint_products": info.backward_cg_iterations},
+            "per_call_ms": {"product": 1e3 * t_product, "energy_and_gradient": 1e3 * t_graph,
+                            "energy": 1e3 * t_value}}
+
+
+def run_diffsoft_info(pb, params):
+    """``run_diffsoft``'s solve, with its SolveInfo."""
+    opts = dict(rtol=TOL, backward_rtol=BACKWARD_TOL, on_failure="raise", max_iter=200, return_info=True)
+    if pb.batched:
+        return diffsoft.minimize(pb.energy, pb.x0, *params, *pb.extra, batched=True, **opts)
+    x0 = pb.x0[0].reshape(pb.shape or pb.x0.shape[1:])
+    return diffsoft.minimize(lambda x, *p: pb.energy(x.reshape(1, -1), *p).sum(), x0, *params, *pb.extra, **opts)
+
+
+def floor_table(pb_names, repeat, peer="torchopt newton-cg"):
+    """Per problem (each drawn from seed 0): diffsoft's measured forward + backward, its autograd floor, and
+    ``peer``'s measured total, side by side (best of ``repeat``, interleaved): whether 3x over the peer is
+    reachable by any implementation of diffsoft's algorithm."""
+    lines = ["| problem | diffsoft ms (measured) | its autograd calls alone, ms (floor) | products, iterations, "
+             "line-search trials, adjoint products | " + peer + " ms | a third of it | 3x reachable at zero "
+             "overhead? |", "| --- | ---: | ---: | --- | ---: | ---: | --- |"]
+    rows = {}
+    for prob in pb_names:
+        g = torch.Generator().manual_seed(0)
+        pb = PROBLEMS[prob](g)
+        w = loss_weights(pb, g)
+        ours, theirs = math.inf, math.inf
+        for _ in range(repeat):
+            f, b, _, _ = forward_backward(METHODS["diffsoft"], pb, w)
+            ours = min(ours, f + b)
+            f, b, _, _ = forward_backward(METHODS[peer], pb, w)
+            theirs = min(theirs, f + b)
+        floor = autograd_floor(pb, repeat)
+        total = floor["forward"] + floor["backward"]
+        rows[prob] = {"diffsoft": ours, "floor": floor, peer: theirs}
+        c = floor["counts"]
+        lines.append(f"| {prob} | {1e3 * ours:.1f} | {1e3 * total:.1f} | {c['products']}, {c['iterations']}, "
+                     f"{c['line_search']}, {c['adjoint_products']} | {1e3 * theirs:.1f} | {1e3 * theirs / 3:.1f} | "
+                     f"{'yes' if total <= theirs / 3 else 'no'} |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines), rows
+
+
 def table(results):
     lines = ["| problem | unknowns | method | forward ms | backward ms | total vs diffsoft | gradient error "
              "(vs central differences) | forward's distance to the reference | peak memory MB |",
@@ -449,9 +531,22 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "peers"))
+    ap.add_argument("--floor", action="store_true",
+                    help="instead: diffsoft's autograd floor beside Newton-CG in torch (layer_floor.md)")
     args = ap.parse_args()
     set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
+    if args.floor:
+        md, _ = floor_table(args.only, args.repeat)
+        v = provenance.versions("torchopt")
+        header = (f"`python benchmarks/layer_peers.py {' '.join(sys.argv[1:])}` at {v['diffsoft_commit']}; torch "
+                  f"{v['torch']}, torchopt {v['torchopt']}; {args.threads} thread(s), best of {args.repeat}, "
+                  f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n")
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "layer_floor.md"), "w") as f:
+            f.write(header + md + "\n")
+        print(header + md)
+        return
     results = {"command": "python benchmarks/layer_peers.py " + " ".join(sys.argv[1:]),
                "versions": provenance.versions("theseus", "torchopt"),
                "threads": args.threads, "repeat": args.repeat, "problems": {}, "unknowns": {},

@@ -369,6 +369,23 @@ TEST_F(Core, ALineSearchThatUnderflowsToNoStepFailsAndSaysSo) {
   }
 }
 
+TEST_F(Core, AStartOnASharpKinkLeavesItAlongTheGradient) {
+  // 1/2 |x - t|^2 + 1/2 |x - r| smoothed over 1e-17, from x0 = r: the Hessian is ~1e17 there and only there, so
+  // Newton's step is below x's precision and no trial along it lowers the energy (the solve failed at its first
+  // iteration). The gradient's search leaves the kink; x* = t - 1/2 sign(t - r).
+  const EnergyFn kinked = [](const Tensor& x, const std::vector<Tensor>& p) {
+    return (0.5 * (x - p[0]).square() + 0.5 * ((x - p[1]).square() + 1e-34).sqrt()).sum();
+  };
+  const Tensor t = torch::tensor({2.0, -1.0, 3.0}, f64), r = torch::tensor({1.0, -2.0, 0.5}, f64);
+  diffsoft::SolverOptions opt;
+  opt.raise_on_failure = true;
+  diffsoft::SolveInfo info;
+  const Tensor x = diffsoft::newton_minimize(kinked, r.clone(), {t, r}, opt, info);
+  EXPECT_TRUE(info.converged) << info.message;
+  EXPECT_GE(info.fallback_steps, 1);
+  EXPECT_LE((x - (t - 0.5 * torch::sign(t - r))).abs().max().item<double>(), 1e-12);
+}
+
 TEST_F(Core, BadInputNamesTheArgument) {
   diffsoft::SolverOptions opt;
   diffsoft::SolveInfo info;

@@ -474,6 +474,26 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     x = x_next;
     torch::Tensor stuck = (per_problem ? accepted.logical_not() : accepted.logical_not().expand({batch})) & active;
     if (stuck.any().item<bool>()) {
+      // A Newton direction along which no trial lowered the energy: where the Hessian is huge at x but only there
+      // (a start on a sharp kink: a smoothed |x - rest| or a contact plane), its step is below x's precision.
+      // Before the problem fails, its gradient, made as long as x (or 1), is searched from the shortest trial up,
+      // as a direction of non-positive curvature is: the first dip along it, if the energy has one. (A start
+      // on |x - 1| smoothed over 1e-9 in float32 failed here at iteration 0, 0.5 from its minimum.)
+      const torch::Tensor rows = per_problem ? stuck : stuck.any().reshape({1});
+      const torch::Tensor reach_x = torch::clamp_min(row_norm(x), 1.0);
+      const torch::Tensor g_len = torch::where(stuck, g_norm, torch::ones_like(g_norm));
+      const torch::Tensor down = torch::where(stuck.unsqueeze(1), -g * (reach_x / g_len).unsqueeze(1),
+                                              torch::zeros_like(g));
+      torch::Tensor moved, rose;
+      const torch::Tensor x_down =
+          ladder_search(x, down, e, e_scale, rows, torch::full_like(e, dip_ladder(opt, x.scalar_type()).shortest()),
+                        torch::zeros_like(e, torch::kBool), torch::zeros_like(e), per_problem, moved, rose);
+      const torch::Tensor took = stuck & (per_problem ? moved : moved.expand({batch}));
+      x = torch::where(took.unsqueeze(1), x_down, x);
+      info.fallback_steps += took.sum().item<int64_t>();
+      stuck = stuck & took.logical_not();
+    }
+    if (stuck.any().item<bool>()) {
       // (the trials the stuck problems' own searches took this iteration: a first dip's, then backtracking's;
       // the most among them)
       const torch::Tensor stuck_groups = per_problem ? stuck : stuck.any().reshape({1});
