@@ -156,15 +156,16 @@ PROBLEMS = {"quartic": quartic, "batch": batch, "sheet": sheet, "fit": fit}
 
 # ---- the methods: each returns x* (B, n) as a function of the params, differentiable -------------------------
 
-def run_diffsoft(pb, params, sparse=False):
-    opts = dict(rtol=TOL, backward_rtol=BACKWARD_TOL, on_failure="raise", max_iter=200)
+def run_diffsoft(pb, params, sparse=False, info=False):
+    """x* (B, n), or with ``info`` ``(x* as minimize returns it, SolveInfo)``."""
+    opts = dict(rtol=TOL, backward_rtol=BACKWARD_TOL, on_failure="raise", max_iter=200, return_info=info)
     if pb.batched:
         return diffsoft.minimize(pb.energy, pb.x0, *params, *pb.extra, batched=True, **opts)
     x0 = pb.x0[0].reshape(pb.shape or pb.x0.shape[1:])
     sparsity = pb.sparsity if sparse else None
     x = diffsoft.minimize(lambda x, *p: pb.energy(x.reshape(1, -1), *p).sum(), x0, *params, *pb.extra,
                           sparsity=sparsity, **opts)
-    return x.reshape(1, -1)
+    return x if info else x.reshape(1, -1)
 
 
 def single(pb):
@@ -425,13 +426,11 @@ def measure(pb, names, repeat, g):
 
 
 def autograd_floor(pb, repeat, calls=50):
-    """diffsoft's forward and backward at zero overhead, in seconds: the autograd calls its ``SolveInfo`` counts,
-    each kind timed alone (best of ``repeat`` rounds of ``calls``) at x0. The forward: its Hessian-vector
-    products, one energy and gradient with its graph per Newton iterate, one energy per line-search trial; the
-    backward: the adjoint's products and one gradient at x*. A lower bound (it leaves out the backward's
-    parameter derivatives and its checks), for any implementation of the same algorithm."""
+    """A lower bound on diffsoft's forward and backward (s): the autograd calls its ``SolveInfo`` counts (products,
+    an energy and gradient per Newton iterate, an energy per line-search trial; the adjoint's products and a
+    gradient at x*), each kind timed alone at x0, best of ``repeat`` rounds of ``calls``."""
     params = tuple(p.detach().clone().requires_grad_() for p in pb.params)
-    x, info = run_diffsoft_info(pb, params)
+    x, info = run_diffsoft(pb, params, info=True)
     x.sum().backward()
     if pb.batched:
         energy, x0 = pb.energy, pb.x0
@@ -467,19 +466,8 @@ def autograd_floor(pb, repeat, calls=50):
                             "energy": 1e3 * t_value}}
 
 
-def run_diffsoft_info(pb, params):
-    """``run_diffsoft``'s solve, with its SolveInfo."""
-    opts = dict(rtol=TOL, backward_rtol=BACKWARD_TOL, on_failure="raise", max_iter=200, return_info=True)
-    if pb.batched:
-        return diffsoft.minimize(pb.energy, pb.x0, *params, *pb.extra, batched=True, **opts)
-    x0 = pb.x0[0].reshape(pb.shape or pb.x0.shape[1:])
-    return diffsoft.minimize(lambda x, *p: pb.energy(x.reshape(1, -1), *p).sum(), x0, *params, *pb.extra, **opts)
-
-
 def floor_table(pb_names, repeat, peer="torchopt newton-cg"):
-    """Per problem (each drawn from seed 0): diffsoft's measured forward + backward, its autograd floor, and
-    ``peer``'s measured total, side by side (best of ``repeat``, interleaved): whether 3x over the peer is
-    reachable by any implementation of diffsoft's algorithm."""
+    """Per problem (seed 0): diffsoft's forward + backward, its autograd floor and ``peer``'s, side by side."""
     lines = ["| problem | diffsoft ms (measured) | its autograd calls alone, ms (floor) | products, iterations, "
              "line-search trials, adjoint products | " + peer + " ms | a third of it | 3x reachable at zero "
              "overhead? |", "| --- | ---: | ---: | --- | ---: | ---: | --- |"]
@@ -489,6 +477,8 @@ def floor_table(pb_names, repeat, peer="torchopt newton-cg"):
         pb = PROBLEMS[prob](g)
         w = loss_weights(pb, g)
         ours, theirs = math.inf, math.inf
+        for name in ("diffsoft", peer):  # warm-up
+            forward_backward(METHODS[name], pb, w)
         for _ in range(repeat):
             f, b, _, _ = forward_backward(METHODS["diffsoft"], pb, w)
             ours = min(ours, f + b)

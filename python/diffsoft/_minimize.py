@@ -127,9 +127,9 @@ def minimize(
             where that is coarser), the last of the first run of decreases taken; and a Newton step longer than
             ``x`` (or 1) is tried from ``x``'s length up, taken to its first dip where the energy along it has
             more than one valley, so that the steps do not depend on the energy's scale and do not leap over
-            wells (docs/reliability.md). Where no trial along Newton's direction lowers the energy (a Hessian
-            huge at ``x`` alone, as at a start on a sharp kink), the gradient, made as long as ``x``, is searched
-            the same way before the problem fails.
+            wells (docs/reliability.md). Where no trial along Newton's direction lowers the energy, or the step
+            taken is within ``x``'s precision (a Hessian huge at ``x`` alone, as at a start on a sharp kink), the
+            gradient, made as long as ``x``, is searched the same way before the problem fails (or creeps on).
         on_failure: ``"warn"`` (a RuntimeWarning and ``info.converged = False``) or ``"raise"``
             (``diffsoft.ConvergenceError``, whose ``info`` attribute holds the record), for the forward and
             the backward alike.

@@ -371,11 +371,12 @@ TEST(StepEnergyKernelInput, RefusesPhysicalValuesOutOfRange) {
        "StepModel.mass holds 0 (flat entry "},
       {[](auto& m) { m.h = torch::tensor(-0.01, f64); }, "StepModel.h holds -0.01"},
       {[&](auto& m) { m.mu = m.mu.clone(); m.mu[0] = nan; }, "StepModel.mu holds nan"},
+      {[](auto& m) { m.mu = m.mu.clone(); m.mu[1] = -3.0; }, "StepModel.mu holds -3 (flat entry 1): must be >= 0"},
       {[](auto& m) { m.lam = m.lam.clone(); m.lam[0] = -1.0; }, "StepModel.lam holds -1 (flat entry 0): must be >= 0"},
       {[](auto& m) { m.gravity = torch::tensor(-9.8, f64); }, "StepModel.gravity holds -9.8"},
       {[](auto& m) { m.stiffness = m.stiffness.clone(); m.stiffness[0] = 0.0; }, "StepModel.stiffness holds 0"},
       {[](auto& m) { m.colliders[0].params[1] = torch::tensor(-0.5, f64); }, "StepModel.colliders[0].friction holds"},
-      {[](auto& m) { m.colliders[1].params[0] = torch::tensor(0.0, f64); }, "StepModel.colliders[1].stiffness holds"},
+      {[](auto& m) { m.colliders[1].params[0] = torch::tensor(-1.0, f64); }, "StepModel.colliders[1].stiffness holds"},
   };
   for (const auto& c : cases) {
     Problem p = make(2, 0);
@@ -384,6 +385,12 @@ TEST(StepEnergyKernelInput, RefusesPhysicalValuesOutOfRange) {
     c.edit(p.model);
     EXPECT_NE(message(p).find(c.said), std::string::npos) << message(p);
   }
+  Problem zeros = make(2, 0);  // a collider without contact stiffness or friction, an element without shear
+  zeros.model.colliders[0].params[0] = torch::tensor(0.0, f64);
+  zeros.model.colliders[0].params[1] = torch::tensor(0.0, f64);
+  zeros.model.mu = zeros.model.mu.clone();
+  zeros.model.mu[0] = 0.0;
+  EXPECT_EQ(message(zeros), "accepted");
   Problem stable = make(2, 0);  // the stable neo-Hookean takes a negative lam (a negative Poisson ratio)
   stable.model.material = 2;
   stable.model.lam = stable.model.lam.clone() * -0.1;

@@ -493,6 +493,18 @@ def test_several_colliders_each_with_its_own_constants():
     assert torch.isfinite(x1).all()
 
 
+def test_a_collider_without_stiffness_or_friction_steps_alike_on_both_backends():
+    """A collider's contact stiffness and friction may be 0 (a collider switched off): the C++ kernels' range
+    checks took a stiffness of 0 for an error where the torch backend stepped it; both step it now, alike."""
+    out = {}
+    for backend in ("cpp", "torch"):
+        sim = biped(dtype=F64)
+        sim.colliders = [Plane([0.0, 0.5], [0.0, 1.0], stiffness=0.0, friction=0.0)]
+        sim.backend = backend
+        out[backend] = sim.step(*sim.rest_state)[0]
+    torch.testing.assert_close(out["cpp"], out["torch"], rtol=0, atol=1e-12)
+
+
 def test_bad_colliders_are_refused_by_name():
     sim = biped(dtype=F64)
     x, v = sim.rest_state

@@ -233,6 +233,8 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
   torch::Tensor x = x0.detach().reshape({batch, n}).clone();
   torch::Tensor g0_norm, threshold, g_norm;
   torch::Tensor failed = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kBool).device(x0.device()));
+  const double ulp = x0.scalar_type() == torch::kFloat64 ? std::numeric_limits<double>::epsilon()
+                                                         : std::numeric_limits<float>::epsilon();
   std::ostringstream why;
   // opt.reuse_factor: the last factorization's solve, and how many CG iterations on it are worth a try.
   LinearOperator stale;
@@ -471,24 +473,31 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       searched = searched | ok;
       step = torch::where(searched, step, step * opt.ls_shrink);
     }
+    const torch::Tensor x_point = x;
     x = x_next;
     torch::Tensor stuck = (per_problem ? accepted.logical_not() : accepted.logical_not().expand({batch})) & active;
-    if (stuck.any().item<bool>()) {
-      // A Newton direction along which no trial lowered the energy: where the Hessian is huge at x but only there
-      // (a start on a sharp kink: a smoothed |x - rest| or a contact plane), its step is below x's precision.
-      // Before the problem fails, its gradient, made as long as x (or 1), is searched from the shortest trial up,
-      // as a direction of non-positive curvature is: the first dip along it, if the energy has one. (A start
-      // on |x - 1| smoothed over 1e-9 in float32 failed here at iteration 0, 0.5 from its minimum.)
-      const torch::Tensor rows = per_problem ? stuck : stuck.any().reshape({1});
-      const torch::Tensor reach_x = torch::clamp_min(row_norm(x), 1.0);
-      const torch::Tensor g_len = torch::where(stuck, g_norm, torch::ones_like(g_norm));
-      const torch::Tensor down = torch::where(stuck.unsqueeze(1), -g * (reach_x / g_len).unsqueeze(1),
+    // A step no longer than x's precision, taken within the search's round-off allowance: no progress either.
+    const torch::Tensor crept =
+        active & stuck.logical_not() & (row_norm(x - x_point) <= ulp * torch::clamp_min(row_norm(x_point), 1.0));
+    const torch::Tensor retry = stuck | crept;
+    if (retry.any().item<bool>()) {
+      // A Newton direction along which no trial lowered the energy, or only by x's last bits: where the Hessian
+      // is huge at x but only there (a start on a sharp kink: a smoothed |x - rest| or a contact plane), its step
+      // is below x's precision (or at it, in a coordinate near 0). Before such a problem fails (or creeps on),
+      // its gradient, made as long as x (or 1), is searched from the shortest trial up, as a direction of
+      // non-positive curvature is: the first dip along it, if the energy has one. (A start on |x - 1| smoothed
+      // over 1e-9 in float32 failed at iteration 0, 0.5 from its minimum.) A problem that crept and finds no dip
+      // keeps its step, as before.
+      const torch::Tensor rows = per_problem ? retry : retry.any().reshape({1});
+      const torch::Tensor reach_x = torch::clamp_min(row_norm(x_point), 1.0);
+      const torch::Tensor g_len = torch::where(retry, g_norm, torch::ones_like(g_norm));
+      const torch::Tensor down = torch::where(retry.unsqueeze(1), -g * (reach_x / g_len).unsqueeze(1),
                                               torch::zeros_like(g));
       torch::Tensor moved, rose;
-      const torch::Tensor x_down =
-          ladder_search(x, down, e, e_scale, rows, torch::full_like(e, dip_ladder(opt, x.scalar_type()).shortest()),
-                        torch::zeros_like(e, torch::kBool), torch::zeros_like(e), per_problem, moved, rose);
-      const torch::Tensor took = stuck & (per_problem ? moved : moved.expand({batch}));
+      const torch::Tensor x_down = ladder_search(
+          x_point, down, e, e_scale, rows, torch::full_like(e, dip_ladder(opt, x.scalar_type()).shortest()),
+          torch::zeros_like(e, torch::kBool), torch::zeros_like(e), per_problem, moved, rose);
+      const torch::Tensor took = retry & (per_problem ? moved : moved.expand({batch}));
       x = torch::where(took.unsqueeze(1), x_down, x);
       info.fallback_steps += took.sum().item<int64_t>();
       stuck = stuck & took.logical_not();

@@ -197,15 +197,17 @@ void check_range(const std::string& name, const torch::Tensor& t, double lo, boo
   });
 }
 
-// The model's physical values: masses, mu, muscles' rest lengths and stiffnesses, h and each collider's contact
-// stiffness positive; gravity, friction and friction_eps >= 0; lam >= 0 but for the stable neo-Hookean (whose
-// lam may be negative: Python checks its bulk modulus); Dm_inv finite. Read once per call, a few values per
-// element. A negative mass or h had been taken as given: an energy unbounded below, or a wrong step.
+// The model's physical values: masses, muscles' rest lengths and stiffnesses and h positive; mu (weighted by the
+// elements' sizes, which can underflow it to 0 in float32), gravity and each collider's contact stiffness,
+// friction and friction_eps >= 0 (Python's colliders take a stiffness of 0); lam >= 0 but for the stable
+// neo-Hookean (whose lam may be negative: Python checks its bulk modulus); Dm_inv finite. Read once per call,
+// a few values per element. A negative mass or h had been taken as given: an energy unbounded below, or a
+// wrong step.
 void check_values(const StepModel& m) {
   static const char* const positive = "positive and finite";
   static const char* const nonnegative = ">= 0 and finite";
   check_range("mass", m.mass, 0, true, positive);
-  check_range("mu", m.mu, 0, true, positive);
+  check_range("mu", m.mu, 0, false, nonnegative);
   if (m.material == 2) check_range("lam", m.lam, -std::numeric_limits<double>::infinity(), true, "finite");
   else check_range("lam", m.lam, 0, false, ">= 0 and finite for materials 0 and 1 (unbounded below otherwise)");
   check_range("Dm_inv", m.Dm_inv, -std::numeric_limits<double>::infinity(), true, "finite");
@@ -218,8 +220,8 @@ void check_values(const StepModel& m) {
   for (size_t c = 0; c < m.colliders.size(); ++c) {
     static const char* const contact[] = {"stiffness", "friction", "friction_eps"};
     for (size_t j = 0; j < 3; ++j)
-      check_range("colliders[" + std::to_string(c) + "]." + contact[j], m.colliders[c].params[j], 0, j == 0,
-                  j == 0 ? positive : nonnegative);
+      check_range("colliders[" + std::to_string(c) + "]." + contact[j], m.colliders[c].params[j], 0, false,
+                  nonnegative);
   }
 }
 
