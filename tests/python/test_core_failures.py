@@ -499,16 +499,16 @@ def test_a_start_on_a_sharp_kink_leaves_it_along_the_gradient(dtype, width, per_
 
 def test_no_decrease_counts_the_stuck_problems_own_trials():
     """A batch with per-problem energies: problem 0's long Newton step takes the ladder's trials, problem 1's
-    search (it has an energy finite only at its start) backtracks 7 times and finds no decrease, then 7 more
-    along its gradient; the message counts problem 1's 14 trials, not the batch's evaluations in that
-    iteration."""
+    search (it has an energy finite only at its start) backtracks 7 times and finds no decrease, then once along
+    its gradient (whose first trial rises: not finite); the message counts problem 1's 8 trials, not the batch's
+    evaluations in that iteration."""
     def energy(x, start):
         base = torch.stack([0.5 * 0.01 * (x[0] ** 2).sum() - x[0].sum(), (x[1] ** 2).sum()])
         wall = torch.where(x[1] == start[1], torch.zeros_like(x[1]), torch.full_like(x[1], float("nan"))).sum()
         return base + torch.stack([torch.zeros_like(wall), wall])
 
     x0 = torch.tensor([[0.0, 0.0], [1.0, 2.0]], dtype=torch.float64)
-    with pytest.warns(RuntimeWarning, match=r"no decrease of the energy after 14 trials at Newton iteration 0 for "
+    with pytest.warns(RuntimeWarning, match=r"no decrease of the energy after 8 trials at Newton iteration 0 for "
                                             r"problem\(s\) 1 "):
         _, info = diffsoft.minimize(energy, x0.clone(), x0, batched=True, return_info=True, ls_max_iter=7)
-    assert info.problem_converged == [True, False] and info.line_search_steps > 14
+    assert info.problem_converged == [True, False] and info.line_search_steps > 8

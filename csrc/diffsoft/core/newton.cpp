@@ -185,7 +185,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
   auto ladder_search = [&](const torch::Tensor& x, const torch::Tensor& d, const torch::Tensor& e,
                            const torch::Tensor& e_scale, const torch::Tensor& rows, const torch::Tensor& first,
                            const torch::Tensor& whole, const torch::Tensor& slope, bool per_problem,
-                           torch::Tensor& moved, torch::Tensor& rose) {
+                           torch::Tensor& moved, torch::Tensor& rose, bool first_rise_ends = false) {
     auto by_row = [&](const torch::Tensor& t) { return (per_problem ? t : t.expand({batch})).unsqueeze(1); };
     const DipLadder ladder = dip_ladder(opt, x.scalar_type());
     const double inf = std::numeric_limits<double>::infinity();
@@ -217,7 +217,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       rose = rose | up;
       last = torch::where(going, torch::where(finite, e_trial, torch::full_like(e_trial, inf)), last);
       // the first run: after a decrease, until a trial rises (a long step's, at its first rise)
-      dipping = dipping & (up & (lowered | whole)).logical_not();
+      dipping = dipping & (up & (lowered | whole | first_rise_ends)).logical_not();
       lowered = lowered | lower;
       step = step / ladder.ratio;
       const torch::Tensor in_reach = step <= 1 / std::sqrt(ladder.ratio);  // (1, as round-off leaves it)
@@ -477,17 +477,18 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     x = x_next;
     torch::Tensor stuck = (per_problem ? accepted.logical_not() : accepted.logical_not().expand({batch})) & active;
     // A step no longer than x's precision, taken within the search's round-off allowance: no progress either.
-    const torch::Tensor crept =
-        active & stuck.logical_not() & (row_norm(x - x_point) <= ulp * torch::clamp_min(row_norm(x_point), 1.0));
+    const torch::Tensor crept = active & stuck.logical_not() & step_within(x, x_point, ulp);
     const torch::Tensor retry = stuck | crept;
     if (retry.any().item<bool>()) {
       // A Newton direction along which no trial lowered the energy, or only by x's last bits: where the Hessian
       // is huge at x but only there (a start on a sharp kink: a smoothed |x - rest| or a contact plane), its step
       // is below x's precision (or at it, in a coordinate near 0). Before such a problem fails (or creeps on),
       // its gradient, made as long as x (or 1), is searched from the shortest trial up, as a direction of
-      // non-positive curvature is: the first dip along it, if the energy has one. (A start on |x - 1| smoothed
-      // over 1e-9 in float32 failed at iteration 0, 0.5 from its minimum.) A problem that crept and finds no dip
-      // keeps its step, as before.
+      // non-positive curvature is, but ending at the first rise: the dip it reaches falling all the way, if the
+      // energy has one (never one beyond a hill: near a minimum, where steps creep at round-off, the gradient's
+      // direction is noise, and its far trials found other wells). (A start on |x - 1| smoothed over 1e-9 in
+      // float32 failed at iteration 0, 0.5 from its minimum.) A problem that crept and finds no dip keeps its
+      // step, as before.
       const torch::Tensor rows = per_problem ? retry : retry.any().reshape({1});
       const torch::Tensor reach_x = torch::clamp_min(row_norm(x_point), 1.0);
       const torch::Tensor g_len = torch::where(retry, g_norm, torch::ones_like(g_norm));
@@ -496,7 +497,7 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       torch::Tensor moved, rose;
       const torch::Tensor x_down = ladder_search(
           x_point, down, e, e_scale, rows, torch::full_like(e, dip_ladder(opt, x.scalar_type()).shortest()),
-          torch::zeros_like(e, torch::kBool), torch::zeros_like(e), per_problem, moved, rose);
+          torch::zeros_like(e, torch::kBool), torch::zeros_like(e), per_problem, moved, rose, /*first_rise_ends=*/true);
       const torch::Tensor took = retry & (per_problem ? moved : moved.expand({batch}));
       x = torch::where(took.unsqueeze(1), x_down, x);
       info.fallback_steps += took.sum().item<int64_t>();
