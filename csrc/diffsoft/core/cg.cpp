@@ -69,25 +69,36 @@ torch::Tensor row_norm(const torch::Tensor& a) {
 
 torch::Tensor row_dot(const torch::Tensor& a, const torch::Tensor& b) { return (a * b).sum(1); }
 
-torch::Tensor step_within(const torch::Tensor& to, const torch::Tensor& from, double eps) {
-  if (!to.device().is_cpu() || to.dim() != 2 || to.scalar_type() != from.scalar_type() ||
-      (to.scalar_type() != torch::kFloat64 && to.scalar_type() != torch::kFloat32))
-    return row_norm(to - from) <= eps * torch::clamp_min(row_norm(from), 1.0);
-  // CPU: one pass per row (this runs every Newton iteration), the difference formed as ATen's subtraction forms it
+bool step_within(const torch::Tensor& to, const torch::Tensor& from, double eps, const torch::Tensor& rows,
+                 const torch::Tensor& except, torch::Tensor& out) {
+  if (!to.device().is_cpu() || to.dim() != 2 || to.scalar_type() != from.scalar_type() || !rows.device().is_cpu() ||
+      (to.scalar_type() != torch::kFloat64 && to.scalar_type() != torch::kFloat32)) {
+    out = rows & except.logical_not() & (row_norm(to - from) <= eps * torch::clamp_min(row_norm(from), 1.0));
+    return out.any().item<bool>();
+  }
+  // CPU: one pass over the rows asked about, no other tensor operation and no sync (this runs every Newton
+  // iteration); the difference formed as ATen's subtraction forms it
   const torch::Tensor t = to.contiguous(), f = from.contiguous();
-  const int64_t rows = t.size(0), n = t.size(1);
-  torch::Tensor out = torch::empty({rows}, t.options().dtype(torch::kBool));
+  const torch::Tensor asked = rows.to(torch::kBool).contiguous(), skip = except.to(torch::kBool).contiguous();
+  const int64_t count = t.size(0), n = t.size(1);
+  out = torch::zeros({count}, t.options().dtype(torch::kBool));
   bool* o = out.data_ptr<bool>();
+  const bool* ask = asked.data_ptr<bool>();
+  const bool* no = skip.data_ptr<bool>();
+  bool any = false;
   AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "step_within", [&] {
-    std::vector<scalar_t> diff(static_cast<size_t>(n));
-    for (int64_t r = 0; r < rows; ++r) {
+    std::vector<scalar_t> diff;
+    for (int64_t r = 0; r < count; ++r) {
+      if (!ask[r] || no[r]) continue;
       const scalar_t* a = t.data_ptr<scalar_t>() + r * n;
       const scalar_t* b = f.data_ptr<scalar_t>() + r * n;
+      diff.resize(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) diff[static_cast<size_t>(i)] = a[i] - b[i];
       o[r] = one_row_norm(diff.data(), n) <= eps * std::max(one_row_norm(b, n), 1.0);
+      any = any || o[r];
     }
   });
-  return out;
+  return any;
 }
 
 namespace {

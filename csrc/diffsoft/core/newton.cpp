@@ -477,9 +477,11 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
     x = x_next;
     torch::Tensor stuck = (per_problem ? accepted.logical_not() : accepted.logical_not().expand({batch})) & active;
     // A step no longer than x's precision, taken within the search's round-off allowance: no progress either.
-    const torch::Tensor crept = active & stuck.logical_not() & step_within(x, x_point, ulp);
-    const torch::Tensor retry = stuck | crept;
-    if (retry.any().item<bool>()) {
+    torch::Tensor crept;
+    const bool creeping = step_within(x, x_point, ulp, active, stuck, crept);
+    bool any_stuck = stuck.any().item<bool>();
+    if (creeping || any_stuck) {
+      const torch::Tensor retry = stuck | crept;
       // A Newton direction along which no trial lowered the energy, or only by x's last bits: where the Hessian
       // is huge at x but only there (a start on a sharp kink: a smoothed |x - rest| or a contact plane), its step
       // is below x's precision (or at it, in a coordinate near 0). Before such a problem fails (or creeps on),
@@ -502,8 +504,9 @@ torch::Tensor newton_minimize(const EnergyFn& energy, const torch::Tensor& x0, c
       x = torch::where(took.unsqueeze(1), x_down, x);
       info.fallback_steps += took.sum().item<int64_t>();
       stuck = stuck & took.logical_not();
+      any_stuck = stuck.any().item<bool>();
     }
-    if (stuck.any().item<bool>()) {
+    if (any_stuck) {
       // (the trials the stuck problems' own searches took this iteration: a first dip's, then backtracking's;
       // the most among them)
       const torch::Tensor stuck_groups = per_problem ? stuck : stuck.any().reshape({1});

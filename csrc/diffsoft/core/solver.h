@@ -175,8 +175,10 @@ class SecondOrderPoint {
 // (as LAPACK's nrm2 does), so that a gradient of 1e-300 or 1e160 has its true norm, not 0 or inf.
 torch::Tensor row_norm(const torch::Tensor& a);
 torch::Tensor row_dot(const torch::Tensor& a, const torch::Tensor& b);  // (B, n), (B, n) -> (B,)
-// Per row of (B, n) rows, whether ||to - from|| <= eps max(||from||, 1) (scale-safe norms): (B,) bool.
-torch::Tensor step_within(const torch::Tensor& to, const torch::Tensor& from, double eps);
+// Per row of (B, n) rows marked in `rows` and not in `except` ((B,) bool each), whether ||to - from|| <= eps
+// max(||from||, 1) (scale-safe norms), false elsewhere, into `out` ((B,) bool); returns whether any is.
+bool step_within(const torch::Tensor& to, const torch::Tensor& from, double eps, const torch::Tensor& rows,
+                 const torch::Tensor& except, torch::Tensor& out);
 
 struct CGResult {
   torch::Tensor x;          // (B, n)

@@ -181,17 +181,21 @@ std::invalid_argument bad_param(const std::string& name, const Shape& shape, int
 }
 
 // Every value of t finite and at least `lo` (strictly above it where `strict`), as Python's Body and Simulator
-// require of the same fields; else an invalid_argument naming the field, the entry and the rule.
-void check_range(const std::string& name, const torch::Tensor& t, double lo, bool strict, const char* rule) {
+// require of the same fields; else an invalid_argument naming the field (collider c's where c >= 0), the entry
+// and the rule. Runs on every kernel call: no allocation unless it throws.
+void check_range(const char* name, const torch::Tensor& t, double lo, bool strict, const char* rule,
+                 int64_t collider = -1) {
   if (!t.defined() || t.numel() == 0) return;
-  const torch::Tensor c = t.contiguous();
+  const torch::Tensor c = t.is_contiguous() ? t : t.contiguous();
   AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), "check_range", [&] {
     const scalar_t* v = c.data_ptr<scalar_t>();
     for (int64_t i = 0; i < c.numel(); ++i) {
       const double x = double(v[i]);
       if (std::isfinite(x) && (strict ? x > lo : x >= lo)) continue;
       std::ostringstream what;
-      what << "StepModel." << name << " holds " << x << " (flat entry " << i << "): must be " << rule;
+      what << "StepModel.";
+      if (collider >= 0) what << "colliders[" << collider << "].";
+      what << name << " holds " << x << " (flat entry " << i << "): must be " << rule;
       throw std::invalid_argument(what.str());
     }
   });
@@ -200,29 +204,27 @@ void check_range(const std::string& name, const torch::Tensor& t, double lo, boo
 // The model's physical values: masses, muscles' rest lengths and stiffnesses and h positive; mu (weighted by the
 // elements' sizes, which can underflow it to 0 in float32), gravity and each collider's contact stiffness,
 // friction and friction_eps >= 0 (Python's colliders take a stiffness of 0); lam >= 0 but for the stable
-// neo-Hookean (whose lam may be negative: Python checks its bulk modulus); Dm_inv finite. Read once per call,
-// a few values per element. A negative mass or h had been taken as given: an energy unbounded below, or a
-// wrong step.
+// neo-Hookean (whose lam may be negative: Python checks its bulk modulus); Dm_inv finite. A few values per
+// element. A negative mass or h had been taken as given: an energy unbounded below, or a wrong step.
 void check_values(const StepModel& m) {
   static const char* const positive = "positive and finite";
   static const char* const nonnegative = ">= 0 and finite";
+  constexpr double below_all = -std::numeric_limits<double>::infinity();
   check_range("mass", m.mass, 0, true, positive);
   check_range("mu", m.mu, 0, false, nonnegative);
-  if (m.material == 2) check_range("lam", m.lam, -std::numeric_limits<double>::infinity(), true, "finite");
+  if (m.material == 2) check_range("lam", m.lam, below_all, true, "finite");
   else check_range("lam", m.lam, 0, false, ">= 0 and finite for materials 0 and 1 (unbounded below otherwise)");
-  check_range("Dm_inv", m.Dm_inv, -std::numeric_limits<double>::infinity(), true, "finite");
+  check_range("Dm_inv", m.Dm_inv, below_all, true, "finite");
   if (m.muscles.size(0)) {
     check_range("rest_length", m.rest_length, 0, true, positive);
     check_range("stiffness", m.stiffness, 0, true, positive);
   }
   check_range("h", m.h, 0, true, positive);
   check_range("gravity", m.gravity, 0, false, nonnegative);
-  for (size_t c = 0; c < m.colliders.size(); ++c) {
-    static const char* const contact[] = {"stiffness", "friction", "friction_eps"};
+  static const char* const contact[] = {"stiffness", "friction", "friction_eps"};
+  for (size_t c = 0; c < m.colliders.size(); ++c)
     for (size_t j = 0; j < 3; ++j)
-      check_range("colliders[" + std::to_string(c) + "]." + contact[j], m.colliders[c].params[j], 0, false,
-                  nonnegative);
-  }
+      check_range(contact[j], m.colliders[c].params[j], 0, false, nonnegative, static_cast<int64_t>(c));
 }
 
 void check(const StepModel& m, const StepState& s) {
