@@ -322,16 +322,22 @@ TEST(StepEnergyKernelInput, RefusesBadShapesAndIndices) {
   EXPECT_THROW(diffsoft::step_energy_derivatives(q3.model, q3.state), std::invalid_argument);
 }
 
+namespace {
+
+// What step_energy_value says of a problem: its invalid_argument's message, or "accepted".
+std::string message(const Problem& p) {
+  try {
+    diffsoft::step_energy_value(p.model, p.state);
+  } catch (const std::invalid_argument& e) {
+    return std::string(e.what());
+  }
+  return std::string("accepted");
+}
+
+}  // namespace
+
 // An unset (undefined) tensor of the model or the state is named, not read as another field's shape.
 TEST(StepEnergyKernelInput, NamesTheUnsetTensor) {
-  auto message = [](const Problem& p) {
-    try {
-      diffsoft::step_energy_value(p.model, p.state);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
   Problem a = make(2, 0);
   a.model.elements = torch::Tensor();  // was "StepModel.Dm_inv must be ..."
   EXPECT_NE(message(a).find("elements, muscles and slot must be int64 CPU tensors"), std::string::npos) << message(a);
@@ -352,14 +358,6 @@ TEST(StepEnergyKernelInput, NamesTheUnsetTensor) {
 // Physical values out of range are refused by field (they had been taken as given: a negative mass or time step
 // gave an energy unbounded below, or a wrong step), per problem too; the test problems' own values pass.
 TEST(StepEnergyKernelInput, RefusesPhysicalValuesOutOfRange) {
-  auto message = [](const Problem& p) {
-    try {
-      diffsoft::step_energy_value(p.model, p.state);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const struct {
     std::function<void(diffsoft::StepModel&)> edit;
