@@ -114,7 +114,8 @@ struct SolveInfo {
   int64_t factorizations = 0;      // factorizations of H made for Newton's steps (a factored Hessian)
   int64_t line_search_steps = 0;
   int64_t fallback_steps = 0;      // (problem, iteration) pairs where Newton's direction was no descent
-                                   // direction and a (scaled) gradient step was taken instead
+                                   // direction, or its search found no decrease beyond x's precision, and a
+                                   // (scaled) gradient step was taken instead
   double energy = 0.0;
   double grad_norm = 0.0;          // max over problems of ||grad E(x*)|| (failed ones too; inf if not finite)
   double grad_norm_initial = 0.0;  // max over problems of ||grad E(x0)||
