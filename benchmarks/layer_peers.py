@@ -461,9 +461,7 @@ def autograd_floor(pb, repeat, calls=50):
     return {"forward": info.hvp_count * t_product + (info.iterations + 1) * t_graph + info.line_search_steps * t_value,
             "backward": info.backward_cg_iterations * t_product + t_graph,
             "counts": {"products": info.hvp_count, "iterations": info.iterations,
-                       "line_search": info.line_search_steps, "adjoint_products": info.backward_cg_iterations},
-            "per_call_ms": {"product": 1e3 * t_product, "energy_and_gradient": 1e3 * t_graph,
-                            "energy": 1e3 * t_value}}
+                       "line_search": info.line_search_steps, "adjoint_products": info.backward_cg_iterations}}
 
 
 def floor_table(pb_names, repeat, peer="torchopt newton-cg"):
@@ -471,7 +469,6 @@ def floor_table(pb_names, repeat, peer="torchopt newton-cg"):
     lines = ["| problem | diffsoft ms (measured) | its autograd calls alone, ms (floor) | products, iterations, "
              "line-search trials, adjoint products | " + peer + " ms | a third of it | 3x reachable at zero "
              "overhead? |", "| --- | ---: | ---: | --- | ---: | ---: | --- |"]
-    rows = {}
     for prob in pb_names:
         g = torch.Generator().manual_seed(0)
         pb = PROBLEMS[prob](g)
@@ -486,13 +483,12 @@ def floor_table(pb_names, repeat, peer="torchopt newton-cg"):
             theirs = min(theirs, f + b)
         floor = autograd_floor(pb, repeat)
         total = floor["forward"] + floor["backward"]
-        rows[prob] = {"diffsoft": ours, "floor": floor, peer: theirs}
         c = floor["counts"]
         lines.append(f"| {prob} | {1e3 * ours:.1f} | {1e3 * total:.1f} | {c['products']}, {c['iterations']}, "
                      f"{c['line_search']}, {c['adjoint_products']} | {1e3 * theirs:.1f} | {1e3 * theirs / 3:.1f} | "
                      f"{'yes' if total <= theirs / 3 else 'no'} |")
         print(lines[-1], flush=True)
-    return "\n".join(lines), rows
+    return "\n".join(lines)
 
 
 def table(results):
@@ -527,7 +523,7 @@ def main():
     set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     if args.floor:
-        md, _ = floor_table(args.only, args.repeat)
+        md = floor_table(args.only, args.repeat)
         v = provenance.versions("torchopt")
         header = (f"`python benchmarks/layer_peers.py {' '.join(sys.argv[1:])}` at {v['diffsoft_commit']}; torch "
                   f"{v['torch']}, torchopt {v['torchopt']}; {args.threads} thread(s), best of {args.repeat}, "
