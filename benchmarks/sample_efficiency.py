@@ -18,13 +18,15 @@ Writes under ``--out`` (default ``runs/sample_efficiency``, git-ignored): ``resu
 and full history), ``summary.json`` (the compact record that ``benchmarks/results/`` keeps: each run's config,
 every evaluation and its totals; :func:`summarize`), ``results.md`` (the table: creature-steps and training
 time to reach 0.5, 1.0, 2.0 and PPO's own final distance, and the final distance at the common budget) and
-``sample_efficiency.png``. ``--only`` runs one method; ``--merge`` adds other ``summary.json`` or
-``results.json`` files to the report (two methods run as two processes; ``--merge-method`` takes one method's
-runs from them, e.g. PPO's from an earlier report), ``--report`` only reports. ``--tune`` is PPO's settings
-search (:data:`TUNING`) on seed 0. ``benchmarks/make_figures.py`` regenerates every committed table and plot
-from the summaries in ``benchmarks/results/``. ``--tune-sb3`` is Stable-Baselines3's settings search
-(:data:`SB3_TUNING`; ``--sb3-set NAME=VALUE ...`` sets the settings of ``benchmarks/sb3_ppo.py``'s ``BASELINE``
-for ``--only sb3``). SB3 needs pip's torch 2.x (benchmarks/results/peers/README.md). The tables' "best PPO" is
+``sample_efficiency.png``. ``--only`` runs one method; ``--side-by-side LANES`` runs every method of
+``--methods`` on every seed, each run a process of its own, LANES at a time at one load (:func:`side_by_side`),
+and reports them together; ``--merge`` adds other ``summary.json`` or ``results.json`` files to the report (two
+methods run as two processes; ``--merge-method`` takes one method's runs from them, e.g. PPO's from an earlier
+report), ``--report`` only reports. ``--tune`` is PPO's settings search (:data:`TUNING`) on seed 0.
+``benchmarks/make_figures.py`` regenerates every committed table and plot from the summaries in
+``benchmarks/results/``. ``--tune-sb3`` is Stable-Baselines3's settings search (:data:`SB3_TUNING`; ``--sb3-set
+NAME=VALUE ...`` sets the settings of ``benchmarks/sb3_ppo.py``'s ``BASELINE`` for ``--only sb3``). SB3 needs
+pip's torch 2.x (benchmarks/results/peers/README.md). The tables' "best PPO" is
 the PPO (diffsoft.ppo or SB3) with the larger mean final distance.
 """
 import argparse
@@ -475,6 +477,59 @@ def _dump(data, path):
         json.dump(data, f)
 
 
+SIDE_BY_SIDE_OWN = ("--side-by-side", "--methods", "--seed", "--seeds", "--out", "--only", "--merge", "--report")
+"""The options :func:`side_by_side` sets for each run itself (the rest of the command line passes on)."""
+
+
+def _passed_on(argv):
+    """``argv`` without the options of :data:`SIDE_BY_SIDE_OWN` and their values."""
+    out, skip = [], False
+    for token in argv:
+        if token.startswith("--"):
+            skip = token.split("=", 1)[0] in SIDE_BY_SIDE_OWN
+        if not skip:
+            out.append(token)
+    return out
+
+
+def side_by_side(args, seeds):
+    """Trains every method of ``--methods`` on every seed, each run a process of its own (this script with
+    ``--only M --seed S``, its files in ``--out``'s ``M_seedS/``), ``--side-by-side`` of them at a time: as one run
+    ends the next starts, and once fewer runs are left than lanes, spinning fillers take the free lanes. So every
+    run trains beside the same number of busy processes, whatever its method: the methods' wall-clock times are
+    measured at one load, on one machine, with one thread count (``--threads``). Returns the runs'
+    ``summary.json`` paths, in the order of ``--methods`` and seeds; raises naming a run that failed."""
+    import subprocess
+    argv = _passed_on(sys.argv[1:])
+    queue = [(m, s) for m in args.methods for s in seeds]
+    running, fillers, paths = [], [], []
+    try:
+        while queue or running:
+            while queue and len(running) < args.side_by_side:
+                method, seed = queue.pop(0)
+                out = os.path.join(args.out, f"{method}_seed{seed}")
+                os.makedirs(out, exist_ok=True)
+                log = open(os.path.join(out, "log.txt"), "w")
+                cmd = [sys.executable, os.path.abspath(__file__), *argv, "--only", method, "--seed", str(seed),
+                       "--out", out]
+                running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log, out))
+                paths.append(os.path.join(out, "summary.json"))
+            while len(running) + len(fillers) < args.side_by_side:
+                fillers.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+            time.sleep(1)
+            for run in [r for r in running if r[0].poll() is not None]:
+                running.remove(run)
+                run[1].close()
+                if run[0].returncode:
+                    raise SystemExit(f"--side-by-side: the run in {run[2]} failed (exit {run[0].returncode}); its "
+                                     f"output is {os.path.join(run[2], 'log.txt')}")
+    finally:
+        for proc in [r[0] for r in running] + fillers:
+            proc.kill()
+            proc.wait()
+    return paths
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--creature", default="biped")
@@ -504,6 +559,12 @@ def main():
                    help="settings of sb3_ppo.BASELINE for SB3 (e.g. normalize=1 log_std_init=-1.5)")
     p.add_argument("--only", choices=("differentiable", "ppo", "sb3"), default=None,
                    help="one method (default: differentiable and ppo; sb3 only when named)")
+    p.add_argument("--side-by-side", type=int, default=None, metavar="LANES",
+                   help="every method of --methods on every seed, each run a process of its own, LANES at a time "
+                        "(spinning fillers keep LANES busy to the end), then the report of them all: the methods' "
+                        "wall-clock at one load")
+    p.add_argument("--methods", nargs="*", choices=("differentiable", "ppo", "sb3"),
+                   default=["sb3", "differentiable", "ppo"], help="--side-by-side's methods, in the order they start")
     p.add_argument("--merge", nargs="*", default=[], metavar="JSON",
                    help="other runs' summary.json or results.json (e.g. the other method's, run separately), "
                         "added to --out's summary.json and its report")
@@ -540,6 +601,11 @@ def main():
     full = _load(full_path, {"runs": {}})
     summary = _load(summary_path, None) or _summary_of(full, full_path, args.creature)
     seeds = [] if args.report else args.seed if args.seed is not None else range(args.seeds)
+    if args.side_by_side and seeds:
+        if args.side_by_side < 1 or args.only:
+            p.error("--side-by-side takes a positive number of lanes, and its methods from --methods, not --only")
+        args.merge += side_by_side(args, list(seeds))
+        seeds, summary["sources"] = [], [_source()]  # the runs' own commands are this one's, a method and seed each
     if seeds:
         for record in (full, summary):
             record.setdefault("sources", []).append(_source())
@@ -553,7 +619,8 @@ def main():
                 _dump(summary, summary_path)
     for other in args.merge:
         merged = _summary_of(json.load(open(other)), other, args.creature)
-        summary["sources"] += [source for source in merged["sources"] if source not in summary["sources"]]
+        if not args.side_by_side:
+            summary["sources"] += [source for source in merged["sources"] if source not in summary["sources"]]
         for method, runs in merged["runs"].items():
             if args.merge_method in (None, method):
                 summary["runs"].setdefault(method, {}).update(runs)

@@ -102,3 +102,28 @@ def test_benchmarks_commit_at_most_2_mb_and_no_full_history():
                  "benchmarks/results/x/checkpoint.pt"):
         ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", path])
         assert ignored.returncode == 0, f"{path} is not git-ignored"
+
+
+def test_side_by_side_runs_each_method_and_seed_as_a_process_and_reports_them_together(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import sample_efficiency as se
+    assert se._passed_on(["--side-by-side", "2", "--methods", "ppo", "differentiable", "--steps", "64", "--seed",
+                          "0", "1", "--out=x", "--sb3-set", "normalize=1", "--only", "ppo"]) == \
+        ["--steps", "64", "--sb3-set", "normalize=1"]
+    script = str(BENCHMARKS / "sample_efficiency.py")
+    common = ["--side-by-side", "2", "--methods", "differentiable", "ppo", "--seed", "0", "--threads", "1",
+              "--no-progress", "--ppo-envs", "4", "--horizon", "8", "--batch", "4", "--window", "8"]
+    run = subprocess.run([sys.executable, script, *common, "--steps", "64", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    import json
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary["runs"]) == {"differentiable", "ppo"}  # one run each, every one its own process's
+    assert len(summary["sources"]) == 1 and "--side-by-side 2" in summary["sources"][0]
+    for method in ("differentiable", "ppo"):
+        assert (tmp_path / f"{method}_seed0" / "summary.json").exists()
+        assert (tmp_path / f"{method}_seed0" / "log.txt").exists()
+    # a run that fails is named, with its log
+    bad = subprocess.run([sys.executable, script, *common, "--creature", "no_such_creature", "--out",
+                          str(tmp_path / "bad")], capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "log.txt" in bad.stderr and "failed" in bad.stderr
