@@ -606,11 +606,13 @@ def main():
     full = _load(full_path, {"runs": {}})
     summary = _load(summary_path, None) or _summary_of(full, full_path, args.creature)
     seeds = [] if args.report else args.seed if args.seed is not None else range(args.seeds)
-    if args.side_by_side and seeds:
+    if args.side_by_side is not None and seeds:
         if args.side_by_side < 1 or args.only:
             p.error("--side-by-side takes a positive number of lanes, and its methods from --methods, not --only")
         args.merge += side_by_side(args, list(seeds))
-        seeds, summary["sources"] = [], [_source()]  # the runs' own commands are this one's, a method and seed each
+        # this command's runs alone (not --out's earlier ones), and its command line (each run's is this one's with a
+        # method and a seed)
+        seeds, summary = [], {"creature": args.creature, "sources": [_source()], "runs": {}}
     if seeds:
         for record in (full, summary):
             record.setdefault("sources", []).append(_source())
@@ -624,7 +626,7 @@ def main():
                 _dump(summary, summary_path)
     for other in args.merge:
         merged = _summary_of(json.load(open(other)), other, args.creature)
-        if not args.side_by_side:
+        if args.side_by_side is None:
             summary["sources"] += [source for source in merged["sources"] if source not in summary["sources"]]
         for method, runs in merged["runs"].items():
             if args.merge_method in (None, method):
