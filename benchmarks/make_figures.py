@@ -29,16 +29,17 @@ from sample_efficiency import _median, evaluations, first_reaching, plot, table,
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "sample_efficiency")
 README = os.path.join(HERE, "README.md")
-PLOTS = ("biped_defaults", "algovivo_biped_defaults", "biped_noise_decay", "algovivo_biped_noise_decay")
-"""The runs whose plots benchmarks/README.md shows or links (``TrainConfig``'s defaults, and the eighth run)."""
+PLOTS = ("biped_side_by_side", "algovivo_biped_side_by_side", "biped_noise_decay", "algovivo_biped_noise_decay")
+"""The runs whose plots benchmarks/README.md shows or links (``TrainConfig``'s defaults beside both PPOs at one
+load, and the eighth run)."""
 CORRECTED = "`diffsoft.ppo`"
 BEFORE = "`diffsoft.ppo` before `2a9a89a`"
 SB3 = "SB3 (tuned)"
 MIRRORED = "`diffsoft.ppo`, mirrored"
-HEADLINE = (("procedural biped", "biped_defaults", "ppo", CORRECTED),
-            ("algovivo's biped", "algovivo_biped_defaults", "ppo", CORRECTED),
-            ("procedural biped", "biped_defaults", "sb3", SB3),
-            ("algovivo's biped", "algovivo_biped_defaults", "sb3", SB3),
+HEADLINE = (("procedural biped, side by side", "biped_side_by_side", "ppo", CORRECTED),
+            ("algovivo's biped, side by side", "algovivo_biped_side_by_side", "ppo", CORRECTED),
+            ("procedural biped, side by side", "biped_side_by_side", "sb3", SB3),
+            ("algovivo's biped, side by side", "algovivo_biped_side_by_side", "sb3", SB3),
             ("worm", "worm_defaults", "ppo", CORRECTED),
             ("worm", "worm_defaults", "sb3", SB3),
             ("quadruped", "quadruped_defaults", "ppo", CORRECTED),
@@ -52,7 +53,9 @@ HEADLINE = (("procedural biped", "biped_defaults", "ppo", CORRECTED),
 """The headline's rows: (creature, run, the PPO it is against, that PPO's name). The differentiable trainer
 with ``TrainConfig``'s defaults against ``diffsoft.ppo`` (as corrected at ``2a9a89a``: before it, its
 observation statistics changed between a rollout and the update on it; the tetrapods' PPO runs are from before)
-and Stable-Baselines3's tuned PPO, on every creature (issue 32, item 6). The tetrapod's rows marked not mirrored
+and Stable-Baselines3's tuned PPO, on every creature (issue 32, item 6). The bipeds' rows marked side by side
+are one ``sample_efficiency.py --side-by-side 2`` run each: the three methods' nine runs two at a time, at one
+load (issue 26). The tetrapod's rows marked not mirrored
 are from before its policy was mirrored by default (``ac92ae2``); in its last row both methods' policies are
 mirrored (``diffsoft.ppo``'s actor since ``0bd08ca``), as in the caterpillar's, and all three methods ran on one
 machine."""
@@ -134,7 +137,7 @@ def headline(results):
         "| creature | PPO, its seeds | PPO's final distance (mean over its seeds) | creature-steps to first reach "
         "it: differentiable / PPO (medians; seeds that did) | PPO / differentiable | creature-steps until it stays "
         "there | PPO / differentiable | training CPU seconds to first reach it | PPO / differentiable | wall-clock "
-        "seconds (each run's own load) | PPO / differentiable | distance at 409,600: differentiable / PPO "
+        "seconds (side by side: at one load; else each run's own) | PPO / differentiable | distance at 409,600: differentiable / PPO "
         "(medians) | runs: commands, commits |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |", *rows])
 
