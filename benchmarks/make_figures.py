@@ -40,10 +40,10 @@ HEADLINE = (("procedural biped, side by side", "biped_side_by_side", "ppo", CORR
             ("algovivo's biped, side by side", "algovivo_biped_side_by_side", "ppo", CORRECTED),
             ("procedural biped, side by side", "biped_side_by_side", "sb3", SB3),
             ("algovivo's biped, side by side", "algovivo_biped_side_by_side", "sb3", SB3),
-            ("worm", "worm_defaults", "ppo", CORRECTED),
-            ("worm", "worm_defaults", "sb3", SB3),
-            ("quadruped", "quadruped_defaults", "ppo", CORRECTED),
-            ("quadruped", "quadruped_defaults", "sb3", SB3),
+            ("worm, side by side", "worm_side_by_side", "ppo", CORRECTED),
+            ("worm, side by side", "worm_side_by_side", "sb3", SB3),
+            ("quadruped, side by side", "quadruped_side_by_side", "ppo", CORRECTED),
+            ("quadruped, side by side", "quadruped_side_by_side", "sb3", SB3),
             ("3D tetrapod (5e4 Pa, `min_a` 0.5), not mirrored", "tetrapod_defaults_8160023", "ppo", BEFORE),
             ("3D tetrapod, not mirrored", "tetrapod_defaults_b4555a4", "ppo", BEFORE),
             ("3D tetrapod", "tetrapod_defaults", "ppo", MIRRORED),
@@ -53,8 +53,8 @@ HEADLINE = (("procedural biped, side by side", "biped_side_by_side", "ppo", CORR
 """The headline's rows: (creature, run, the PPO it is against, that PPO's name). The differentiable trainer
 with ``TrainConfig``'s defaults against ``diffsoft.ppo`` (as corrected at ``2a9a89a``: before it, its
 observation statistics changed between a rollout and the update on it; the tetrapods' PPO runs are from before)
-and Stable-Baselines3's tuned PPO, on every creature (issue 32, item 6). The bipeds' rows marked side by side
-are one ``sample_efficiency.py --side-by-side 2`` run each: the three methods' nine runs two at a time, at one
+and Stable-Baselines3's tuned PPO, on every creature (issue 32, item 6). The 2D creatures' rows, marked side by
+side, are one ``sample_efficiency.py --side-by-side 2`` run each: the three methods' nine runs two at a time, at one
 load (issue 26). The tetrapod's rows marked not mirrored
 are from before its policy was mirrored by default (``ac92ae2``); in its last row both methods' policies are
 mirrored (``diffsoft.ppo``'s actor since ``0bd08ca``), as in the caterpillar's, and all three methods ran on one
