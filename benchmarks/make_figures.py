@@ -137,8 +137,8 @@ def headline(results):
         "| creature | PPO, its seeds | PPO's final distance (mean over its seeds) | creature-steps to first reach "
         "it: differentiable / PPO (medians; seeds that did) | PPO / differentiable | creature-steps until it stays "
         "there | PPO / differentiable | training CPU seconds to first reach it | PPO / differentiable | wall-clock "
-        "seconds (side by side: at one load; else each run's own) | PPO / differentiable | distance at 409,600: differentiable / PPO "
-        "(medians) | runs: commands, commits |",
+        "seconds (side by side: at one load; else each run's own) | PPO / differentiable | distance at 409,600: "
+        "differentiable / PPO (medians) | runs: commands, commits |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |", *rows])
 
 
