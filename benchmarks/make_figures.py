@@ -46,19 +46,18 @@ HEADLINE = (("procedural biped, side by side", "biped_side_by_side", "ppo", CORR
             ("quadruped, side by side", "quadruped_side_by_side", "sb3", SB3),
             ("3D tetrapod (5e4 Pa, `min_a` 0.5), not mirrored", "tetrapod_defaults_8160023", "ppo", BEFORE),
             ("3D tetrapod, not mirrored", "tetrapod_defaults_b4555a4", "ppo", BEFORE),
-            ("3D tetrapod", "tetrapod_defaults", "ppo", MIRRORED),
-            ("3D tetrapod", "tetrapod_defaults", "sb3", SB3),
+            ("3D tetrapod, side by side", "tetrapod_side_by_side", "ppo", MIRRORED),
+            ("3D tetrapod, side by side", "tetrapod_side_by_side", "sb3", SB3),
             ("3D caterpillar", "caterpillar_defaults", "ppo", MIRRORED),
             ("3D caterpillar", "caterpillar_defaults", "sb3", SB3))
-"""The headline's rows: (creature, run, the PPO it is against, that PPO's name). The differentiable trainer
-with ``TrainConfig``'s defaults against ``diffsoft.ppo`` (as corrected at ``2a9a89a``: before it, its
-observation statistics changed between a rollout and the update on it; the tetrapods' PPO runs are from before)
-and Stable-Baselines3's tuned PPO, on every creature (issue 32, item 6). The 2D creatures' rows, marked side by
-side, are one ``sample_efficiency.py --side-by-side 2`` run each: the three methods' nine runs two at a time, at one
-load (issue 26). The tetrapod's rows marked not mirrored
-are from before its policy was mirrored by default (``ac92ae2``); in its last row both methods' policies are
-mirrored (``diffsoft.ppo``'s actor since ``0bd08ca``), as in the caterpillar's, and all three methods ran on one
-machine."""
+"""The headline's rows: (creature, run, the PPO it is against, that PPO's name). The differentiable trainer with
+``TrainConfig``'s defaults against ``diffsoft.ppo`` (as corrected at ``2a9a89a``: before it, its observation
+statistics changed between a rollout and the update on it; the tetrapods' PPO runs are from before) and
+Stable-Baselines3's tuned PPO, on every creature (issue 32, item 6). The rows marked side by side (the 2D creatures
+and the tetrapod) are one ``sample_efficiency.py --side-by-side 2`` run each: the three methods' nine runs two at a
+time, at one load (issue 26). The tetrapod's rows marked not mirrored are from before its policy was mirrored by
+default (``ac92ae2``); in its rows side by side both methods' policies are mirrored (``diffsoft.ppo``'s actor since
+``0bd08ca``), as in the caterpillar's."""
 MARKERS = ("<!-- headline: written by benchmarks/make_figures.py from results/sample_efficiency -->\n",
            "<!-- end of headline -->\n")
 
