@@ -13,7 +13,9 @@ From ``results/sample_efficiency/``:
 * ``NAME/tuning.json`` gives ``NAME/tuning.md`` (PPO's settings search), ``NAME/tuning_sb3.json``
   ``NAME/tuning_sb3.md`` (Stable-Baselines3's);
 * the runs of :data:`HEADLINE` give ``headline.md``, the table in the first screen of ``benchmarks/README.md``
-  (between its ``<!-- headline -->`` markers, which the in-place run rewrites).
+  (between its ``<!-- headline -->`` markers, which the in-place run rewrites);
+* the runs of :data:`SIDE_BY_SIDE` give ``budgets.md``, each method's distance at equal budgets of
+  creature-steps (between the README's ``<!-- budgets -->`` markers).
 
 The speed tables of ``benchmarks/README.md`` are printed by their scripts as shown there, with the command and
 commit beside each; ``results/screens/`` holds the lever screens as recorded (``screen.md``) with every run's
@@ -58,8 +60,19 @@ and the tetrapod) are one ``sample_efficiency.py --side-by-side 2`` run each: th
 time, at one load (issue 26). The tetrapod's rows marked not mirrored are from before its policy was mirrored by
 default (``ac92ae2``); in its rows side by side both methods' policies are mirrored (``diffsoft.ppo``'s actor since
 ``0bd08ca``), as in the caterpillar's."""
-MARKERS = ("<!-- headline: written by benchmarks/make_figures.py from results/sample_efficiency -->\n",
-           "<!-- end of headline -->\n")
+SIDE_BY_SIDE = (("procedural biped", "biped_side_by_side"), ("algovivo's biped", "algovivo_biped_side_by_side"),
+                ("worm", "worm_side_by_side"), ("quadruped", "quadruped_side_by_side"),
+                ("3D tetrapod", "tetrapod_side_by_side"))
+"""The runs of ``sample_efficiency.py --side-by-side 2`` (the three methods at one load), whose distances at equal
+budgets :func:`budgets` tabulates."""
+BUDGETS = (51_200, 102_400, 204_800, 409_600)
+"""Creature-steps at which :func:`budgets` reads each method's distance: an eighth, a quarter, half and all of the
+sample-efficiency runs' budget."""
+BLOCKS = {"headline.md": ("<!-- headline: written by benchmarks/make_figures.py from results/sample_efficiency -->\n",
+                          "<!-- end of headline -->\n"),
+          "budgets.md": ("<!-- budgets: written by benchmarks/make_figures.py from results/sample_efficiency -->\n",
+                         "<!-- end of budgets -->\n")}
+"""The generated files that benchmarks/README.md shows, each between its markers."""
 
 
 def with_more_ppo_seeds(summary, path):
@@ -141,6 +154,30 @@ def headline(results):
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |", *rows])
 
 
+def at_budget(run, budget):
+    """The distance of ``run``'s last evaluation at or before ``budget`` creature-steps (the differentiable runs
+    are evaluated every 3,072, the PPOs every 3,200: each is read at its own last one, never past the budget)."""
+    return [d for s, _, d, _ in evaluations(run) if s <= budget][-1]
+
+
+def budgets(results):
+    """The table of :data:`SIDE_BY_SIDE`'s runs: for each creature and budget of :data:`BUDGETS`, each method's
+    median distance over its seeds at that budget (:func:`at_budget`), the furthest in bold."""
+    methods = ("differentiable", "ppo", "sb3")
+    rows = []
+    for creature, name in SIDE_BY_SIDE:
+        runs = _load(os.path.join(results, name, "summary.json"))["runs"]
+        cells = []
+        for budget in BUDGETS:
+            mid = [_median([at_budget(r, budget) for r in runs[m].values()]) for m in methods]
+            cells.append(" / ".join(f"**{d:.2f}**" if d == max(mid) else f"{d:.2f}" for d in mid))
+        link = f"[{name}](results/sample_efficiency/{name}/results.md)"
+        rows.append(f"| {creature} | " + " | ".join(cells) + f" | {link} |")
+    return "\n".join([
+        "| creature | " + " | ".join(f"{b:,} creature-steps" for b in BUDGETS) + " | runs (3 seeds each) |",
+        "| --- | " + "---: | " * len(BUDGETS) + "--- |", *rows])
+
+
 def make(out):
     """Writes every table and plot under ``out`` (a copy of ``results/sample_efficiency``'s layout); returns
     the paths written."""
@@ -169,14 +206,16 @@ def make(out):
             write(os.path.join(os.path.basename(os.path.dirname(path)), f"tuning{suffix}.md"),
                   tuning_table(_load(path), label))
     write("headline.md", headline(RESULTS))
+    write("budgets.md", budgets(RESULTS))
     return written
 
 
-def update_readme(text, readme=README):
-    """Puts ``text`` between the headline markers of ``readme``."""
+def update_readme(name, text, readme=README):
+    """Puts ``text`` between the markers of the block ``name`` (of :data:`BLOCKS`) in ``readme``."""
     with open(readme) as f:
         doc = f.read()
-    start, end = doc.index(MARKERS[0]) + len(MARKERS[0]), doc.index(MARKERS[1])
+    first, last = BLOCKS[name]
+    start, end = doc.index(first) + len(first), doc.index(last)
     with open(readme, "w") as f:
         f.write(doc[:start] + text + "\n" + doc[end:])
 
@@ -192,8 +231,9 @@ def main():
     args = p.parse_args()
     written = make(args.out or RESULTS)
     if args.out is None:
-        with open(os.path.join(RESULTS, "headline.md")) as f:
-            update_readme(f.read().rstrip("\n"))
+        for name in BLOCKS:
+            with open(os.path.join(RESULTS, name)) as f:
+                update_readme(name, f.read().rstrip("\n"))
         written.append(README)
     print("\n".join(written))
 

@@ -24,11 +24,19 @@ def test_make_figures_regenerates_every_committed_table_and_the_plots(tmp_path):
         assert (tmp_path / name).read_text() == (RESULTS / name).read_text(), f"{name} differs from what it makes"
     for name in (p for p in made if p.suffix == ".png"):
         assert 10_000 < (tmp_path / name).stat().st_size < 150_000, name
-    headline = (RESULTS / "headline.md").read_text()
     readme = (BENCHMARKS / "README.md").read_text()
-    start = readme.index("<!-- headline: written by benchmarks/make_figures.py")
-    assert readme[start:].split("\n", 1)[1].startswith(headline)  # the first screen shows it as made
-    assert start < 600
+    for name in ("headline", "budgets"):  # the README shows each as made, the headline on its first screen
+        start = readme.index(f"<!-- {name}: written by benchmarks/make_figures.py")
+        assert readme[start:].split("\n", 1)[1].startswith((RESULTS / f"{name}.md").read_text()), name
+        assert name != "headline" or start < 600
+
+
+def test_budgets_reads_each_method_at_its_last_evaluation_within_the_budget(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import make_figures as mf
+
+    run = {"evaluations": [[0, 0.0, 0.0], [3072, 1.0, 0.5], [6144, 2.0, 1.5], [9216, 3.0, 1.0]]}
+    assert [mf.at_budget(run, b) for b in (3071, 3072, 6400, 10**6)] == [0.0, 0.5, 1.5, 1.0]
 
 
 def test_time_to_a_distance_is_wall_clock_and_cpu_seconds_with_evaluations_excluded(tmp_path, monkeypatch):
