@@ -50,19 +50,19 @@ HEADLINE = (("procedural biped, side by side", "biped_side_by_side", "ppo", CORR
             ("3D tetrapod, not mirrored", "tetrapod_defaults_b4555a4", "ppo", BEFORE),
             ("3D tetrapod, side by side", "tetrapod_side_by_side", "ppo", MIRRORED),
             ("3D tetrapod, side by side", "tetrapod_side_by_side", "sb3", SB3),
-            ("3D caterpillar", "caterpillar_defaults", "ppo", MIRRORED),
-            ("3D caterpillar", "caterpillar_defaults", "sb3", SB3))
+            ("3D caterpillar, side by side", "caterpillar_side_by_side", "ppo", MIRRORED),
+            ("3D caterpillar, side by side", "caterpillar_side_by_side", "sb3", SB3))
 """The headline's rows: (creature, run, the PPO it is against, that PPO's name). The differentiable trainer with
 ``TrainConfig``'s defaults against ``diffsoft.ppo`` (as corrected at ``2a9a89a``: before it, its observation
 statistics changed between a rollout and the update on it; the tetrapods' PPO runs are from before) and
-Stable-Baselines3's tuned PPO, on every creature (issue 32, item 6). The rows marked side by side (the 2D creatures
-and the tetrapod) are one ``sample_efficiency.py --side-by-side 2`` run each: the three methods' nine runs two at a
-time, at one load (issue 26). The tetrapod's rows marked not mirrored are from before its policy was mirrored by
-default (``ac92ae2``); in its rows side by side both methods' policies are mirrored (``diffsoft.ppo``'s actor since
-``0bd08ca``), as in the caterpillar's."""
+Stable-Baselines3's tuned PPO, on every creature (issue 32, item 6). The rows marked side by side (all but the
+older tetrapod rows) are one ``sample_efficiency.py --side-by-side 2`` run each: the three methods' nine runs two at
+a time, at one load (issue 26). The tetrapod's rows marked not mirrored are from before its policy was mirrored by
+default (``ac92ae2``); in the 3D rows side by side both methods' policies are mirrored (``diffsoft.ppo``'s actor
+since ``0bd08ca``)."""
 SIDE_BY_SIDE = (("procedural biped", "biped_side_by_side"), ("algovivo's biped", "algovivo_biped_side_by_side"),
                 ("worm", "worm_side_by_side"), ("quadruped", "quadruped_side_by_side"),
-                ("3D tetrapod", "tetrapod_side_by_side"))
+                ("3D tetrapod", "tetrapod_side_by_side"), ("3D caterpillar", "caterpillar_side_by_side"))
 """The runs of ``sample_efficiency.py --side-by-side 2`` (the three methods at one load), whose distances at equal
 budgets :func:`budgets` tabulates."""
 BUDGETS = (51_200, 102_400, 204_800, 409_600)
