@@ -58,28 +58,39 @@ class Stamped:
 
 class Copies:
     """The tensors a ``to`` method copied (:meth:`Simulator.to <diffsoft.simulator.Simulator.to>`'s constants, a
-    collider's fields, a term's parameters), each kept with its original and the original's stamp: a copy still
-    in use whose original was changed in place since (an optimizer's step on the original) does not follow it,
-    and :meth:`stale` tells which."""
+    collider's fields, a term's parameters), each kept with the tensors it came from and their stamps: its
+    original, and where that was itself a copy, the original's own origins (a copy of a copy). A copy still in use
+    whose origins were changed in place since (an optimizer's step on the original) does not follow them, and
+    :meth:`stale` tells which."""
 
     def __init__(self):
         self._records = {}
 
-    def to(self, key, t, dtype=None, device=None):
-        """``t.to(device, dtype)``, remembered under ``key`` when it is a copy."""
+    def to(self, key, t, dtype=None, device=None, source=None):
+        """``t.to(device, dtype)``, remembered under ``key`` when it is a copy of ``t`` or when ``t`` is itself a
+        copy that ``source`` (the :class:`Copies` of the object copied) remembers under ``key``: what that copy
+        came from stays watched."""
         c = t.to(device=device, dtype=dtype)
-        if c is not t:
-            self._records[key] = (t, stamp(t), c)
+        origins = ([(t, stamp(t))] if c is not t else []) + (source.origins(key, t) if source is not None else [])
+        if origins:
+            self._records[key] = (origins, c)
         return c
+
+    def origins(self, key, t):
+        """``[(tensor, stamp when copied)]``: what the copy ``t`` remembered under ``key`` came from; [] where
+        ``t`` is not that copy."""
+        record = self._records.get(key)
+        return list(record[0]) if record is not None and record[1] is t else []
 
     def forget(self, key):
         """No longer a copy to watch: ``key`` was assigned anew."""
         self._records.pop(key, None)
 
     def stale(self, current):
-        """The keys whose copy is still what ``current(key)`` holds and whose original was changed in place since
-        it was copied."""
-        return [k for k, (t, seen, c) in self._records.items() if current(k) is c and stamp(t) != seen]
+        """The keys whose copy is still what ``current(key)`` holds and one of whose origins was changed in place
+        since it was copied."""
+        return [k for k, (origins, c) in self._records.items()
+                if current(k) is c and any(stamp(t) != seen for t, seen in origins)]
 
 
 def _field(name):
@@ -405,6 +416,12 @@ class SoftBody:
         made = {name: getattr(out, name) for name in originals}
         out._sources = [(f"the original body's {name} (this body is its copy by SoftBody.to)", t, stamp(t), (name,),
                          made) for name, t in originals.items()]
+        # What this body's fields were made from stays watched in the copy (a copy of a copy, or a field computed
+        # from a constructor argument): for each field the copy took from one still as it was made.
+        for name, t, seen, fields, was in self._sources:
+            kept = tuple(f for f in fields if f in made and getattr(self, f) is was[f])
+            if kept:
+                out._sources.append((name, t, seen, kept, made))
         if not bool(torch.isfinite(out.rest_positions).all()):
             raise ValueError(f"body.rest_positions has non-finite entries in {dtype}: the vertices do not fit it")
         # Every field checked in the new dtype (what it cannot hold, 1e39 in float32, is refused here).

@@ -96,7 +96,8 @@ class Collider:
         out = object.__new__(type(self))
         copies = Copies()
         for name, value in vars(self).items():
-            setattr(out, name, copies.to(name, value, dtype, device) if isinstance(value, torch.Tensor) else value)
+            setattr(out, name, copies.to(name, value, dtype, device, source=getattr(self, "_copies", None))
+                    if isinstance(value, torch.Tensor) else value)
         out._copies = copies
         return out
 

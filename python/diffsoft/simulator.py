@@ -379,7 +379,7 @@ class Simulator:
         for name in CONSTANTS:
             value = getattr(self, "_" + name)
             if isinstance(value, torch.Tensor):
-                setattr(out, "_" + name, out._copies.to(name, value, body.dtype, body.device))
+                setattr(out, "_" + name, out._copies.to(name, value, body.dtype, body.device, self._copies))
         out._colliders = tuple(c.to(dtype=body.dtype, device=body.device) for c in self._colliders)
         out._terms = tuple(t.to(dtype=body.dtype, device=body.device) for t in self._terms)
         out.solver_options = dict(self.solver_options)

@@ -256,8 +256,8 @@ class Term:
         """A copy with its parameters ``t.to(device, dtype)``: differentiable, as :meth:`Simulator.to
         <diffsoft.simulator.Simulator.to>`'s constants (gradients flow back to this term's parameters)."""
         out = copy.copy(self)
-        out._copies = Copies()
-        out._params = tuple(out._copies.to(i, t, dtype, device) for i, t in enumerate(self._params))
+        out._copies, source = Copies(), getattr(self, "_copies", None)
+        out._params = tuple(out._copies.to(i, t, dtype, device, source) for i, t in enumerate(self._params))
         return out
 
     def check_at_start(self, p, where):

@@ -277,6 +277,40 @@ def test_a_copy_does_not_follow_the_originals_later_in_place_changes_and_says_so
             _step(small)
 
 
+def test_a_copy_of_a_copy_does_not_follow_the_original_either_and_says_so():
+    """``sim.to(a).to(b)``: the second copy came from the first, which nothing changes in place; what the first
+    came from stays watched in the second (before, the second stepped on the original's old values, silently),
+    for the body's fields, the constants, the colliders' and the terms' tensors, and from a constructor argument."""
+    youngs = torch.tensor(2e3, dtype=F64)
+    center, target = torch.tensor([0.1, -1.0], dtype=F64), torch.zeros(2, dtype=F64)
+
+    def make():
+        body = SoftBody(*mesh.rectangle(0.4, 0.2, 2, 1, dtype=F64), density=100.0, youngs_modulus=youngs,
+                        poisson_ratio=0.3)
+        sim = Simulator(body, ground=None, colliders=[Sphere(center, 1.0)],
+                        terms=[Term(lambda x, x0, h, t: (x - t).square().sum((-1, -2)), rows=[[0]], params=(target,))])
+        sim.body.mu = sim.body.mu.detach().clone()
+        sim.dt = torch.tensor(0.02, dtype=F64)
+        return sim
+
+    edits = {"body.mu": (lambda sim: sim.body.mu, "the original body's mu .*copy by SoftBody.to.* was changed"),
+             "dt": (lambda sim: sim.dt, r"sim.dt is a copy made by Simulator.to"),
+             "collider": (lambda sim: center, r"sim.colliders\[0\].center is a copy made by Simulator.to"),
+             "term": (lambda sim: target, r"sim.terms\[0\].params holds a copy made by Simulator.to")}
+    for name, (tensor, message) in edits.items():
+        sim = make()
+        twice = sim.to(F32).to(F64)
+        _step(twice)  # (it steps while nothing changed)
+        _optimizer_step(tensor(sim), 1e-3)
+        with pytest.raises(ValueError, match=message):
+            _step(twice)
+    sim = make()
+    twice = sim.to(F32).to(F64)
+    _optimizer_step(youngs, 1.0)  # what the original's lam was computed from (mu was assigned anew)
+    with pytest.raises(ValueError, match="youngs_modulus was changed in place after the body was made from it"):
+        _step(twice)
+
+
 def test_deep_copies_step_like_the_original_and_are_checked_afresh():
     sim = small_sim()
     sim.body.mu = sim.body.mu.detach().clone()
