@@ -392,6 +392,20 @@ def flat_parameters(module):
     return flat
 
 
+def _non_finite(state):
+    """The path (``"fc1.weight"``, ``"state.0.exp_avg"``) to the first floating tensor with a NaN or an infinity in a
+    module's or an optimizer's state dict (nested dicts and lists), ``""`` where ``state`` is such a tensor itself,
+    or None."""
+    if isinstance(state, torch.Tensor):
+        return "" if state.is_floating_point() and not bool(torch.isfinite(state).all()) else None
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else ()
+    for key, value in items:
+        where = _non_finite(value)
+        if where is not None:
+            return f"{key}.{where}" if where else str(key)
+    return None
+
+
 def _flat_adam_state(state):
     """An Adam ``state_dict`` over one parameter group of several tensors (the critic's before
     :func:`flat_parameters`) as the same state over their concatenation, in order; others are returned as
@@ -1056,6 +1070,11 @@ def train(cfg, resume=False, progress=True, log=print):
         ckpt = _load_checkpoint(ckpt_path, cfg, sim)
         ckpt["critic_optimizer"] = _flat_adam_state(ckpt["critic_optimizer"])
         for name, m in learners.items():
+            bad = _non_finite(ckpt.get(name))
+            if bad is not None:  # (an Adam step on it would make every weight NaN for good, and say little)
+                raise ValueError(f"{ckpt_path}: key '{name}.{bad}' has non-finite (NaN or infinite) values: a "
+                                 f"hand-edited or corrupt checkpoint; delete it to start over, or resume from a copy "
+                                 f"of the run")
             try:
                 m.load_state_dict(ckpt[name])
             except (RuntimeError, KeyError, ValueError, TypeError) as e:

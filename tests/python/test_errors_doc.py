@@ -770,6 +770,9 @@ TRIGGERS = [
      "start over, or resume from a copy of the run", lambda tmp: _checkpoint(tmp, lambda c: c.pop("pool"))),
     ("PATH: key 'iteration' must be an int >= 0, 'history' a list and 'train_seconds' a finite number, got "
      "...", lambda tmp: _checkpoint(tmp, lambda c: c.update(iteration=-5))),
+    ("ValueError: PATH: key 'policy.fc1.weight' has non-finite (NaN or infinite) values: a hand-edited or corrupt "
+     "checkpoint; delete it to start over, or resume from a copy of the run",
+     lambda tmp: _checkpoint(tmp, lambda c: c["policy"]["fc1.weight"].fill_(float("nan")))),
     ("ValueError: PATH: key 'pool.x' must be a finite DTYPE tensor of shape S, got T ...",
      lambda tmp: _checkpoint(tmp, lambda c: c["pool"].update(x=c["pool"]["x"][:1]))),
     ("ValueError: PATH was trained with other settings (NAME=v); resume with the same ones (only iterations, "

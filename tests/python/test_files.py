@@ -171,6 +171,14 @@ def test_resume_refuses_another_creature_at_the_same_path_naming_what_changed(tm
     (lambda c: c.update(iteration="3"), r"key 'iteration' must be an int >= 0"),
     (lambda c: c.update(policy={"fc1.weight": torch.zeros(1)}), "key 'policy' does not fit this run's policy"),
     (lambda c: c.update(frame=[0, 1]), r"its policy observes the body frame of vertices \[0, 1\]"),
+    # NaN in a network or an optimizer's state: before, the run trained on (the critic frozen for good, a warning
+    # that blamed reward_scale) or failed on an activation
+    (lambda c: c["policy"]["fc1.weight"].view(-1)[0].fill_(float("nan")),
+     r"key 'policy.fc1.weight' has non-finite \(NaN or infinite\) values: a hand-edited or corrupt checkpoint"),
+    (lambda c: next(iter(c["target_critic"].values())).view(-1)[0].fill_(float("inf")),
+     r"key 'target_critic.net.0.weight' has non-finite"),
+    (lambda c: c["critic_optimizer"]["state"][0]["exp_avg_sq"].view(-1)[0].fill_(float("nan")),
+     r"key 'critic_optimizer.state.0.exp_avg_sq' has non-finite"),
     (lambda c: c["evaluated"][0].update(score="far"), r"key 'evaluated\[0\]' is not an evaluated policy of this run's"),
     (lambda c: c["evaluated"][0]["policy"].pop("fc1.weight"), r"key 'evaluated\[0\]' is not an evaluated policy"),
     (lambda c: c.update(evaluated={"score": 1.0}), r"key 'evaluated\[0\]' is not an evaluated policy"),
