@@ -73,8 +73,17 @@ class Copies:
         c = t.to(device=device, dtype=dtype)
         origins = ([(t, stamp(t))] if c is not t else []) + (source.origins(key, t) if source is not None else [])
         if origins:
-            self._records[key] = (origins, c)
+            self._records[key] = (origins, c, "Simulator.to")
         return c
+
+    def made(self, key, made, origins, by):
+        """Remembers under ``key`` the tensor ``made`` from the tensors ``origins`` by ``by`` (a function's name,
+        which :meth:`made_by` tells), as a copy of them."""
+        self._records[key] = ([(t, stamp(t)) for t in origins], made, by)
+
+    def made_by(self, key):
+        """What made the tensor remembered under ``key``: ``"Simulator.to"``, or :meth:`made`'s ``by``."""
+        return self._records[key][2]
 
     def origins(self, key, t):
         """``[(tensor, stamp when copied)]``: what the copy ``t`` remembered under ``key`` came from; [] where
@@ -89,7 +98,7 @@ class Copies:
     def stale(self, current):
         """The keys whose copy is still what ``current(key)`` holds and one of whose origins was changed in place
         since it was copied."""
-        return [k for k, (origins, c) in self._records.items()
+        return [k for k, (origins, c, _) in self._records.items()
                 if current(k) is c and any(stamp(t) != seen for t, seen in origins)]
 
 

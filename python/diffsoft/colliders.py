@@ -104,9 +104,12 @@ class Collider:
     def check_copies(self, where):
         """A ValueError naming ``where`` (e.g. ``sim.colliders[0]``) where a tensor of this copy (:meth:`to`) was
         copied from one changed in place since: the copy does not follow it."""
-        for name in getattr(self, "_copies", Copies()).stale(lambda name: getattr(self, name, None)):
-            raise ValueError(f"{where}.{name} is a copy made by Simulator.to of a tensor that was changed in "
-                             f"place since, and does not follow it: call to() again (or assign {where}.{name})")
+        copies = getattr(self, "_copies", Copies())
+        for name in copies.stale(lambda name: getattr(self, name, None)):
+            by = copies.made_by(name)
+            again = "call to() again" if by == "Simulator.to" else f"call {by} again"
+            raise ValueError(f"{where}.{name} is a copy made by {by} of a tensor that was changed in place since, "
+                             f"and does not follow it: {again} (or assign {where}.{name})")
 
     def to_dict(self, dim):
         """The collider as JSON values (creature files) for a ``dim``-dimensional body: its kind and its fields as

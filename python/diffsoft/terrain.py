@@ -28,6 +28,7 @@ import math
 import torch
 
 from ._checks import is_finite_real
+from .body import Copies
 from .colliders import SmoothHeightField
 from .policy import distance_covered, run_policy
 
@@ -125,13 +126,19 @@ def height_field(sim, heights):
         got = tuple(heights.shape) if isinstance(heights, torch.Tensor) else repr(heights)
         raise ValueError(f"heights must be a tensor of shape ([B,] *{samples}) on {sim.body.dim}D terrain's grid "
                          f"(diffsoft.terrain.grid), got {got}")
-    ground = sim.ground
+    ground = given = sim.ground
     if ground is None or (isinstance(ground, torch.Tensor) and ground.dim()):
         raise ValueError(f"terrain replaces the simulator's ground at its height, so the simulator needs one ground "
                          f"height for every creature (a number), got ground={ground!r}")
     # (a tensor ground stays one: its gradient flows through the terrain, as through the flat ground)
     ground = ground.to(dtype=sim.body.dtype, device=sim.body.device) if isinstance(ground, torch.Tensor) else ground
-    return SmoothHeightField(x0, dx, heights.to(dtype=sim.body.dtype, device=sim.body.device) + ground)
+    field = SmoothHeightField(x0, dx, heights.to(dtype=sim.body.dtype, device=sim.body.device) + ground)
+    # a copy of heights (and ground): a step after an in-place change of either (an optimizer's step on the
+    # terrain inside on_terrain) raises instead of walking on the old terrain
+    field._copies = Copies()
+    field._copies.made("heights", field.heights, [heights] + ([given] if isinstance(given, torch.Tensor) else []),
+                       "diffsoft.terrain.height_field")
+    return field
 
 
 @contextlib.contextmanager

@@ -267,6 +267,16 @@ def _checkpoint(tmp, edit=None, creature="biped", **kw):
     training.train(TrainConfig(**{**cfg, "iterations": 2, **kw}), resume=True, progress=False)
 
 
+def _terrain_changed_inside_on_terrain():
+    from diffsoft import terrain
+    sim = _sim()
+    heights = terrain.ramp_heights(sim, 10.0)[None]
+    x, v = sim.rest_state
+    with terrain.on_terrain(sim, heights):
+        heights.mul_(0.5)
+        sim.step(x[None], v[None])
+
+
 def _warm_start():
     """``minimize`` with atol 0 from its own answer: the relative tolerance below round-off."""
     def energy(x):
@@ -751,6 +761,8 @@ TRIGGERS = [
      lambda tmp: _changed_in_place("free")),
     ("ValueError: sim.NAME is a copy made by Simulator.to of a tensor that was changed in place since, and does not "
      "follow it: call to() again (or assign sim.NAME)", lambda tmp: _changed_in_place("copy")),
+    ("ValueError: sim.colliders[k].heights is a copy made by diffsoft.terrain.height_field of a tensor that was "
+     "changed in place since, and does not follow it: ...", lambda tmp: _terrain_changed_inside_on_terrain()),
     ("AttributeError: Simulator.body cannot be reassigned", lambda tmp: setattr(_sim(), "body", _body())),
     ("TypeError: fused must be True or False", lambda tmp: setattr(_sim(), "fused", "no")),
     ("ValueError: vertices has non-finite (NaN or infinite) coordinates: the file would not read back",

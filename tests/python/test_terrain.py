@@ -139,6 +139,23 @@ def test_on_terrain_starts_as_on_the_flat_ground_and_gives_the_ground_back(sim):
     assert sim.ground == 0.0 and sim.colliders == colliders
 
 
+def test_terrain_changed_in_place_inside_on_terrain_is_refused_not_ignored(sim):
+    # The height field is made from the heights (raised by the ground): before, an in-place change of them inside
+    # the block (an optimizer's step when fitting terrain) left the creature walking on the old terrain, silently.
+    x, v = sim.rest_state
+    heights = terrain.ramp_heights(sim, 10.0)[None]
+    with terrain.on_terrain(sim, heights):
+        sim.step(x[None], v[None])
+        with torch.no_grad():
+            heights.mul_(0.5)
+        with pytest.raises(ValueError, match=r"sim.colliders\[0\].heights is a copy made by "
+                                             r"diffsoft.terrain.height_field of a tensor that was changed in place"):
+            sim.step(x[None], v[None])
+    sim.step(x, v)  # (its ground is back)
+    with terrain.on_terrain(sim, heights):  # made again: follows
+        sim.step(x[None], v[None])
+
+
 def test_a_creature_rests_on_the_ramp_it_is_dropped_on():
     # The relaxed biped dropped from above the ramp's slope lands on the ramp (its lowest vertex, measured
     # from the ramp's surface below it, a contact's sag), where on flat ground it falls to height 0; and on
