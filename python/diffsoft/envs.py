@@ -130,6 +130,10 @@ def _values(actions):
 def _actions(task, actions, shape, ignored=None):
     """``actions`` as a tensor of the creature's dtype and device, or a ValueError naming what is wrong; the rows
     where ``ignored`` (``(num_envs,)`` bool) is True are taken as 0, whatever they hold."""
+    if shape[-1] != task.num_actions:  # (the spaces were made with the body's muscles then)
+        raise ValueError(f"the creature has {task.num_actions} muscles now, but this environment was made for "
+                         f"{shape[-1]} (its action_space): its body's muscles were changed since; make a new "
+                         f"environment")
     try:
         a = np.asarray(_values(actions))
     except ValueError:  # a ragged sequence (numpy's "inhomogeneous shape")

@@ -315,6 +315,24 @@ def test_the_creature_changed_after_the_environment_was_made_is_the_one_stepped(
         vec.reset()
 
 
+def test_muscles_changed_after_the_environment_was_made_are_named_not_a_shape_that_contradicts_itself():
+    # The spaces are made with the body's muscles: before, the error said "must have shape (16,) (the activation
+    # changes of 14 muscles)" to an action of 14, and the environment's own action_space was refused.
+    env = LocomotionEnv("worm", horizon=HORIZON, dtype="float64")
+    body = env.task.sim.body
+    keep = slice(0, body.num_muscles - 2)
+    body.muscles, body.muscle_rest_length, body.muscle_stiffness = (
+        body.muscles[keep], body.muscle_rest_length[keep], body.muscle_stiffness[keep])
+    env.reset()
+    for action in (np.zeros(body.num_muscles), env.action_space.sample()):
+        with pytest.raises(ValueError, match=f"the creature has {body.num_muscles} muscles now, but this environment "
+                                             f"was made for {body.num_muscles + 2} .*make a new environment"):
+            env.step(action)
+    fresh = LocomotionEnv(env.task.sim, horizon=HORIZON)
+    fresh.reset()
+    fresh.step(fresh.action_space.sample())
+
+
 def test_an_unconverged_step_is_flagged_in_the_info_not_only_by_a_warning():
     # Found by a review: with the solver cut short (max_iter 1) the rewards were wrong by 4x, and only warnings
     # (lost in RL loops and subprocesses) said so.

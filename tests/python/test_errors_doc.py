@@ -449,6 +449,15 @@ def _ragged_action():
     env.step([[0.0] * 16, [0.0] * 17])
 
 
+def _muscles_changed_under_an_env():
+    env = _envs().LocomotionEnv("worm", horizon=2)
+    body = env.task.sim.body
+    body.muscles, body.muscle_rest_length, body.muscle_stiffness = (
+        body.muscles[:-1], body.muscle_rest_length[:-1], body.muscle_stiffness[:-1])
+    env.reset()
+    env.step([0.0] * body.num_muscles)
+
+
 def _worm_policy(**kw):
     return policy.FramePolicy.for_simulator(creatures.worm(), **kw)
 
@@ -546,6 +555,8 @@ TRIGGERS = [
      "it must be ...", lambda tmp: _per_creature_masses()),
     ("ValueError: action must have shape S (the activation changes of M muscles), got ...",
      lambda tmp: _ragged_action()),
+    ("ValueError: the creature has M muscles now, but this environment was made for K (its action_space): its "
+     "body's muscles were changed since; make a new environment", lambda tmp: _muscles_changed_under_an_env()),
     ("ValueError: PPOConfig.NAME is v but the task's is v: ...",
      lambda tmp: ppo.GaussianFramePolicy(_task(dtype=torch.float64), ppo.PPOConfig(horizon=2))),
     ("ValueError: inputs must have shape (K, n_obs), n_obs = N, got S: make them with GaussianFramePolicy.inputs(task, "
