@@ -24,6 +24,7 @@ evaluations (``screen.json``).
 import argparse
 import glob
 import json
+import math
 import os
 
 from sample_efficiency import _median, evaluations, first_reaching, plot, table, tuning_table
@@ -116,7 +117,8 @@ def headline_rows(creature, summary, peer="ppo", peer_name=CORRECTED, link=None)
         elif mid["ppo"] is not None:
             ratio = f"**{mid['ppo'] / mid['differentiable']:.1f}x**"
         else:  # PPO's median is never: the median of the PPO seeds that reached bounds it from below
-            ratio = f"**> {_median(reached['ppo']) / mid['differentiable']:.1f}x**" if reached["ppo"] else "> (PPO never)"
+            bound = math.floor(10 * _median(reached["ppo"]) / mid["differentiable"]) / 10 if reached["ppo"] else None
+            ratio = "> (PPO never)" if bound is None else f"**> {bound:.1f}x**"  # (a lower bound: rounded down)
         return mid, {m: len(reached[m]) for m in runs}, ratio
 
     def cell(mid, count, fmt):

@@ -71,9 +71,10 @@ class Copies:
         copy that ``source`` (the :class:`Copies` of the object copied) remembers under ``key``: what that copy
         came from stays watched."""
         c = t.to(device=device, dtype=dtype)
-        origins = ([(t, stamp(t))] if c is not t else []) + (source.origins(key, t) if source is not None else [])
-        if origins:
-            self._records[key] = (origins, c, "Simulator.to")
+        inherited = source.origins(key, t) if source is not None else []
+        origins = ([(t, stamp(t))] if c is not t else []) + inherited
+        if origins:  # (what made the copied copy, where it was not a copy by to: diffsoft.terrain.height_field)
+            self._records[key] = (origins, c, source.made_by(key) if inherited else "Simulator.to")
         return c
 
     def made(self, key, made, origins, by):
@@ -90,6 +91,17 @@ class Copies:
         ``t`` is not that copy."""
         record = self._records.get(key)
         return list(record[0]) if record is not None and record[1] is t else []
+
+    def __getstate__(self):
+        """For a copy (``copy.deepcopy``, pickle): each record with whether its origins were changed in place."""
+        return {"_records": {k: (origins, c, by, any(stamp(t) != seen for t, seen in origins))
+                             for k, (origins, c, by) in self._records.items()}}
+
+    def __setstate__(self, state):
+        """A copy's records: its tensors are new, with version counters of their own, so each origin is stamped
+        afresh, but one changed in place before the copy was made stays so (its copy still does not follow)."""
+        self._records = {k: ([(t, None if changed else stamp(t)) for t, _ in origins], c, by)
+                         for k, (origins, c, by, changed) in state["_records"].items()}
 
     def forget(self, key):
         """No longer a copy to watch: ``key`` was assigned anew."""

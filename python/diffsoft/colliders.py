@@ -107,7 +107,7 @@ class Collider:
         copies = getattr(self, "_copies", Copies())
         for name in copies.stale(lambda name: getattr(self, name, None)):
             by = copies.made_by(name)
-            again = "call to() again" if by == "Simulator.to" else f"call {by} again"
+            again = "call to() again from the original" if by == "Simulator.to" else f"call {by} again"
             raise ValueError(f"{where}.{name} is a copy made by {by} of a tensor that was changed in place since, "
                              f"and does not follow it: {again} (or assign {where}.{name})")
 

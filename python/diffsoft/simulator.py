@@ -510,7 +510,8 @@ class Simulator:
         ValueError for one out of range, or for a copy (:meth:`to`) whose original was changed in place."""
         for name in self._copies.stale(lambda name: getattr(self, "_" + name)):
             raise ValueError(f"sim.{name} is a copy made by Simulator.to of a tensor that was changed in place "
-                             f"since, and does not follow it: call to() again (or assign sim.{name})")
+                             f"since, and does not follow it: call to() again from the original (or assign "
+                             f"sim.{name})")
         for name in CONSTANTS:
             value = getattr(self, "_" + name)
             if not isinstance(value, torch.Tensor):

@@ -291,7 +291,8 @@ class Term:
         params = self._params
         if getattr(self, "_copies", Copies()).stale(lambda i: params[i] if i < len(params) else None):
             raise ValueError(f"{where}.params holds a copy made by Simulator.to of a tensor that was changed in "
-                             f"place since, and does not follow it: call to() again (or assign {where}.params)")
+                             f"place since, and does not follow it: call to() again from the original (or assign "
+                             f"{where}.params)")
 
     def __repr__(self):
         rows = "every vertex" if self._rows is None else f"rows {tuple(self._rows.shape)}"

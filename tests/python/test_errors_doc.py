@@ -771,7 +771,7 @@ TRIGGERS = [
     ("ValueError: body.free was changed in place, but it is the complement of body.fixed: assign body.fixed instead",
      lambda tmp: _changed_in_place("free")),
     ("ValueError: sim.NAME is a copy made by Simulator.to of a tensor that was changed in place since, and does not "
-     "follow it: call to() again (or assign sim.NAME)", lambda tmp: _changed_in_place("copy")),
+     "follow it: call to() again from the original (or assign sim.NAME)", lambda tmp: _changed_in_place("copy")),
     ("ValueError: sim.colliders[k].heights is a copy made by diffsoft.terrain.height_field of a tensor that was "
      "changed in place since, and does not follow it: ...", lambda tmp: _terrain_changed_inside_on_terrain()),
     ("AttributeError: Simulator.body cannot be reassigned", lambda tmp: setattr(_sim(), "body", _body())),

@@ -311,6 +311,25 @@ def test_a_copy_of_a_copy_does_not_follow_the_original_either_and_says_so():
         _step(twice)
 
 
+def test_deep_copies_and_pickles_of_copies_keep_saying_what_they_follow():
+    """A deep copy's tensors have version counters of their own: a copy (by ``to``) whose original was stepped by
+    an optimizer before it was deep-copied or pickled steps (before, a false alarm once the original's counter
+    was past 1), and one whose original changed after it was made still raises."""
+    import pickle
+    center = torch.tensor([0.1, -1.0], dtype=F64)
+    sim = small_sim(ground=None, colliders=[Sphere(center, 1.0)])
+    for _ in range(3):
+        _optimizer_step(center, 0.0)
+    twice = sim.to(F32).to(F64)
+    for copied in (copy.deepcopy(twice), pickle.loads(pickle.dumps(twice))):
+        _step(copied)
+    _optimizer_step(center, 1e-3)
+    for copied in (copy.deepcopy(twice), pickle.loads(pickle.dumps(twice))):
+        with pytest.raises(ValueError, match=r"sim.colliders\[0\].center is a copy made by Simulator.to .*call "
+                                             r"to\(\) again from the original"):
+            _step(copied)
+
+
 def test_deep_copies_step_like_the_original_and_are_checked_afresh():
     sim = small_sim()
     sim.body.mu = sim.body.mu.detach().clone()

@@ -152,8 +152,13 @@ def test_terrain_changed_in_place_inside_on_terrain_is_refused_not_ignored(sim):
                                              r"diffsoft.terrain.height_field of a tensor that was changed in place"):
             sim.step(x[None], v[None])
     sim.step(x, v)  # (its ground is back)
-    with terrain.on_terrain(sim, heights):  # made again: follows
+    with terrain.on_terrain(sim, heights):  # made again: follows; a copy by to() names what made the field
         sim.step(x[None], v[None])
+        small = sim.to(torch.float32)
+        with torch.no_grad():
+            heights.mul_(0.5)
+        with pytest.raises(ValueError, match="a copy made by diffsoft.terrain.height_field"):
+            small.step(x[None].float(), v[None].float())
 
 
 def test_a_creature_rests_on_the_ramp_it_is_dropped_on():
