@@ -1006,7 +1006,7 @@ def _resumed_evaluated(path, ckpt, cfg, sim, policy):
                 raise TypeError(f"'score' must be a number (NaN for a failed evaluation) and 'iteration' an int, got "
                                 f"{e!r:.80}")
             scored.load_state_dict(e["policy"])
-            if not all(bool(torch.isfinite(t).all()) for t in scored.state_dict().values()):
+            if _non_finite(scored.state_dict()) is not None:
                 raise ValueError("its policy's weights are not all finite")
         except (RuntimeError, KeyError, ValueError, TypeError, AttributeError) as err:
             raise ValueError(f"{path}: key {name!r} is not an evaluated policy of this run's ({type(err).__name__}: "
